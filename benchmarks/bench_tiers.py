@@ -1,0 +1,168 @@
+"""Store and load throughput of the RAM and disk tiers, next to what the hardware gives for free.
+
+One checkpoint of ``--pages`` pages of ``--slot-kib`` KiB is stored and loaded through each path;
+every figure is the median of ``--repeats`` runs, in GB/s of page bytes, and as a ratio to a
+plain tensor copy of the same bytes (the ceiling for the RAM tier). The disk tier is put next to
+a plain file write and read of the same bytes (write, fsync; the ceiling for the disk tier) and
+to SHA-256 over them (every disk load verifies a checksum, so the hash caps it).
+
+Disk loads are measured twice: "warm" reads hit the page cache (a checkpoint loaded soon after
+it was written), "cold" ones follow ``posix_fadvise(DONTNEED)`` on every file, which drops clean
+cached pages without root (it does nothing on tmpfs: the file system type is printed).
+
+    .venv/bin/python -m benchmarks.bench_tiers [--pages N] [--slot-kib K] [--repeats R] [--dir D]
+                                            [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+from kvci_plugin.tiering.blob_store import blob_files
+from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.ram_store import RAMCheckpointStore
+
+NAMESPACE = hashlib.sha256(b"bench_tiers").digest()
+TENANT = "bench"
+
+
+def median_seconds(
+    run: Callable[[int], object], repeats: int, before: Callable[[int], object] | None = None
+) -> float:
+    """Median wall time of ``run(i)``; ``before(i)`` runs untimed first (to drop caches)."""
+    samples = []
+    for i in range(repeats):
+        if before is not None:
+            before(i)
+        start = time.perf_counter()
+        run(i)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def fresh_keys(repeat: int, pages: int) -> list[bytes]:
+    return [hashlib.sha256(f"{repeat}/{i}".encode()).digest()[:16] for i in range(pages)]
+
+
+def drop_cache(paths: Iterable[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def file_system(path: Path) -> str:
+    """The type of the file system holding ``path``, from /proc/self/mounts."""
+    best, kind = "", "unknown"
+    resolved = str(path.resolve())
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _, mount_point, fs_type, *_ = line.split()
+            inside = resolved == mount_point or resolved.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) > len(best):
+                best, kind = mount_point, fs_type
+    return kind
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pages", type=int, default=64)
+    parser.add_argument("--slot-kib", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dir", type=Path, default=None, help="where a temp folder is made")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    slot, repeats = args.slot_kib * 1024, args.repeats
+    nbytes = args.pages * slot
+    src = torch.randint(0, 256, (args.pages, slot), dtype=torch.uint8)
+    dst = torch.zeros_like(src)  # touched once, so copies into it are not page faults
+    view = src.numpy()
+    results: list[tuple[str, float]] = []
+
+    def record(label: str, seconds: float) -> None:
+        results.append((label, nbytes / seconds / 1e9))
+
+    record("tensor copy (RAM ceiling)", median_seconds(lambda _: dst.copy_(src), repeats))
+    record("sha256 of the bytes", median_seconds(lambda _: hashlib.sha256(view).digest(), repeats))
+
+    ram = RAMCheckpointStore(ram_bytes=2 * nbytes, slot_bytes=slot)
+    ram_ids: list[str] = []
+
+    def ram_put(i: int) -> None:
+        ram_ids.append(ram.put(TENANT, fresh_keys(i, args.pages), src))
+
+    record("RAM tier: put", median_seconds(ram_put, repeats))
+    record("RAM tier: load", median_seconds(lambda _: ram.load(ram_ids[-1], TENANT), repeats))
+
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp)
+        fs_type = file_system(root)
+        plain = root / "plain.bin"
+
+        def plain_write(_: int) -> None:
+            fd = os.open(plain, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, view)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        def plain_read(_: int) -> None:
+            with open(plain, "rb", buffering=0) as f:
+                f.readinto(dst.numpy())
+
+        record("plain file: write + fsync (disk ceiling)", median_seconds(plain_write, repeats))
+        record("plain file: read, warm", median_seconds(plain_read, repeats))
+        record(
+            "plain file: read, cold",
+            median_seconds(plain_read, repeats, lambda _: drop_cache([plain])),
+        )
+
+        # Room for every repeat's checkpoint: the figures are writes, not evictions.
+        disk_bytes = 2 * nbytes * (repeats + 1)
+        with KVCheckpointStore(root / "kv", NAMESPACE, disk_bytes) as store:
+
+            def persist(i: int) -> None:
+                keys = fresh_keys(i, args.pages)
+                store.persist(f"c{i}", TENANT, keys, src, "system", "{}", "{}", None)
+
+            def load(_: int) -> None:
+                store.load(f"c{repeats - 1}", TENANT)
+
+            record("disk tier: persist", median_seconds(persist, repeats))
+            record("disk tier: load, warm", median_seconds(load, repeats))
+            blobs = [path for _, _, path in blob_files(root / "kv")]
+            record(
+                "disk tier: load, cold",
+                median_seconds(load, repeats, lambda _: drop_cache(blobs)),
+            )
+
+    ceiling = results[0][1]
+    print(
+        f"{args.pages} pages x {args.slot_kib} KiB = {nbytes / 2**20:.0f} MiB per checkpoint, "
+        f"median of {repeats}; disk on {fs_type}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+    print(f"{'path':42s} {'GB/s':>8s} {'x copy':>8s}")
+    for label, rate in results:
+        print(f"{label:42s} {rate:8.2f} {rate / ceiling:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Replaying a trace against one policy and one pair of tiers.
+
+Per request: the lookup finds the longest leading run of the chain resident in RAM, then
+continues it on disk; the hit saves that many blocks of prefill (capped at the input length,
+since the last block is partial). Then the policy admits a leading run of the chain to each
+tier: resident blocks are left as they are, the others are written. Within a request, blocks
+are visited from the last to the first, so the chain's root ends up most recently used and an
+LRU evicts a chain from its tail, as vLLM's prefix cache does: a run that lost its root is
+worthless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from benchmarks.policysim.admission import AdmissionPolicy
+from benchmarks.policysim.block_cache import BlockCache, leading_run
+from benchmarks.policysim.sessions import RequestContext
+from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
+
+
+@dataclass(slots=True)
+class Tally:
+    requests: int = 0
+    input_tokens: int = 0
+    requested_blocks: int = 0
+    requests_with_hit: int = 0
+    ram_hit_blocks: int = 0
+    disk_hit_blocks: int = 0
+    ram_saved_tokens: int = 0
+    disk_saved_tokens: int = 0
+    admitted_requests: int = 0
+    ram_blocks_written: int = 0
+    disk_blocks_written: int = 0
+
+
+def replay(
+    requests: Sequence[TraceRequest],
+    contexts: Sequence[RequestContext],
+    policy: AdmissionPolicy,
+    ram: BlockCache,
+    disk: Optional[BlockCache] = None,
+) -> Tally:
+    if len(requests) != len(contexts):
+        raise ValueError(f"{len(requests)} requests but {len(contexts)} contexts")
+    tally = Tally()
+    for request, context in zip(requests, contexts):
+        chain = request.hash_ids
+        ram_run = leading_run(ram, chain)
+        disk_run = leading_run(disk, chain, ram_run) if disk is not None else 0
+        ram_saved = min(ram_run * BLOCK_TOKENS, request.input_length)
+        saved = min((ram_run + disk_run) * BLOCK_TOKENS, request.input_length)
+        tally.requests += 1
+        tally.input_tokens += request.input_length
+        tally.requested_blocks += len(chain)
+        tally.requests_with_hit += saved > 0
+        tally.ram_hit_blocks += ram_run
+        tally.disk_hit_blocks += disk_run
+        tally.ram_saved_tokens += ram_saved
+        tally.disk_saved_tokens += saved - ram_saved
+
+        admission = policy.admit(request, context, saved)
+        tally.admitted_requests += admission.ram_blocks > 0 or admission.disk_blocks > 0
+        tally.ram_blocks_written += _serve(ram, chain, 0, ram_run, admission.ram_blocks)
+        if disk is not None:
+            tally.disk_blocks_written += _serve(disk, chain, ram_run, ram_run + disk_run, admission.disk_blocks)
+    return tally
+
+
+def _serve(cache: BlockCache, chain: Sequence[int], hit_start: int, hit_end: int, admitted: int) -> int:
+    """Touch the blocks this tier served, write the admitted ones it lacks; return blocks written."""
+    served = chain[hit_start:hit_end]
+    # Touched first, as a lookup does, so that this request's own writes do not evict them.
+    for block in reversed(served):
+        cache.touch(block)
+    written = 0
+    for position in range(admitted - 1, -1, -1):
+        block = chain[position]
+        if block not in cache:
+            cache.insert(block)
+            written += 1
+    if written:
+        # Touched again so that the root is more recent than the tail just written.
+        for block in reversed(served):
+            if block in cache:
+                cache.touch(block)
+    return written

@@ -1,0 +1,108 @@
+"""What a live system knows about a request's conversation when the request finishes.
+
+The trace has no session ids, so sessions are inferred from the block chains: a request belongs
+to the session keyed by its first ``key_blocks`` hash ids. With ``key_blocks=1`` this is "a
+request whose first block equals an earlier request's first block continues it"; in the FAST'25
+conversation trace every request starts with the same block (a shared system prompt), so that
+rule puts the whole trace in one session, and the default key is the first two blocks.
+
+Within a session, a request that re-sends its predecessor's whole input (all but the
+predecessor's last block, which was partial and is now followed by the answer) extends the
+context; any other request rewrote it (an edit, a truncation, a different branch). Everything
+here is counted from earlier requests only: nothing reads the future.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from benchmarks.policysim.trace import TraceRequest
+
+DEFAULT_KEY_BLOCKS = 2
+# Sessions remembered at once, least recently active forgotten first: a live table is bounded.
+DEFAULT_MAX_SESSIONS = 8192
+# Rewrites count over the same five-minute window as the cache gate's churn rule.
+DEFAULT_REWRITE_WINDOW_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    # None when the chain is shorter than the session key.
+    session_id: Optional[str]
+    # Earlier requests of this session still in the bounded history.
+    observed_reuse: int
+    # Requests since the session's context was last rewritten (0: created or rewritten now).
+    turns_since_change: int
+    # Rewrites of the session's context within the rewrite window, this one included.
+    context_rewrites: int
+    # This request rewrote its session's context.
+    rewrote: bool
+
+
+@dataclass(slots=True)
+class _Session:
+    last_chain: tuple[int, ...]
+    requests: int = 1
+    turns_since_change: int = 0
+    rewrites_ms: deque[int] = field(default_factory=deque)
+
+
+class SessionTracker:
+    def __init__(
+        self,
+        *,
+        key_blocks: int = DEFAULT_KEY_BLOCKS,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        rewrite_window_s: float = DEFAULT_REWRITE_WINDOW_S,
+    ) -> None:
+        for name, value in (("key_blocks", key_blocks), ("max_sessions", max_sessions)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if isinstance(rewrite_window_s, bool) or not isinstance(rewrite_window_s, (int, float)) or not rewrite_window_s > 0:
+            raise ValueError(f"rewrite_window_s must be a number > 0, got {rewrite_window_s!r}")
+        self.key_blocks = key_blocks
+        self.max_sessions = max_sessions
+        self.rewrite_window_ms = rewrite_window_s * 1000.0
+        self._sessions: OrderedDict[tuple[int, ...], _Session] = OrderedDict()
+
+    def observe(self, request: TraceRequest) -> RequestContext:
+        """The request's context as known when it finishes; then remember the request."""
+        chain = request.hash_ids
+        if len(chain) < self.key_blocks:
+            return RequestContext(None, 0, 0, 0, False)
+        key = chain[: self.key_blocks]
+        session_id = "-".join(map(str, key))
+        session = self._sessions.get(key)
+        if session is None:
+            self._sessions[key] = _Session(last_chain=chain)
+            if len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+            return RequestContext(session_id, 0, 0, 0, False)
+        self._sessions.move_to_end(key)
+        rewrote = not extends(session.last_chain, chain)
+        if rewrote:
+            session.turns_since_change = 0
+            session.rewrites_ms.append(request.timestamp_ms)
+        else:
+            session.turns_since_change += 1
+        while session.rewrites_ms and session.rewrites_ms[0] <= request.timestamp_ms - self.rewrite_window_ms:
+            session.rewrites_ms.popleft()
+        context = RequestContext(
+            session_id, session.requests, session.turns_since_change, len(session.rewrites_ms), rewrote
+        )
+        session.requests += 1
+        session.last_chain = chain
+        return context
+
+
+def extends(previous: Sequence[int], chain: Sequence[int]) -> bool:
+    """``chain`` re-sends every block of ``previous`` but possibly its last (partial) one."""
+    full = len(previous) - 1
+    return len(chain) >= full and tuple(chain[:full]) == tuple(previous[:full])
+
+
+def session_contexts(requests: Sequence[TraceRequest], tracker: SessionTracker) -> list[RequestContext]:
+    return [tracker.observe(request) for request in requests]

@@ -1,0 +1,193 @@
+"""One sweep: every policy side by side at every budget, on one trace, in one process."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from benchmarks.policysim.admission import AdmissionPolicy, StoreEverything
+from benchmarks.policysim.arc_cache import ARCBlockCache
+from benchmarks.policysim.block_cache import BlockCache
+from benchmarks.policysim.lru_cache import LRUBlockCache
+from benchmarks.policysim.model_shape import model_shape
+from benchmarks.policysim.offer_threshold import StoreAfterNOffers
+from benchmarks.policysim.oracle_admission import ContinuationOracle, continued_later
+from benchmarks.policysim.random_admission import RandomAdmission
+from benchmarks.policysim.replay import replay
+from benchmarks.policysim.report import (
+    BASELINE,
+    BudgetRun,
+    PolicyResult,
+    ratio,
+    SimulationReport,
+    SweepSettings,
+    TraceSummary,
+    compare,
+)
+from benchmarks.policysim.sessions import (
+    DEFAULT_KEY_BLOCKS,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_REWRITE_WINDOW_S,
+    RequestContext,
+    SessionTracker,
+    session_contexts,
+)
+from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
+from benchmarks.policysim.worthiness_admission import WorthinessAdmission
+from kvci_plugin.worthiness import DEFAULT_RAM_THRESHOLD, CheckpointAdvisor, RebuildCostModel
+
+UnitFraction = Annotated[float, Field(gt=0.0, le=1.0)]
+
+DEFAULT_BUDGET_FRACTIONS = (0.01, 0.025, 0.05, 0.10, 0.25)
+DEFAULT_MODEL = "llama-3-8b-bf16"
+# The rebuild-cost estimator's own rate, so the estimated prefill time and the scorer agree.
+DEFAULT_PREFILL_TOKENS_PER_SECOND = RebuildCostModel().prefill_tokens_per_second
+
+
+class SweepConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
+
+    trace: Path
+    limit: Optional[Annotated[int, Field(ge=1)]] = None
+    model: str = DEFAULT_MODEL
+    budget_fractions: tuple[UnitFraction, ...] = DEFAULT_BUDGET_FRACTIONS
+    # Disk budget as a fraction of the working set; 0 = no disk tier.
+    disk_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    store_threshold: Annotated[int, Field(ge=2)] = 2
+    # One kvci policy per threshold; the first is the one the random control is matched to.
+    kvci_ram_thresholds: tuple[Annotated[float, Field(gt=0.0, le=1.0)], ...] = (DEFAULT_RAM_THRESHOLD,)
+    prefill_tokens_per_second: Annotated[float, Field(gt=0.0)] = DEFAULT_PREFILL_TOKENS_PER_SECOND
+    session_key_blocks: Annotated[int, Field(ge=1)] = DEFAULT_KEY_BLOCKS
+    max_sessions: Annotated[int, Field(ge=1)] = DEFAULT_MAX_SESSIONS
+    rewrite_window_s: Annotated[float, Field(gt=0.0)] = DEFAULT_REWRITE_WINDOW_S
+    seed: int = 0
+
+
+def run_sweep(config: SweepConfig, *, command: str) -> SimulationReport:
+    started = time.perf_counter()
+    if not config.budget_fractions:
+        raise ValueError("budget_fractions must name at least one budget")
+    if not config.kvci_ram_thresholds:
+        raise ValueError("kvci_ram_thresholds must name at least one threshold")
+    if len(set(config.kvci_ram_thresholds)) != len(config.kvci_ram_thresholds):
+        raise ValueError(f"kvci_ram_thresholds must be distinct, got {config.kvci_ram_thresholds}")
+    shape = model_shape(config.model)
+    requests = load_trace(config.trace, config.limit)
+    tracker = SessionTracker(
+        key_blocks=config.session_key_blocks,
+        max_sessions=config.max_sessions,
+        rewrite_window_s=config.rewrite_window_s,
+    )
+    contexts = session_contexts(requests, tracker)
+    block_bytes = BLOCK_TOKENS * shape.bytes_per_token
+    distinct_blocks = len({block for request in requests for block in request.hash_ids})
+    never_evicts = replay(requests, contexts, StoreEverything(BASELINE), LRUBlockCache(distinct_blocks))
+    ceiling = never_evicts.ram_saved_tokens
+    continued = continued_later(requests, config.session_key_blocks)
+    runs = [
+        _budget_run(config, requests, contexts, continued, fraction, distinct_blocks, block_bytes, ceiling)
+        for fraction in sorted(config.budget_fractions)
+    ]
+    return SimulationReport(
+        command=command,
+        trace=_summary(config, requests, contexts, distinct_blocks),
+        model=shape,
+        bytes_per_token=shape.bytes_per_token,
+        block_tokens=BLOCK_TOKENS,
+        block_bytes=block_bytes,
+        working_set_blocks=distinct_blocks,
+        working_set_bytes=distinct_blocks * block_bytes,
+        ceiling_saved_tokens=ceiling,
+        settings=SweepSettings(
+            limit=config.limit,
+            budget_fractions=tuple(sorted(config.budget_fractions)),
+            disk_fraction=config.disk_fraction,
+            store_threshold=config.store_threshold,
+            kvci_ram_thresholds=config.kvci_ram_thresholds,
+            prefill_tokens_per_second=config.prefill_tokens_per_second,
+            session_key_blocks=config.session_key_blocks,
+            max_sessions=config.max_sessions,
+            rewrite_window_s=config.rewrite_window_s,
+            seed=config.seed,
+        ),
+        runs=tuple(runs),
+        runtime_s=round(time.perf_counter() - started, 2),
+    )
+
+
+def _budget_run(
+    config: SweepConfig,
+    requests: list[TraceRequest],
+    contexts: list[RequestContext],
+    continued: list[bool],
+    fraction: float,
+    distinct_blocks: int,
+    block_bytes: int,
+    ceiling: int,
+) -> BudgetRun:
+    ram_blocks = _blocks(fraction, distinct_blocks, "budget")
+    disk_blocks = _blocks(config.disk_fraction, distinct_blocks, "disk_fraction") if config.disk_fraction else 0
+
+    def run(policy: AdmissionPolicy, cache: Callable[[int], BlockCache], eviction: str) -> PolicyResult:
+        disk = LRUBlockCache(disk_blocks) if disk_blocks else None
+        tally = replay(requests, contexts, policy, cache(ram_blocks), disk)
+        return PolicyResult.from_tally(policy.name, eviction, tally, block_bytes, policy.stats())
+
+    baseline = run(StoreEverything(BASELINE), LRUBlockCache, "lru")
+    results = [
+        baseline,
+        run(StoreEverything("arc"), ARCBlockCache, "arc"),
+        run(StoreAfterNOffers(config.store_threshold), LRUBlockCache, "lru"),
+    ]
+    kvci = [
+        run(
+            WorthinessAdmission(
+                CheckpointAdvisor(ram_threshold=threshold), prefill_tokens_per_second=config.prefill_tokens_per_second
+            ),
+            LRUBlockCache,
+            "lru",
+        )
+        for threshold in config.kvci_ram_thresholds
+    ]
+    results.extend(kvci)
+    # The control: whole requests admitted blindly, as often as the first kvci policy admitted.
+    rate = kvci[0].admitted_requests / kvci[0].requests
+    results.append(run(RandomAdmission(rate, seed=config.seed), LRUBlockCache, "lru"))
+    results.append(run(ContinuationOracle(continued), LRUBlockCache, "lru"))
+    return BudgetRun(
+        budget_fraction=fraction,
+        ram_bytes=ram_blocks * block_bytes,
+        ram_blocks=ram_blocks,
+        disk_bytes=disk_blocks * block_bytes,
+        disk_blocks=disk_blocks,
+        ceiling_saved_ratio=ratio(ceiling, baseline.saved_tokens),
+        policies=tuple(results),
+        comparisons=tuple(compare(result, baseline, fraction) for result in results[1:]),
+    )
+
+
+def _blocks(fraction: float, distinct_blocks: int, field: str) -> int:
+    blocks = int(fraction * distinct_blocks)
+    if blocks < 1:
+        raise ValueError(f"{field} {fraction} of a {distinct_blocks}-block working set holds no block")
+    return blocks
+
+
+def _summary(
+    config: SweepConfig, requests: list[TraceRequest], contexts: list[RequestContext], distinct_blocks: int
+) -> TraceSummary:
+    return TraceSummary(
+        path=str(config.trace),
+        sha256=hashlib.sha256(config.trace.read_bytes()).hexdigest(),
+        requests=len(requests),
+        distinct_blocks=distinct_blocks,
+        input_tokens=sum(request.input_length for request in requests),
+        output_tokens=sum(request.output_length for request in requests),
+        duration_s=(requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0,
+        sessions=len({context.session_id for context in contexts if context.session_id is not None}),
+    )

@@ -1,0 +1,80 @@
+"""Reading a Mooncake-format trace (the FAST'25 release, kvcache-ai/Mooncake FAST25-release/traces).
+
+One JSON object per line: ``timestamp`` (ms since the start), ``input_length`` and
+``output_length`` (tokens) and ``hash_ids``: one id per 512-token block of the input, remapped so
+that equal ids mean an equal prefix (the ids are chained, as a prefix cache's block keys are).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+# Tokens per hash id in the Mooncake release.
+BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    timestamp_ms: int
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+def load_trace(path: Path, limit: Optional[int] = None) -> list[TraceRequest]:
+    """The first ``limit`` requests of the trace (all when None), checked line by line."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive int, got {limit!r}")
+    requests: list[TraceRequest] = []
+    previous_ms = 0
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if limit is not None and len(requests) >= limit:
+                break
+            if not line.strip():
+                continue
+            request = _parse(line, f"{path}:{number}")
+            if request.timestamp_ms < previous_ms:
+                raise ValueError(
+                    f"{path}:{number}: timestamp {request.timestamp_ms} goes back in time (previous {previous_ms})"
+                )
+            previous_ms = request.timestamp_ms
+            requests.append(request)
+    if not requests:
+        raise ValueError(f"{path}: the trace holds no requests")
+    return requests
+
+
+def _parse(line: str, where: str) -> TraceRequest:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    timestamp = _count(row, "timestamp", where)
+    input_length = _count(row, "input_length", where)
+    output_length = _count(row, "output_length", where)
+    hash_ids = row.get("hash_ids")
+    if not isinstance(hash_ids, list) or not all(_is_count(block) for block in hash_ids):
+        raise ValueError(f"{where}: hash_ids must be a list of non-negative ints")
+    blocks = -(-input_length // BLOCK_TOKENS)
+    if len(hash_ids) != blocks:
+        raise ValueError(
+            f"{where}: {len(hash_ids)} hash_ids for input_length {input_length} (expected {blocks} blocks of {BLOCK_TOKENS})"
+        )
+    return TraceRequest(timestamp, input_length, output_length, tuple(hash_ids))
+
+
+def _count(row: dict[str, Any], field: str, where: str) -> int:
+    value = row.get(field)
+    if not _is_count(value):
+        raise ValueError(f"{where}: {field} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

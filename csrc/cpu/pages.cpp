@@ -1,0 +1,139 @@
+// CPU kernels of kvci::gather_pages and kvci::scatter_pages: whole-page byte copies between the
+// per-layer KV cache views and a host pool, one pool slot holding one block of every layer.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace kvci {
+namespace {
+
+// Bytes copied per parallel task: smaller copies are not worth a thread hand-off.
+constexpr int64_t kBytesPerTask = int64_t(1) << 18;
+
+struct PageTable {
+  std::vector<uint8_t*> base;        // layer l's first page
+  std::vector<int64_t> row_stride;   // bytes between consecutive pages of layer l
+  std::vector<int64_t> page_bytes;   // bytes of one page of layer l
+  std::vector<int64_t> pool_offset;  // where layer l's page starts within a slot
+  int64_t num_blocks = 0;            // fewest pages of any layer: the bound for block ids
+  int64_t slot_bytes = 0;            // sum of page_bytes
+};
+
+void check_byte_matrix(const at::Tensor& t, const char* op, const std::string& name,
+                       bool allow_int8) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be on the CPU, got device ",
+                    t.device());
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name, " must be a dense tensor");
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte || (allow_int8 && t.scalar_type() == at::kChar),
+                   op, ": ", name, " must be ", allow_int8 ? "uint8 or int8" : "uint8",
+                   ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 2, op, ": ", name, " must be 2-D (rows, bytes), got shape ",
+                    t.sizes());
+  TORCH_CHECK_VALUE(t.size(1) > 0, op, ": ", name, " has empty rows");
+  TORCH_CHECK_VALUE(t.stride(1) == 1 && (t.size(0) <= 1 || t.stride(0) >= t.size(1)), op, ": ",
+                    name, " rows must be dense and must not overlap, got strides ",
+                    t.strides());
+}
+
+PageTable page_table(at::TensorList layers, const char* op) {
+  TORCH_CHECK_VALUE(!layers.empty(), op, ": layers must not be empty");
+  PageTable table;
+  table.num_blocks = layers[0].dim() > 0 ? layers[0].size(0) : 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const at::Tensor& layer = layers[l];
+    check_byte_matrix(layer, op, "layers[" + std::to_string(l) + "]", true);
+    table.base.push_back(static_cast<uint8_t*>(layer.data_ptr()));
+    table.row_stride.push_back(layer.stride(0));
+    table.page_bytes.push_back(layer.size(1));
+    table.pool_offset.push_back(table.slot_bytes);
+    table.slot_bytes += layer.size(1);
+    table.num_blocks = std::min(table.num_blocks, layer.size(0));
+  }
+  return table;
+}
+
+// Index tensor as int64 values, each in [0, bound); `unique` also refuses repeats, for the side
+// that is written (two pages copied into one destination would race).
+at::Tensor checked_ids(const at::Tensor& ids, int64_t bound, bool unique, const char* op,
+                       const char* name, const char* bound_name) {
+  TORCH_CHECK_VALUE(ids.device().is_cpu(), op, ": ", name, " must be on the CPU, got device ",
+                    ids.device());
+  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt, op, ": ",
+                   name, " must be int64 or int32, got ", ids.scalar_type());
+  TORCH_CHECK_VALUE(ids.dim() == 1, op, ": ", name, " must be 1-D, got shape ", ids.sizes());
+  const at::Tensor values = ids.to(at::kLong).contiguous();
+  const int64_t* v = values.data_ptr<int64_t>();
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    TORCH_CHECK_INDEX(v[i] >= 0 && v[i] < bound, op, ": ", name, "[", i, "] = ", v[i],
+                      " is out of range for ", bound_name, " ", bound);
+  }
+  if (unique && values.numel() > 1) {
+    std::vector<int64_t> sorted(v, v + values.numel());
+    std::sort(sorted.begin(), sorted.end());
+    const auto repeat = std::adjacent_find(sorted.begin(), sorted.end());
+    TORCH_CHECK_VALUE(repeat == sorted.end(), op, ": ", name, " repeats ", *repeat,
+                      ": each destination may be written once");
+  }
+  return values;
+}
+
+enum class Direction { kToPool, kFromPool };
+
+void copy_pages(at::TensorList layers, const at::Tensor& block_ids, const at::Tensor& pool,
+                const at::Tensor& slot_ids, Direction direction, const char* op) {
+  const PageTable table = page_table(layers, op);
+  check_byte_matrix(pool, op, "pool", false);
+  TORCH_CHECK_VALUE(pool.size(1) >= table.slot_bytes, op, ": pool slots hold ", pool.size(1),
+                    " bytes but one block of every layer needs ", table.slot_bytes);
+  const bool to_pool = direction == Direction::kToPool;
+  const at::Tensor blocks = checked_ids(block_ids, table.num_blocks, !to_pool, op, "block_ids",
+                                        "layers with num_blocks");
+  const at::Tensor slots =
+      checked_ids(slot_ids, pool.size(0), to_pool, op, "slot_ids", "pool with num_slots");
+  TORCH_CHECK_VALUE(blocks.numel() == slots.numel(), op, ": block_ids and slot_ids differ in "
+                    "length: ", blocks.numel(), " vs ", slots.numel());
+  const int64_t* block = blocks.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  uint8_t* pool_base = static_cast<uint8_t*>(pool.data_ptr());
+  const int64_t pool_stride = pool.stride(0);
+  const size_t n_layers = table.base.size();
+  const int64_t grain = std::max<int64_t>(1, kBytesPerTask / table.slot_bytes);
+  at::parallel_for(0, blocks.numel(), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      uint8_t* slot_row = pool_base + slot[i] * pool_stride;
+      for (size_t l = 0; l < n_layers; ++l) {
+        uint8_t* page = table.base[l] + block[i] * table.row_stride[l];
+        uint8_t* in_slot = slot_row + table.pool_offset[l];
+        if (to_pool) {
+          std::memcpy(in_slot, page, size_t(table.page_bytes[l]));
+        } else {
+          std::memcpy(page, in_slot, size_t(table.page_bytes[l]));
+        }
+      }
+    }
+  });
+}
+
+void gather_pages(at::TensorList layers, const at::Tensor& block_ids, const at::Tensor& pool,
+                  const at::Tensor& slot_ids) {
+  copy_pages(layers, block_ids, pool, slot_ids, Direction::kToPool, "kvci::gather_pages");
+}
+
+void scatter_pages(const at::Tensor& pool, const at::Tensor& slot_ids, at::TensorList layers,
+                   const at::Tensor& block_ids) {
+  copy_pages(layers, block_ids, pool, slot_ids, Direction::kFromPool, "kvci::scatter_pages");
+}
+
+}  // namespace
+}  // namespace kvci
+
+TORCH_LIBRARY_IMPL(kvci, CPU, m) {
+  m.impl("gather_pages", &kvci::gather_pages);
+  m.impl("scatter_pages", &kvci::scatter_pages);
+}

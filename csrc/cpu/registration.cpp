@@ -1,0 +1,31 @@
+// The kvci operator schemas (torch.ops.kvci.*) and the Python module kvci_plugin._C that loads
+// them. Device kernels register themselves per dispatch key next to their code.
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(kvci, m) {
+  // Keys of the full blocks of token_ids; subkeys = kb || kc (32 bytes). Returns uint64 [n, 2].
+  m.def("prefix_block_keys(Tensor token_ids, int block_size, Tensor subkeys) -> Tensor");
+  // Ragged batch: request r owns token_ids[token_offsets[r]:token_offsets[r + 1]] and
+  // subkeys[r]. Returns (keys [total_blocks, 2], block_offsets [n_requests + 1]).
+  m.def(
+      "prefix_block_keys_batched(Tensor token_ids, Tensor token_offsets, int block_size, "
+      "Tensor subkeys) -> (Tensor, Tensor)");
+  // pool[slot_ids[i], off_l : off_l + page_bytes_l] = layers[l][block_ids[i]] for every layer l.
+  m.def("gather_pages(Tensor[] layers, Tensor block_ids, Tensor(a!) pool, Tensor slot_ids) -> ()");
+  // The reverse copy: layers[l][block_ids[i]] = pool[slot_ids[i], off_l : off_l + page_bytes_l].
+  m.def(
+      "scatter_pages(Tensor pool, Tensor slot_ids, Tensor(a!)[] layers, Tensor block_ids) -> ()");
+}
+
+// Importing kvci_plugin._C loads this library, which registers the operators above.
+#define KVCI_CONCAT(a, b) a##b
+#define KVCI_PYINIT(name) KVCI_CONCAT(PyInit_, name)
+#define KVCI_STR2(x) #x
+#define KVCI_STR(x) KVCI_STR2(x)
+
+PyMODINIT_FUNC KVCI_PYINIT(TORCH_EXTENSION_NAME)(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, KVCI_STR(TORCH_EXTENSION_NAME), nullptr, 0,
+                               nullptr};
+  return PyModule_Create(&module);
+}

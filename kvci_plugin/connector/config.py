@@ -1,0 +1,79 @@
+"""`kv_connector_extra_config`, validated: every key kvci reads, its default and its meaning.
+
+The README's configuration reference is this model. Unknown keys are an error (a typo must not
+silently fall back to a default), and nothing here can widen what is persisted: the disk tier is
+only ever reached through the eligibility gate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvci_plugin.governance import CredentialConfig
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
+
+
+class CacheGateSettings(BaseModel):
+    """The autonomous-trigger cache gate (seed: cache-gate-decider)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kill_switch: bool = False
+    hit_rate_floor: float = Field(0.30, ge=0.0, le=1.0)
+    hit_rate_window: int = Field(200, ge=1)
+    min_lookups: int = Field(20, ge=1)
+    churn_window_s: float = Field(300.0, gt=0.0)
+    churn_threshold: int = Field(3, ge=1)
+
+
+class KVCIConfig(BaseModel):
+    """kvci's part of `--kv-transfer-config`, under `kv_connector_extra_config`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ram_bytes: ByteSize = Field(ByteSize(1 << 30), description="host-RAM tier size")
+    ram_max_entries: int = Field(4096, ge=1, description="most checkpoints kept in RAM")
+    tenant_quota_bytes: ByteSize | None = Field(None, description="RAM bytes one tenant may hold")
+    system_trigger: bool = Field(True, description="store worthy contexts without being asked")
+    ram_threshold: float | None = Field(None, ge=0.0, le=1.0, description="score for tier RAM")
+    disk_threshold: float | None = Field(None, ge=0.0, le=1.0, description="score for tier DISK")
+    cache_gate: CacheGateSettings = CacheGateSettings()
+    disk_root: Path | None = Field(None, description="disk tier folder; none = no disk tier")
+    disk_bytes: ByteSize = Field(ByteSize(16 << 30), description="disk tier bound")
+    disk_region: str | None = Field(None, description="residency region of disk_root")
+    auto_promote: bool = Field(
+        False, description="system trigger may ask the gate to persist when DiskPromotionRule holds"
+    )
+    credentials: CredentialConfig | None = Field(
+        None, description="credential verification; none = no verified authority, nothing persists"
+    )
+    revocation_db: Path | None = Field(None, description="SQLite revocation list")
+    label_catalog: Path | None = Field(None, description="SQLite source-label catalog")
+    label_catalog_json: Path | None = Field(None, description="JSON labels imported at start")
+    state_dir: Path = Field(
+        Path.home() / ".local" / "state" / "kvci",
+        description="holds `secret`, the prefix-key secret (created 0600 on first use; copy it "
+        "to every node that must share keys)",
+    )
+    model_revision: str | None = Field(None, description="overrides the derived model revision")
+    max_params_bytes: int = Field(65536, ge=1024, description="size limit of a request's kvci params")
+    control_host: str = Field("127.0.0.1", description="REST control surface address")
+    control_port: int | None = Field(None, ge=0, le=65535, description="none = no REST surface")
+    control_token_file: Path | None = Field(
+        None, description="bearer token file; required when control_host is not loopback"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "KVCIConfig":
+        if self.auto_promote and self.disk_root is None:
+            raise ValueError("auto_promote needs disk_root")
+        return self
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> "KVCIConfig":
+        """Validate vLLM's extra config; errors name the offending key."""
+        try:
+            return cls.model_validate(dict(extra or {}))
+        except ValidationError as exc:
+            raise ValueError(f"invalid kvci kv_connector_extra_config: {exc}") from None

@@ -1,0 +1,218 @@
+"""KVCheckpointConnector: the thin facade vLLM loads; it delegates by role.
+
+`--kv-transfer-config '{"kv_connector": "KVCheckpointConnector",
+"kv_connector_module_path": "kvci_plugin.connector", "kv_role": "kv_both",
+"kv_connector_extra_config": {...}}'`. The scheduler role builds a `KVCIScheduler`, the worker
+role a `KVCIWorker`; they share nothing but the per-step metadata.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.logger import init_logger
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.metadata import KVCIMetadata
+from kvci_plugin.connector.namespace import engine_namespace
+from kvci_plugin.connector.scheduler import KVCIScheduler
+from kvci_plugin.connector.stats import KVCIStats
+from kvci_plugin.connector.tenancy import TenantResolver
+from kvci_plugin.connector.worker import KVCIWorker
+from kvci_plugin.governance import (
+    CatalogLabelResolver,
+    CredentialVerifier,
+    DerivedAuthorityGate,
+    RevocationList,
+    set_persistence_eligibility_gate,
+)
+from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.secret import load_or_create_secret
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+
+def _namespace(vllm_config: "VllmConfig", config: KVCIConfig, tp_rank: int) -> bytes:
+    mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    return engine_namespace(
+        model=mc.model,
+        revision=mc.revision,
+        revision_override=config.model_revision,
+        kv_dtype=f"{cc.cache_dtype}/{mc.dtype}",
+        block_size=cc.block_size,
+        kv_layout=f"{vllm_config.device_config.device_type}/pages",
+        tp_rank=tp_rank,
+        tp_size=pc.tensor_parallel_size,
+    )
+
+
+def _slot_bytes(kv_cache_config: "KVCacheConfig") -> int:
+    return sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names)
+               for g in kv_cache_config.kv_cache_groups)
+
+
+class KVCheckpointConnector(KVConnectorBase_V1):
+    """Keeps a request's KV when it is worth keeping; loads it back when a prefix matches."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped store is only a future miss
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig") -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._config = KVCIConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise ValueError("kvci supports models with one KV cache group (no hybrid allocator)")
+        self._scheduler: KVCIScheduler | None = None
+        self._worker: KVCIWorker | None = None
+        cfg = self._config
+        slot_bytes = _slot_bytes(kv_cache_config)
+        num_slots = int(cfg.ram_bytes) // slot_bytes
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = self._build_scheduler(vllm_config, slot_bytes)
+        else:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            rank = get_tensor_model_parallel_rank()
+            self._worker = KVCIWorker(
+                num_slots=num_slots, expected_slot_bytes=slot_bytes,
+                num_blocks=kv_cache_config.num_blocks, disk_root=cfg.disk_root,
+                rank_namespace=_namespace(vllm_config, cfg, rank))
+        logger.info("kvci: %s role, %d RAM slots of %d bytes, disk tier %s", role.name,
+                    num_slots, slot_bytes, cfg.disk_root or "off")
+
+    def _build_scheduler(self, vllm_config: "VllmConfig", slot_bytes: int) -> KVCIScheduler:
+        cfg = self._config
+        revocations = verifier = None
+        if cfg.credentials is not None:
+            revocations = RevocationList(cfg.revocation_db) if cfg.revocation_db else None
+            verifier = CredentialVerifier(cfg.credentials, revocations)
+        resolver = None
+        if cfg.label_catalog is not None:
+            resolver = CatalogLabelResolver(cfg.label_catalog)
+            if cfg.label_catalog_json is not None:
+                resolver.import_json(cfg.label_catalog_json)
+        # The gate derives authority from verified credentials only: with none configured it
+        # refuses every persist at verified_authority, naming the missing credential.
+        set_persistence_eligibility_gate(
+            DerivedAuthorityGate(verifier, resolver, durable_store_region=cfg.disk_region))
+        namespace = _namespace(vllm_config, cfg, 0)
+        disk = None
+        if cfg.disk_root is not None:
+            disk = KVCheckpointStore(cfg.disk_root, namespace, int(cfg.disk_bytes))
+        secret = load_or_create_secret(cfg.state_dir)
+        return KVCIScheduler(
+            config=cfg, block_size=vllm_config.cache_config.block_size, slot_bytes=slot_bytes,
+            namespace=namespace, secret=secret,
+            tp_size=vllm_config.parallel_config.tensor_parallel_size,
+            tenants=TenantResolver(verifier), disk=disk)
+
+    # ---- worker side ----------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            assert isinstance(connector_metadata, KVCIMetadata)
+            self._worker.bind(connector_metadata)
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        if self._worker is not None:
+            self._worker.clear()
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        if self._worker is not None:
+            self._worker.start_load_kv()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # whole pages are loaded in start_load_kv, before the forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
+        return  # finished requests are stored whole in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if self._worker is not None:
+            self._worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is not None:
+            return self._worker.get_finished(finished_req_ids)
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors() if self._worker is not None else set()
+
+    def build_connector_worker_meta(self):
+        return self._worker.take_worker_meta() if self._worker is not None else None
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+
+    # ---- scheduler side -------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        if self._scheduler is not None:
+            self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request: "Request",
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request, block_ids)
+
+    def get_external_cache_hit_sources(self, request: "Request",
+                                       num_external_tokens: int) -> dict[CacheHitSource, int]:
+        if num_external_tokens == 0 or self._scheduler is None:
+            return {}
+        tier = self._scheduler.hit_tier(request.request_id)
+        return {CacheHitSource.DISK if tier == "disk" else CacheHitSource.HOST: num_external_tokens}
+
+    # ---- stats ----------------------------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        part = self._scheduler or self._worker
+        return part.take_stats() if part is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return KVCIStats(data=data) if data is not None else KVCIStats()

@@ -1,0 +1,66 @@
+"""The `kvci` object of a request's `kv_transfer_params`.
+
+A client that sends nothing gets nothing back: the advisory channel stays silent and the request
+behaves exactly as without kvci. Bad input fails only this request's kvci handling; the request
+itself still completes and its response params carry the error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PARAMS_KEY = "kvci"
+
+
+class KVCIRequestParams(BaseModel):
+    """What a client may say about its request (all optional)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    tenant: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")
+    session_token: str | None = Field(None, min_length=1, max_length=8192)
+    delegation_tokens: list[str] = Field(default_factory=list, max_length=8)
+    source_ids: list[str] = Field(default_factory=list, max_length=256)
+    session_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")
+    observation: dict[str, Any] | None = None
+    evidence_bundle: dict[str, Any] | None = None
+    context_bundle: dict[str, Any] | None = None
+    trigger: Literal["user", "agent"] | None = None
+    checkpoint: Literal["now"] | None = None
+    persist: bool = False
+
+    @property
+    def explicit_trigger(self) -> str | None:
+        """The trigger this request asks for, if it asks to keep its KV at all."""
+        if self.checkpoint == "now" or self.persist:
+            return self.trigger or "user"
+        return None
+
+
+class ParamsError(ValueError):
+    """The request's kvci params were rejected; the message is safe to return to the client."""
+
+
+def parse_request_params(kv_transfer_params: Any, max_bytes: int) -> KVCIRequestParams | None:
+    """None when the request carries no `kvci` object; ParamsError when it is malformed."""
+    if not isinstance(kv_transfer_params, dict) or PARAMS_KEY not in kv_transfer_params:
+        return None
+    raw = kv_transfer_params[PARAMS_KEY]
+    if not isinstance(raw, dict):
+        raise ParamsError(f"kv_transfer_params.{PARAMS_KEY} must be an object")
+    try:
+        size = len(json.dumps(raw, separators=(",", ":")))
+    except (TypeError, ValueError) as exc:
+        raise ParamsError(f"kv_transfer_params.{PARAMS_KEY} is not JSON: {exc}") from None
+    if size > max_bytes:
+        raise ParamsError(f"kv_transfer_params.{PARAMS_KEY} is {size} bytes, over {max_bytes}")
+    try:
+        return KVCIRequestParams.model_validate(raw)
+    except ValidationError as exc:
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ParamsError(f"invalid kv_transfer_params.{PARAMS_KEY}: {errors}") from None

@@ -1,0 +1,412 @@
+"""Scheduler side (EngineCore): keys, lookups, the worthiness decision and the job queues.
+
+Everything here runs on vLLM's scheduler thread between steps, so per-step work stays small:
+a request's prefix keys are computed once, lookups are dictionary probes, and scoring happens
+once per finished request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.metadata import (
+    DiskLoadJob,
+    KVCIMetadata,
+    KVCIWorkerMetadata,
+    LoadJob,
+    PersistJob,
+    StoreJob,
+)
+from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_request_params
+from kvci_plugin.connector.stats import KVCIStats
+from kvci_plugin.connector.tenancy import TenantResolver
+from kvci_plugin.ops import key_bytes, prefix_block_keys
+from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.types import PageKey, Reservation
+from kvci_plugin.worthiness import (
+    CacheGate,
+    CheckpointAdvisor,
+    CheckpointObservation,
+    CheckpointTier,
+    render_advisory,
+)
+
+logger = logging.getLogger(__name__)
+
+_FINISHED_OK = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
+_SESSION_WINDOW = 8  # turns over which a session's context rewrites are counted
+_MAX_TRACKED = 65536  # bound for per-prefix reuse counts and per-session context state
+
+
+@dataclass
+class _Session:
+    prefix: tuple[PageKey, ...] = ()
+    rewrites: list[bool] = field(default_factory=list)
+    turns_since_change: int = 0
+
+
+@dataclass
+class _Req:
+    params: KVCIRequestParams | None
+    error: str | None
+    tenant: str
+    key_tenant: str
+    keys: list[PageKey] | None  # None: this request is never matched or stored (not keyable)
+    local_tokens: int = 0
+    ext_tokens: int = 0
+    hit_tier: str | None = None
+    hit_key: PageKey | None = None
+    prompt_tokens: int = 0
+    first_scheduled: float | None = None
+    prompt_done: bool = False
+    prefill_s: float | None = None
+    scheduled_tokens: int = 0
+
+
+class _ConnectorMover:
+    """Queues the manager's copies as jobs for the next step's metadata."""
+
+    def __init__(self) -> None:
+        self.stores: list[StoreJob] = []
+        self.persists: list[PersistJob] = []
+
+    def store(self, reservation: Reservation, source: Any) -> bool:
+        req_id, block_of = source
+        new = reservation.new
+        self.stores.append(StoreJob(
+            req_id=req_id, checkpoint_id=reservation.checkpoint_id,
+            slots=[slot for _, slot in new], block_ids=[block_of[key] for key, _ in new]))
+        return False
+
+    def persist(self, checkpoint_id: str, tenant: str, keys: Sequence[PageKey],
+                slots: Sequence[int]) -> bool:
+        self.persists.append(PersistJob(checkpoint_id=checkpoint_id, tenant=tenant,
+                                        keys=list(keys), slots=list(slots)))
+        return False
+
+
+class KVCIScheduler:
+    def __init__(
+        self,
+        *,
+        config: KVCIConfig,
+        block_size: int,
+        slot_bytes: int,
+        namespace: bytes,
+        secret: bytes,
+        tp_size: int,
+        tenants: TenantResolver,
+        disk: KVCheckpointStore | None,
+    ) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.namespace = namespace
+        self._secret = secret
+        self._tp_size = tp_size
+        self._tenants = tenants
+        num_slots = int(config.ram_bytes) // slot_bytes
+        if num_slots < 1:
+            raise ValueError(
+                f"kvci: ram_bytes ({int(config.ram_bytes)}) holds no page of {slot_bytes} bytes")
+        index = RAMIndex(num_slots, slot_bytes, config.ram_max_entries,
+                         tenant_quota_bytes=config.tenant_quota_bytes)
+        advisor_kwargs: dict[str, Any] = {}
+        if config.ram_threshold is not None:
+            advisor_kwargs["ram_threshold"] = config.ram_threshold
+        if config.disk_threshold is not None:
+            advisor_kwargs["disk_threshold"] = config.disk_threshold
+        self._mover = _ConnectorMover()
+        self.manager = TieredCheckpointManager(
+            index=index, mover=self._mover, advisor=CheckpointAdvisor(**advisor_kwargs),
+            disk=disk, disk_region=config.disk_region)
+        g = config.cache_gate
+        self.cache_gate = CacheGate(
+            kill_switch=g.kill_switch, hit_rate_floor=g.hit_rate_floor,
+            hit_rate_window=g.hit_rate_window, min_lookups=g.min_lookups,
+            churn_window_s=g.churn_window_s, churn_threshold=g.churn_threshold)
+        self._reqs: dict[str, _Req] = {}
+        self._loads: list[LoadJob] = []
+        self._disk_loads: list[DiskLoadJob] = []
+        self._pinned: list[list[PageKey]] = []
+        self._store_of: dict[str, str] = {}  # request id -> checkpoint id of its pending store
+        self._reuse: OrderedDict[PageKey, int] = OrderedDict()
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._stats = KVCIStats()
+
+    @property
+    def num_slots(self) -> int:
+        return self.manager.index.num_slots
+
+    # ---- per-request state ------------------------------------------------------------------
+
+    def _state(self, request: Any) -> _Req:
+        st = self._reqs.get(request.request_id)
+        if st is not None:
+            return st
+        params: KVCIRequestParams | None = None
+        error = None
+        try:
+            params = parse_request_params(request.kv_transfer_params, self.config.max_params_bytes)
+            tenant = self._tenants.resolve(params)
+        except ParamsError as exc:
+            error, tenant = str(exc), self._tenants.default
+        key_tenant = self._key_tenant(tenant, request)
+        keys = None
+        if error is None and self._keyable(request):
+            keys = self.keys_for(request.prompt_token_ids, key_tenant)
+        st = _Req(params=params, error=error, tenant=tenant, key_tenant=key_tenant, keys=keys,
+                  prompt_tokens=request.num_prompt_tokens)
+        self._reqs[request.request_id] = st
+        return st
+
+    @staticmethod
+    def _key_tenant(tenant: str, request: Any) -> str:
+        """LoRA adapter and cache_salt change the KV, so they are part of who may share it."""
+        lora = getattr(request, "lora_request", None)
+        lora_name = getattr(lora, "lora_name", "") if lora is not None else ""
+        salt = getattr(request, "cache_salt", None) or ""
+        return "\0".join([tenant, "lora=" + lora_name, "salt=" + salt])
+
+    @staticmethod
+    def _keyable(request: Any) -> bool:
+        # Prompt-embeds requests carry placeholder token ids, and multimodal features are not
+        # keyed: either would let different KV share a key.
+        return (getattr(request, "prompt_embeds", None) is None
+                and not getattr(request, "mm_features", None)
+                and request.prompt_token_ids is not None)
+
+    def keys_for(self, token_ids: Sequence[int], key_tenant: str) -> list[PageKey]:
+        n = len(token_ids) // self.block_size
+        if n == 0:
+            return []
+        return key_bytes(prefix_block_keys(list(token_ids[: n * self.block_size]),
+                                           self.block_size, self.namespace, key_tenant,
+                                           self._secret))
+
+    # ---- lookups ------------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        st = self._state(request)
+        st.local_tokens = num_computed_tokens
+        if not st.keys:
+            return 0, False
+        bs = self.block_size
+        cap = (request.num_tokens - 1) // bs  # never match every token: one must be computed
+        local = num_computed_tokens // bs
+        ram = min(self.manager.index.longest_prefix(st.keys, st.tenant), cap)
+        disk = 0
+        if self.manager.disk is not None and ram < cap:
+            disk = min(self.manager.disk.longest_prefix(st.keys, st.tenant), cap)
+        best = max(ram, disk)
+        if best <= local:
+            return 0, False
+        st.hit_tier = "ram" if ram >= disk else "disk"
+        return (best - local) * bs, st.hit_tier == "disk"
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        st = self._reqs.get(request.request_id)
+        if st is None or num_external_tokens == 0 or st.keys is None:
+            return
+        if st.ext_tokens:  # the second call of an async load: the blocks are already planned
+            return
+        bs = self.block_size
+        first, last = st.local_tokens // bs, (st.local_tokens + num_external_tokens) // bs
+        block_ids = blocks.get_block_ids()[0][first:last]
+        keys = st.keys[first:last]
+        st.ext_tokens = num_external_tokens
+        st.hit_key = keys[-1]
+        if st.hit_tier == "ram":
+            slots = self.manager.index.pin(keys, st.tenant)
+            self._pinned.append(keys)
+            self._loads.append(LoadJob(request.request_id, slots, block_ids))
+        else:
+            self._disk_loads.append(DiskLoadJob(request.request_id, st.tenant, keys, block_ids))
+            assert self.manager.disk is not None
+            self.manager.disk.touch(keys)
+        self._reuse[st.hit_key] = self._reuse.get(st.hit_key, 0) + 1
+        self._reuse.move_to_end(st.hit_key)
+        if len(self._reuse) > _MAX_TRACKED:
+            self._reuse.popitem(last=False)
+        self._stats.count(f"hit_tokens_{st.hit_tier}", num_external_tokens)
+
+    # ---- per step -------------------------------------------------------------------------------
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVCIMetadata:
+        now = time.monotonic()
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            if st.prompt_done and st.prefill_s is None:
+                # The step after the one that completed the prompt: that forward has run.
+                st.prefill_s = now - (st.first_scheduled or now)
+            if st.first_scheduled is None:
+                st.first_scheduled = now
+            st.scheduled_tokens += n
+            if st.local_tokens + st.ext_tokens + st.scheduled_tokens >= st.prompt_tokens:
+                st.prompt_done = True
+        meta = KVCIMetadata(loads=self._loads, disk_loads=self._disk_loads,
+                            stores=self._mover.stores, persists=self._mover.persists)
+        # Every worker runs this step's loads before its forward and its stores after it, and
+        # steps in order, so a slot unpinned now can only be overwritten by a later job.
+        for keys in self._pinned:
+            self.manager.index.unpin(keys)
+        self._pinned = []
+        self._loads, self._disk_loads = [], []
+        self._mover.stores, self._mover.persists = [], []
+        return meta
+
+    def update_connector_output(self, output: Any) -> None:
+        for req_id in output.finished_sending or ():
+            cid = self._store_of.pop(req_id, None)
+            if cid is not None:
+                self._after_persist_started(self.manager.on_stored(cid, ok=True))
+        meta = output.kv_connector_worker_meta
+        if not isinstance(meta, KVCIWorkerMetadata):
+            return
+        for cid, errs in meta.persist_errors.items():
+            self.manager.on_persisted(cid, ok=False, error="; ".join(errs))
+            self._stats.count("persist_failures")
+        for cid, n in meta.persisted.items():
+            if cid not in meta.persist_errors and n >= self._tp_size:
+                self.manager.on_persisted(cid, ok=True)
+                self._stats.count("persisted_checkpoints")
+
+    def _after_persist_started(self, outcome: Any) -> None:
+        if outcome is not None and outcome.status == "persisted":
+            self._stats.count("persisted_checkpoints")
+
+    # ---- the end of a request -------------------------------------------------------------------
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        st = self._reqs.pop(request.request_id, None) or self._state_once(request)
+        params = st.params
+        if st.error is not None:
+            self._stats.count("params_errors")
+            return False, {"kvci": {"error": st.error}}
+        if st.keys is not None:
+            self.cache_gate.record_lookup(st.ext_tokens > 0)
+            self._stats.count("lookups")
+        try:
+            obs = self._observation(request, st)
+        except ValueError as exc:
+            self._stats.count("params_errors")
+            return False, {"kvci": {"error": f"invalid observation: {exc}"}}
+        rec = self.manager.advisor.recommend(obs)
+        self._stats.count(f"recommendations_{rec.tier.value}")
+
+        trigger = params.explicit_trigger if params is not None else None
+        gate = None
+        if trigger is None and self.config.system_trigger and rec.worth_it:
+            gate = self.cache_gate.decide(params.session_id if params else None)
+            if gate.allow:
+                trigger = "system"
+            else:
+                self._stats.count("cache_gate_pauses")
+
+        outcome = None
+        delay = False
+        if trigger is not None and st.keys is not None and request.status.name in _FINISHED_OK:
+            n_full = min(request.num_computed_tokens // self.block_size, len(block_ids))
+            keys = (st.keys[:n_full] if n_full <= len(st.keys)
+                    else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
+            persist = bool(params is not None and params.persist) or (
+                trigger == "system" and self.config.auto_promote and rec.tier is CheckpointTier.DISK)
+            outcome = self.manager.checkpoint_now(
+                tenant=st.tenant, keys=keys, trigger=trigger, recommendation=rec,
+                source=(request.request_id, dict(zip(keys, block_ids))),
+                source_ids=params.source_ids if params else (), persist=persist,
+                session_token=params.session_token if params else None,
+                delegation_tokens=params.delegation_tokens if params else ())
+            self._count_outcome(outcome)
+            if outcome.pending:
+                self._store_of[request.request_id] = outcome.checkpoint_id
+                delay = True
+        if params is None:
+            return delay, None  # nothing asked, nothing said: the advisory channel stays silent
+        reply: dict[str, Any] = {
+            "recommendation": rec.model_dump(mode="json"),
+            "advisory": render_advisory(rec),
+            "trigger": trigger,
+            "tier": outcome.tier if outcome else "none",
+            "checkpoint_id": outcome.checkpoint_id if outcome else None,
+            "hit_tokens": st.ext_tokens,
+            "hit_tier": st.hit_tier if st.ext_tokens else None,
+            "cache_gate": gate.model_dump(mode="json") if gate else None,
+            "persist": outcome.persist.model_dump(mode="json") if outcome and outcome.persist else None,
+        }
+        if outcome is not None and outcome.tier == "none":
+            reply["not_kept"] = outcome.reason
+        return delay, {"kvci": reply}
+
+    def _state_once(self, request: Any) -> _Req:
+        st = self._state(request)
+        del self._reqs[request.request_id]
+        return st
+
+    def _count_outcome(self, outcome: Any) -> None:
+        if outcome.checkpoint_id is None:
+            self._stats.count("store_declined")
+            return
+        self._stats.count("checkpoints_ram")
+        self._stats.count("evicted_checkpoints", len(outcome.evicted))
+        if outcome.persist is not None:
+            p = outcome.persist
+            if p.status == "refused":
+                check = p.decision.failed_check if p.decision is not None else "no_disk_tier"
+                self._stats.count(f"gate_refusals_{check}")
+            self._after_persist_started(p)
+
+    def _observation(self, request: Any, st: _Req) -> CheckpointObservation:
+        p = st.params
+        obs = CheckpointObservation.from_inputs(
+            p.observation if p else None, p.evidence_bundle if p else None,
+            p.context_bundle if p else None)
+        measured: dict[str, Any] = {
+            "context_tokens": request.num_tokens,
+            "output_tokens": request.num_output_tokens,
+            "cached_tokens": min(st.local_tokens + st.ext_tokens, request.num_prompt_tokens),
+        }
+        if st.first_scheduled is not None:
+            prefill = st.prefill_s if st.prefill_s is not None else time.monotonic() - st.first_scheduled
+            computed = max(1, st.prompt_tokens - st.local_tokens - st.ext_tokens)
+            # What rebuilding the whole prompt would take, from what this request paid.
+            measured["wall_time_s"] = prefill * st.prompt_tokens / computed
+        if st.hit_key is not None:
+            measured["observed_reuse"] = self._reuse.get(st.hit_key, 0)
+        if p is not None and p.session_id is not None and st.keys is not None:
+            measured.update(self._session_turn(p.session_id, tuple(st.keys)))
+        update = {k: v for k, v in measured.items() if getattr(obs, k) is None}
+        return obs.model_copy(update=update) if update else obs
+
+    def _session_turn(self, session_id: str, prefix: tuple[PageKey, ...]) -> dict[str, int]:
+        """Context churn for a session: a turn that does not extend the previous prompt rewrote it."""
+        s = self._sessions.pop(session_id, None) or _Session()
+        rewrote = bool(s.prefix) and prefix[: len(s.prefix)] != s.prefix
+        s.rewrites = (s.rewrites + [rewrote])[-_SESSION_WINDOW:]
+        s.turns_since_change = 0 if rewrote else s.turns_since_change + 1
+        s.prefix = prefix
+        if rewrote:
+            self.cache_gate.record_context_change(session_id)
+        self._sessions[session_id] = s
+        if len(self._sessions) > _MAX_TRACKED:
+            self._sessions.popitem(last=False)
+        return {"context_rewrites": sum(s.rewrites), "turns_since_change": s.turns_since_change}
+
+    def take_stats(self) -> KVCIStats | None:
+        stats, self._stats = self._stats, KVCIStats()
+        return None if stats.is_empty() else stats
+
+    def hit_tier(self, req_id: str) -> str | None:
+        st = self._reqs.get(req_id)
+        return st.hit_tier if st is not None else None

@@ -1,0 +1,171 @@
+"""Worker side: owns the host page pool and this rank's disk blobs; executes the step's jobs.
+
+RAM loads run synchronously in `start_load_kv` (before the forward that needs them); stores and
+persists run in `wait_for_save`, after the forward. Disk loads run on a background thread and
+are reported through `get_finished`; a blob that fails verification becomes a load error so
+vLLM recomputes those blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from kvci_plugin.connector.metadata import (
+    DiskLoadJob,
+    KVCIMetadata,
+    KVCIWorkerMetadata,
+    PersistJob,
+)
+from kvci_plugin.connector.pages import page_views, slot_bytes
+from kvci_plugin.connector.stats import KVCIStats
+from kvci_plugin.ops import scatter_pages
+from kvci_plugin.tiering.blob_store import BlobStore
+from kvci_plugin.tiering.page_pool import PagePool
+
+logger = logging.getLogger(__name__)
+
+
+class KVCIWorker:
+    def __init__(
+        self,
+        *,
+        num_slots: int,
+        expected_slot_bytes: int,
+        num_blocks: int,
+        disk_root: Path | None,
+        rank_namespace: bytes,
+    ) -> None:
+        self._num_slots = num_slots
+        self._expected_slot_bytes = expected_slot_bytes
+        self._num_blocks = num_blocks
+        self._disk_root = disk_root
+        self._rank_namespace = rank_namespace
+        self._views: list[torch.Tensor] = []
+        self._pool: PagePool | None = None
+        self._blobs: BlobStore | None = None
+        self._meta: KVCIMetadata | None = None
+        self._prev_finished: set[str] = set()
+        self._stored: set[str] = set()
+        self._disk_loads: dict[str, Future[set[int]]] = {}
+        self._load_errors: set[int] = set()
+        self._worker_meta = KVCIWorkerMetadata()
+        self._stats = KVCIStats()
+        self._lock = threading.Lock()
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvci-disk")
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._views = page_views(kv_caches, self._num_blocks)
+        got = slot_bytes(self._views)
+        if got != self._expected_slot_bytes:
+            raise RuntimeError(
+                f"kvci: worker page bytes {got} != scheduler's {self._expected_slot_bytes}"
+            )
+        self._pool = PagePool(self._num_slots, got)
+        if self._disk_root is not None:
+            self._blobs = BlobStore(self._disk_root, self._rank_namespace)
+
+    def bind(self, meta: KVCIMetadata) -> None:
+        self._meta = meta
+
+    def clear(self) -> None:
+        self._meta = None
+
+    def start_load_kv(self) -> None:
+        meta = self._meta
+        if meta is None or self._pool is None:
+            return
+        for job in meta.loads:
+            t0 = time.perf_counter()
+            self._pool.load(job.slots, self._views, job.block_ids)
+            self._stats.observe_load("ram", len(job.slots) * self._pool.slot_bytes,
+                                     time.perf_counter() - t0)
+        for job in meta.disk_loads:
+            self._disk_loads[job.req_id] = self._io.submit(self._load_from_disk, job)
+
+    def _load_from_disk(self, job: DiskLoadJob) -> set[int]:
+        """Returns the block ids that failed; the rest are in the paged cache."""
+        assert self._blobs is not None and self._pool is not None
+        t0 = time.perf_counter()
+        failed: set[int] = set()
+        buf = torch.empty((1, self._pool.slot_bytes), dtype=torch.uint8)
+        ok_bytes = 0
+        for i, (key, block) in enumerate(zip(job.keys, job.block_ids)):
+            try:
+                self._blobs.read(key, job.tenant, out=buf[0])
+            except Exception as exc:  # any unreadable blob is a miss: recompute, never use it
+                logger.warning("kvci: disk load failed (%s: %s); recomputing",
+                               type(exc).__name__, exc)
+                failed.update(job.block_ids[i:])  # later blocks depend on this prefix
+                break
+            scatter_pages(buf, torch.zeros(1, dtype=torch.int64), self._views,
+                          torch.tensor([block], dtype=torch.int64))
+            ok_bytes += self._pool.slot_bytes
+        self._stats.observe_load("disk", ok_bytes, time.perf_counter() - t0)
+        return failed
+
+    def wait_for_save(self) -> None:
+        meta = self._meta
+        if meta is None or self._pool is None:
+            return
+        for job in meta.stores:
+            t0 = time.perf_counter()
+            self._pool.store(self._views, job.block_ids, job.slots)
+            self._stats.observe_store("ram", len(job.slots) * self._pool.slot_bytes,
+                                      time.perf_counter() - t0)
+            self._stored.add(job.req_id)
+        for pjob in meta.persists:
+            self._persist(pjob)
+
+    def _persist(self, job: PersistJob) -> None:
+        if self._blobs is None or self._pool is None:
+            self._worker_meta.persist_errors.setdefault(job.checkpoint_id, []).append(
+                "no disk tier on this worker")
+            return
+        t0 = time.perf_counter()
+        try:
+            written = 0
+            for key, slot in zip(job.keys, job.slots):
+                written += self._blobs.write(key, job.tenant, self._pool.read(slot))
+        except Exception as exc:  # reported to the scheduler, which records no catalog row
+            logger.warning("kvci: persist of %s failed: %s: %s", job.checkpoint_id,
+                           type(exc).__name__, exc)
+            self._worker_meta.persist_errors.setdefault(job.checkpoint_id, []).append(
+                f"{type(exc).__name__}: {exc}")
+            return
+        self._stats.observe_store("disk", written, time.perf_counter() - t0)
+        self._worker_meta.persisted[job.checkpoint_id] = 1
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        # A store job and its request's finished id arrive in the same step; keep the previous
+        # step's ids too in case async scheduling splits them.
+        sending = self._stored & (finished_req_ids | self._prev_finished)
+        self._stored -= sending
+        self._prev_finished = set(finished_req_ids)
+        recving: set[str] = set()
+        for req_id, fut in list(self._disk_loads.items()):
+            if fut.done():
+                self._load_errors |= fut.result()
+                recving.add(req_id)
+                del self._disk_loads[req_id]
+        return (sending or None), (recving or None)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def take_worker_meta(self) -> KVCIWorkerMetadata | None:
+        meta, self._worker_meta = self._worker_meta, KVCIWorkerMetadata()
+        return meta if (meta.persisted or meta.persist_errors) else None
+
+    def take_stats(self) -> KVCIStats | None:
+        stats, self._stats = self._stats, KVCIStats()
+        return None if stats.is_empty() else stats
+
+    def shutdown(self) -> None:
+        self._io.shutdown(wait=True)

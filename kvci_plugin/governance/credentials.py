@@ -1,0 +1,48 @@
+"""What a verified credential says: a session's authority, or a delegation's ceiling."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from kvci_plugin.governance.classification import Classification
+from kvci_plugin.governance.names import NameSet
+
+PolicyVersion = StrictInt | StrictStr
+
+
+class VerifiedSession(BaseModel):
+    """A session credential whose signature, audience, validity window and revocation were checked."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    actor: str = Field(min_length=1)
+    tenant: str = Field(min_length=1)
+    scopes: NameSet
+    clearance: Classification
+    markings: NameSet
+    regions: NameSet
+    policy_version: PolicyVersion
+    jti: str = Field(min_length=1)
+    not_before: float
+    expires_at: float
+
+
+class DelegationCeiling(BaseModel):
+    """A verified delegation: `delegator` lets `delegate` act within this ceiling, in `tenant`.
+
+    The ceiling caps authority; it never adds any. Each field is required: a ceiling with an
+    undeclared axis is unresolvable and denies.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    jti: str = Field(min_length=1)
+    tenant: str = Field(min_length=1)
+    delegator: str = Field(min_length=1)
+    delegate: str = Field(min_length=1)
+    scopes: NameSet
+    clearance: Classification
+    markings: NameSet
+    regions: NameSet
+    not_before: float
+    expires_at: float

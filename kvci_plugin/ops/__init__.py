@@ -1,0 +1,25 @@
+"""The typed Python face of the native ``torch.ops.kvci`` operators: prefix keys and page copies."""
+
+from __future__ import annotations
+
+from kvci_plugin.ops.pages import gather_pages, pool_slot_bytes, scatter_pages
+from kvci_plugin.ops.prefix_keys import (
+    KEY_FORMAT,
+    MIN_SECRET_BYTES,
+    derive_subkeys,
+    key_bytes,
+    prefix_block_keys,
+    prefix_block_keys_batched,
+)
+
+__all__ = [
+    "KEY_FORMAT",
+    "MIN_SECRET_BYTES",
+    "derive_subkeys",
+    "gather_pages",
+    "key_bytes",
+    "pool_slot_bytes",
+    "prefix_block_keys",
+    "prefix_block_keys_batched",
+    "scatter_pages",
+]

@@ -1,0 +1,624 @@
+"""CheckpointCatalog: the durable record of the disk tier (SQLite, WAL), scheduler side.
+
+Three tables: ``checkpoints`` (one row per KVCheckpointRecord with its full provenance),
+``pages`` (one row per blob, shared pages once) and ``checkpoint_pages`` (the ordered page list
+of each checkpoint). The catalog never touches blob files: every call that drops pages returns
+them in a ``Removal`` so that the owner of the blobs deletes the files after the rows are gone.
+The order is what keeps the two consistent across a crash: blobs are durable before their rows
+are added, and rows are gone before their blobs are deleted, so a crash leaves at worst orphan
+blobs, which start-up reconciliation removes.
+
+Retention. A page row keeps the most permissive retention expiry among the checkpoints that
+added it (NULL = no limit): each of them was permitted that long for the same bytes, so a live
+checkpoint's pages never expire before it does. Expired checkpoints and pages are invisible to
+lookups before garbage collection removes them.
+
+Eviction (``evict_to``). Pages no live checkpoint references (left behind when their
+checkpoint was evicted or lost a page) are a prefix cache: they go first, least recently used
+first. If the pages of live checkpoints alone exceed the bound, whole checkpoints go, least
+recently used first, and their now-unreferenced pages then join the LRU. Dropping whole
+checkpoints keeps every remaining record fully loadable; a bound that pinned records could
+overrun would not be a bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kvci_plugin.tiering.blob_store import check_namespace
+from kvci_plugin.tiering.types import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    PageKey,
+    TenantMismatchError,
+    check_checkpoint_id,
+    check_page_key,
+    check_tenant,
+)
+
+_HEX_KEY = r"^[0-9a-f]{32}$"
+_HEX_NAMESPACE = r"^[0-9a-f]{64}$"
+# Keeps each IN (...) list well under SQLite's bound on host parameters.
+_CHUNK = 500
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE checkpoints (
+            checkpoint_id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            trigger TEXT NOT NULL,
+            recommendation_json TEXT NOT NULL,
+            decision_json TEXT NOT NULL,
+            created REAL NOT NULL,
+            retention_expiry REAL,
+            slot_bytes INTEGER NOT NULL,
+            bytes INTEGER NOT NULL,
+            last_used REAL NOT NULL,
+            page_count INTEGER NOT NULL
+        )""",
+        """CREATE TABLE pages (
+            namespace TEXT NOT NULL,
+            key TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            bytes INTEGER NOT NULL,
+            last_used REAL NOT NULL,
+            retention_expiry REAL,
+            PRIMARY KEY (namespace, key)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE checkpoint_pages (
+            checkpoint_id TEXT NOT NULL
+                REFERENCES checkpoints (checkpoint_id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            namespace TEXT NOT NULL,
+            key TEXT NOT NULL,
+            PRIMARY KEY (checkpoint_id, position),
+            FOREIGN KEY (namespace, key) REFERENCES pages (namespace, key)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX checkpoint_pages_by_page ON checkpoint_pages (namespace, key)",
+        "CREATE INDEX checkpoints_by_tenant ON checkpoints (tenant)",
+        "CREATE INDEX checkpoints_by_expiry ON checkpoints (retention_expiry)",
+        "CREATE INDEX checkpoints_by_last_used ON checkpoints (last_used)",
+        "CREATE INDEX pages_by_last_used ON pages (last_used)",
+    ),
+)
+"""Schema migrations in order; the catalog's ``schema_version`` is how many have been applied."""
+
+_UNREFERENCED = (
+    "NOT EXISTS (SELECT 1 FROM checkpoint_pages AS cp"
+    " WHERE cp.namespace = p.namespace AND cp.key = p.key)"
+)
+
+
+class PageRef(BaseModel):
+    """One page of a checkpoint: its key and the size of its blob on disk."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    key: str = Field(pattern=_HEX_KEY)
+    nbytes: int = Field(gt=0)
+
+
+class KVCheckpointRecord(BaseModel):
+    """A durable KV checkpoint and why it exists (the seed's :KVCheckpoint node).
+
+    Times are Unix seconds. ``recommendation_json`` and ``decision_json`` (the eligibility
+    decision with its derivation) are JSON texts kept verbatim for explain surfaces.
+    ``slot_bytes`` is the payload size of each page; ``PageRef.nbytes`` the blob's file size,
+    which is what the disk bound counts.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    checkpoint_id: str = Field(min_length=1, max_length=256)
+    tenant: str = Field(min_length=1)
+    namespace: str = Field(pattern=_HEX_NAMESPACE)
+    trigger: Literal["user", "agent", "system"]
+    recommendation_json: str
+    decision_json: str
+    created: float
+    retention_expiry: float | None
+    last_used: float
+    slot_bytes: int = Field(gt=0)
+    pages: tuple[PageRef, ...] = Field(min_length=1)
+
+    @field_validator("recommendation_json", "decision_json")
+    @classmethod
+    def _is_json(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"must be JSON text: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KVCheckpointRecord:
+        keys = [page.key for page in self.pages]
+        if len(set(keys)) != len(keys):
+            raise ValueError("pages: a page key appears twice")
+        if self.retention_expiry is not None and self.retention_expiry <= self.created:
+            raise ValueError("retention_expiry must be later than created")
+        if self.last_used < self.created:
+            raise ValueError("last_used must not be earlier than created")
+        return self
+
+    @property
+    def page_keys(self) -> tuple[PageKey, ...]:
+        return tuple(bytes.fromhex(page.key) for page in self.pages)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(page.nbytes for page in self.pages)
+
+
+@dataclass(frozen=True)
+class PageId:
+    """A page row: its namespace and key."""
+
+    namespace: bytes
+    key: PageKey
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What a catalog call removed; the caller deletes the blob files of ``pages``."""
+
+    checkpoint_ids: tuple[str, ...] = ()
+    pages: tuple[PageId, ...] = ()
+
+    def __add__(self, other: Removal) -> Removal:
+        return Removal(self.checkpoint_ids + other.checkpoint_ids, self.pages + other.pages)
+
+
+@dataclass(frozen=True)
+class CatalogStats:
+    checkpoints: int
+    pages: int
+    unreferenced_pages: int
+    bytes_used: int
+    unreferenced_bytes: int
+
+
+def _combine_expiry(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else max(a, b)
+
+
+def _page_id(row: sqlite3.Row) -> PageId:
+    return PageId(bytes.fromhex(row["namespace"]), bytes.fromhex(row["key"]))
+
+
+def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i : i + _CHUNK]
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+class CheckpointCatalog:
+    """The SQLite catalog of durable checkpoints. Thread-safe; one writer process per file."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        self._path = Path(path)
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Created 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
+        os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(self._path, 0o600)
+        self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode != "wal":
+            self._db.close()
+            raise RuntimeError(f"{self._path}: SQLite refused WAL mode (got {mode!r})")
+        # FULL: a commit is on disk when it returns, so "durable" means durable.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT version FROM schema_version").fetchone()
+            version = 0 if row is None else row["version"]
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"{self._path}: catalog schema version {version} is newer than this kvci "
+                    f"understands ({len(MIGRATIONS)})"
+                )
+            for statements in MIGRATIONS[version:]:
+                for statement in statements:
+                    db.execute(statement)
+            if row is None:
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (len(MIGRATIONS),))
+            else:
+                db.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
+
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT version FROM schema_version").fetchone()["version"]
+
+    # ---- writes -----------------------------------------------------------------------------
+
+    def add_checkpoint(self, record: KVCheckpointRecord) -> None:
+        """Record a checkpoint whose blobs are already durable, in one transaction.
+
+        A page already held (shared with another checkpoint) is stored once; a page held under
+        another tenant refuses the whole record.
+        """
+        if not isinstance(record, KVCheckpointRecord):
+            raise TypeError(f"record must be a KVCheckpointRecord, not {type(record).__name__}")
+        if record.retention_expiry is not None and record.retention_expiry <= self._clock():
+            raise ValueError(f"checkpoint {record.checkpoint_id}: retention_expiry has passed")
+        ns = record.namespace
+        with self._transaction() as db:
+            if db.execute(
+                "SELECT 1 FROM checkpoints WHERE checkpoint_id = ?", (record.checkpoint_id,)
+            ).fetchone():
+                raise CheckpointExistsError(f"checkpoint {record.checkpoint_id} already exists")
+            for position, page in enumerate(record.pages):
+                held = db.execute(
+                    "SELECT tenant, retention_expiry FROM pages WHERE namespace = ? AND key = ?",
+                    (ns, page.key),
+                ).fetchone()
+                if held is None:
+                    db.execute(
+                        "INSERT INTO pages (namespace, key, tenant, bytes, last_used,"
+                        " retention_expiry) VALUES (?, ?, ?, ?, ?, ?)",
+                        (
+                            ns,
+                            page.key,
+                            record.tenant,
+                            page.nbytes,
+                            record.last_used,
+                            record.retention_expiry,
+                        ),
+                    )
+                elif held["tenant"] != record.tenant:
+                    raise TenantMismatchError(
+                        f"checkpoint {record.checkpoint_id}: page {position} is held by another "
+                        "tenant"
+                    )
+                else:
+                    db.execute(
+                        "UPDATE pages SET bytes = ?, last_used = max(last_used, ?),"
+                        " retention_expiry = ? WHERE namespace = ? AND key = ?",
+                        (
+                            page.nbytes,
+                            record.last_used,
+                            _combine_expiry(held["retention_expiry"], record.retention_expiry),
+                            ns,
+                            page.key,
+                        ),
+                    )
+            db.execute(
+                "INSERT INTO checkpoints (checkpoint_id, tenant, namespace, trigger,"
+                " recommendation_json, decision_json, created, retention_expiry, slot_bytes,"
+                " bytes, last_used, page_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.checkpoint_id,
+                    record.tenant,
+                    ns,
+                    record.trigger,
+                    record.recommendation_json,
+                    record.decision_json,
+                    record.created,
+                    record.retention_expiry,
+                    record.slot_bytes,
+                    record.nbytes,
+                    record.last_used,
+                    len(record.pages),
+                ),
+            )
+            db.executemany(
+                "INSERT INTO checkpoint_pages (checkpoint_id, position, namespace, key)"
+                " VALUES (?, ?, ?, ?)",
+                [(record.checkpoint_id, i, ns, page.key) for i, page in enumerate(record.pages)],
+            )
+
+    def touch(self, namespace: bytes, keys: Sequence[PageKey]) -> None:
+        """Mark pages used now, and with them every checkpoint that holds one (as the RAM tier)."""
+        ns = check_namespace(namespace).hex()
+        hexes = [check_page_key(k).hex() for k in keys]
+        now = self._clock()
+        with self._transaction() as db:
+            for chunk in _chunks(hexes):
+                params = (now, ns, *chunk)
+                db.execute(
+                    "UPDATE pages SET last_used = ? WHERE namespace = ?"
+                    f" AND key IN ({_marks(len(chunk))})",
+                    params,
+                )
+                db.execute(
+                    "UPDATE checkpoints SET last_used = ? WHERE checkpoint_id IN"
+                    " (SELECT checkpoint_id FROM checkpoint_pages WHERE namespace = ?"
+                    f" AND key IN ({_marks(len(chunk))}))",
+                    params,
+                )
+
+    def remove(self, checkpoint_id: str) -> Removal:
+        """Forget a checkpoint and the pages no other checkpoint holds."""
+        check_checkpoint_id(checkpoint_id)
+        with self._transaction() as db:
+            pages = [
+                _page_id(row)
+                for row in db.execute(
+                    "SELECT namespace, key FROM checkpoint_pages WHERE checkpoint_id = ?",
+                    (checkpoint_id,),
+                )
+            ]
+            if not db.execute(
+                "DELETE FROM checkpoints WHERE checkpoint_id = ?", (checkpoint_id,)
+            ).rowcount:
+                raise CheckpointNotFoundError(f"no checkpoint {checkpoint_id}")
+            gone = tuple(p for p in pages if self._delete_page_if_unreferenced(db, p))
+        return Removal((checkpoint_id,), gone)
+
+    def drop_pages(self, pages: Iterable[PageId]) -> Removal:
+        """Forget pages whose blobs are gone or bad, with every checkpoint that needs them.
+
+        The other pages of those checkpoints stay as unreferenced pages.
+        """
+        wanted = list(pages)
+        with self._transaction() as db:
+            checkpoint_ids: list[str] = []
+            gone: list[PageId] = []
+            for page in wanted:
+                ns, key = page.namespace.hex(), page.key.hex()
+                for row in db.execute(
+                    "SELECT DISTINCT checkpoint_id FROM checkpoint_pages"
+                    " WHERE namespace = ? AND key = ?",
+                    (ns, key),
+                ).fetchall():
+                    db.execute(
+                        "DELETE FROM checkpoints WHERE checkpoint_id = ?", (row["checkpoint_id"],)
+                    )
+                    checkpoint_ids.append(row["checkpoint_id"])
+                if db.execute(
+                    "DELETE FROM pages WHERE namespace = ? AND key = ?", (ns, key)
+                ).rowcount:
+                    gone.append(page)
+        return Removal(tuple(checkpoint_ids), tuple(gone))
+
+    def gc_expired(self, now: float) -> Removal:
+        """Remove checkpoints whose retention has expired, then expired unreferenced pages."""
+        with self._transaction() as db:
+            ids = tuple(
+                row["checkpoint_id"]
+                for row in db.execute(
+                    "SELECT checkpoint_id FROM checkpoints"
+                    " WHERE retention_expiry IS NOT NULL AND retention_expiry <= ?"
+                    " ORDER BY checkpoint_id",
+                    (now,),
+                ).fetchall()
+            )
+            db.executemany("DELETE FROM checkpoints WHERE checkpoint_id = ?", [(i,) for i in ids])
+            pages = tuple(
+                _page_id(row)
+                for row in db.execute(
+                    "SELECT namespace, key FROM pages AS p WHERE retention_expiry IS NOT NULL"
+                    f" AND retention_expiry <= ? AND {_UNREFERENCED}",
+                    (now,),
+                ).fetchall()
+            )
+            db.executemany(
+                "DELETE FROM pages WHERE namespace = ? AND key = ?",
+                [(p.namespace.hex(), p.key.hex()) for p in pages],
+            )
+        return Removal(ids, pages)
+
+    def evict_to(self, disk_bytes: int, protect: str | None = None) -> Removal:
+        """Drop pages (and, if need be, whole checkpoints) until the pages take <= ``disk_bytes``.
+
+        See the module docstring for the order. ``protect`` names a checkpoint that is never
+        chosen (the one just written); the bound may then stay exceeded if it alone exceeds it.
+        """
+        if isinstance(disk_bytes, bool) or not isinstance(disk_bytes, int) or disk_bytes < 0:
+            raise ValueError(f"disk_bytes must be an int >= 0, not {disk_bytes!r}")
+        checkpoint_ids: list[str] = []
+        pages: list[PageId] = []
+        with self._transaction() as db:
+            total = db.execute("SELECT coalesce(sum(bytes), 0) FROM pages").fetchone()[0]
+            while total > disk_bytes:
+                batch = db.execute(
+                    f"SELECT namespace, key, bytes FROM pages AS p WHERE {_UNREFERENCED}"
+                    " ORDER BY last_used, namespace, key LIMIT ?",
+                    (_CHUNK,),
+                ).fetchall()
+                for row in batch:
+                    if total <= disk_bytes:
+                        break
+                    db.execute(
+                        "DELETE FROM pages WHERE namespace = ? AND key = ?",
+                        (row["namespace"], row["key"]),
+                    )
+                    pages.append(_page_id(row))
+                    total -= row["bytes"]
+                if batch:
+                    continue
+                victim = db.execute(
+                    "SELECT checkpoint_id FROM checkpoints WHERE checkpoint_id IS NOT ?"
+                    " ORDER BY last_used, created, checkpoint_id LIMIT 1",
+                    (protect,),
+                ).fetchone()
+                if victim is None:
+                    break
+                db.execute(
+                    "DELETE FROM checkpoints WHERE checkpoint_id = ?", (victim["checkpoint_id"],)
+                )
+                checkpoint_ids.append(victim["checkpoint_id"])
+        return Removal(tuple(checkpoint_ids), tuple(pages))
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    def find(self, checkpoint_id: str) -> KVCheckpointRecord | None:
+        """The raw record, expired or not, for explain surfaces that check tenancy themselves."""
+        check_checkpoint_id(checkpoint_id)
+        with self._lock:
+            return self._record(checkpoint_id)
+
+    def get(self, checkpoint_id: str, tenant: str) -> KVCheckpointRecord:
+        """The live record of ``tenant``'s checkpoint; another tenant's valid id is refused."""
+        check_tenant(tenant)
+        record = self.find(checkpoint_id)
+        if record is None or (
+            record.retention_expiry is not None and record.retention_expiry <= self._clock()
+        ):
+            raise CheckpointNotFoundError(f"no checkpoint {checkpoint_id}")
+        if record.tenant != tenant:
+            raise TenantMismatchError(f"checkpoint {checkpoint_id} belongs to another tenant")
+        return record
+
+    def list(self, tenant: str | None = None) -> list[KVCheckpointRecord]:
+        """Checkpoints (expired ones included until collected), oldest first."""
+        if tenant is not None:
+            check_tenant(tenant)
+        with self._lock:
+            ids = [
+                row["checkpoint_id"]
+                for row in self._db.execute(
+                    "SELECT checkpoint_id FROM checkpoints WHERE ?1 IS NULL OR tenant = ?1"
+                    " ORDER BY created, checkpoint_id",
+                    (tenant,),
+                )
+            ]
+            return [r for r in map(self._record, ids) if r is not None]
+
+    def longest_prefix(self, namespace: bytes, keys: Sequence[PageKey], tenant: str) -> int:
+        """How many leading ``keys`` are live pages of ``tenant``. Changes nothing."""
+        ns = check_namespace(namespace).hex()
+        check_tenant(tenant)
+        hexes = [check_page_key(k).hex() for k in keys]
+        now = self._clock()
+        n = 0
+        with self._lock:
+            for chunk in _chunks(hexes):
+                present = {
+                    row["key"]
+                    for row in self._db.execute(
+                        "SELECT key FROM pages WHERE namespace = ? AND tenant = ?"
+                        " AND (retention_expiry IS NULL OR retention_expiry > ?)"
+                        f" AND key IN ({_marks(len(chunk))})",
+                        (ns, tenant, now, *chunk),
+                    )
+                }
+                for key in chunk:
+                    if key not in present:
+                        return n
+                    n += 1
+        return n
+
+    def held_pages(self, namespace: bytes, keys: Sequence[PageKey]) -> set[PageKey]:
+        """Which of ``keys`` have a page row in ``namespace``, whatever their tenant or expiry."""
+        ns = check_namespace(namespace).hex()
+        hexes = [check_page_key(k).hex() for k in keys]
+        with self._lock:
+            return {
+                bytes.fromhex(row["key"])
+                for chunk in _chunks(hexes)
+                for row in self._db.execute(
+                    f"SELECT key FROM pages WHERE namespace = ? AND key IN ({_marks(len(chunk))})",
+                    (ns, *chunk),
+                )
+            }
+
+    def pages(self) -> list[tuple[PageId, str]]:
+        """Every page row with its tenant, any namespace (for reconciliation and audits)."""
+        with self._lock:
+            return [
+                (_page_id(row), row["tenant"])
+                for row in self._db.execute("SELECT namespace, key, tenant FROM pages")
+            ]
+
+    def unreferenced_pages(self) -> list[PageId]:
+        """Pages no checkpoint holds, least recently used first."""
+        with self._lock:
+            return [
+                _page_id(row)
+                for row in self._db.execute(
+                    f"SELECT namespace, key FROM pages AS p WHERE {_UNREFERENCED}"
+                    " ORDER BY last_used, namespace, key"
+                )
+            ]
+
+    def stats(self) -> CatalogStats:
+        with self._lock:
+            checkpoints = self._db.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+            pages, used = self._db.execute(
+                "SELECT count(*), coalesce(sum(bytes), 0) FROM pages"
+            ).fetchone()
+            loose, loose_bytes = self._db.execute(
+                f"SELECT count(*), coalesce(sum(bytes), 0) FROM pages AS p WHERE {_UNREFERENCED}"
+            ).fetchone()
+        return CatalogStats(checkpoints, pages, loose, used, loose_bytes)
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _record(self, checkpoint_id: str) -> KVCheckpointRecord | None:
+        row = self._db.execute(
+            "SELECT * FROM checkpoints WHERE checkpoint_id = ?", (checkpoint_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        pages = tuple(
+            PageRef(key=page["key"], nbytes=page["bytes"])
+            for page in self._db.execute(
+                "SELECT cp.key, p.bytes FROM checkpoint_pages AS cp JOIN pages AS p"
+                " ON p.namespace = cp.namespace AND p.key = cp.key"
+                " WHERE cp.checkpoint_id = ? ORDER BY cp.position",
+                (checkpoint_id,),
+            )
+        )
+        return KVCheckpointRecord(
+            checkpoint_id=row["checkpoint_id"],
+            tenant=row["tenant"],
+            namespace=row["namespace"],
+            trigger=row["trigger"],
+            recommendation_json=row["recommendation_json"],
+            decision_json=row["decision_json"],
+            created=row["created"],
+            retention_expiry=row["retention_expiry"],
+            last_used=row["last_used"],
+            slot_bytes=row["slot_bytes"],
+            pages=pages,
+        )
+
+    @staticmethod
+    def _delete_page_if_unreferenced(db: sqlite3.Connection, page: PageId) -> bool:
+        return bool(
+            db.execute(
+                f"DELETE FROM pages AS p WHERE namespace = ? AND key = ? AND {_UNREFERENCED}",
+                (page.namespace.hex(), page.key.hex()),
+            ).rowcount
+        )

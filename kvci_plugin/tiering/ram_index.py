@@ -1,0 +1,481 @@
+"""RAMIndex: the bookkeeping half of the RAM tier (keys, LRU, bounds, tenants), without bytes.
+
+It runs on vLLM's scheduler side; the bytes live in the worker's ``PagePool`` and the two are
+joined by slot ids. A store is ``reserve`` (slots chosen, evictions done) -> the worker copies the
+new pages -> ``commit`` (or ``abort``); a load is ``pin`` (slots returned, tenant checked) -> the
+worker copies the pages back -> ``unpin``. A page shared by several checkpoints is held once and
+freed with its last reference; a slot that is being written or read is never freed.
+
+Eviction is plain LRU at checkpoint granularity: loading pages makes every checkpoint holding
+them most recently used. A checkpoint is only evicted when it is committed and none of its pages
+is pinned or still being written.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from kvci_plugin.tiering.types import (
+    CheckpointBusyError,
+    CheckpointEntry,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    DoesNotFitError,
+    Eviction,
+    PageKey,
+    PageNotFoundError,
+    RAMStats,
+    Reservation,
+    TenantMismatchError,
+    check_checkpoint_id,
+    check_page_key,
+    check_tenant,
+)
+
+
+@dataclass
+class _Page:
+    slot: int
+    tenant: str
+    # Checkpoints referencing the page: its reference count is len(holders).
+    holders: set[str] = field(default_factory=set)
+    pins: int = 0
+    ready: bool = False
+    # The pending checkpoint whose reservation copies the bytes in; None once ready, or when that
+    # reservation was aborted while other checkpoints still reference the page (the next
+    # reservation that names the page then copies it).
+    writer: str | None = None
+
+
+@dataclass
+class _Entry:
+    tenant: str
+    keys: tuple[PageKey, ...]
+    distinct: tuple[PageKey, ...]
+    created: float
+    last_used: float
+    # Orders touches made in the same instant; the OrderedDict holds the LRU order itself.
+    use_seq: int
+    pending: bool
+    meta: dict[str, Any]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, not {value}")
+    return value
+
+
+def _check_keys(keys: Iterable[object]) -> tuple[PageKey, ...]:
+    if isinstance(keys, (bytes, str)):
+        raise TypeError("keys must be a sequence of 16-byte page keys, not a single bytes/str")
+    return tuple(check_page_key(k) for k in keys)
+
+
+class RAMIndex:
+    """Keys, LRU order, bounds and tenants of the RAM tier; thread-safe, no torch.
+
+    Capacity in pages is ``min(num_slots, max_bytes // slot_bytes)``; every page costs
+    ``slot_bytes`` and is counted once however many checkpoints share it. ``tenant_quota_bytes``
+    caps the bytes any one tenant's pages may take.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        slot_bytes: int,
+        max_entries: int,
+        max_bytes: int | None = None,
+        tenant_quota_bytes: int | None = None,
+    ) -> None:
+        self._num_slots = _positive_int("num_slots", num_slots)
+        self._slot_bytes = _positive_int("slot_bytes", slot_bytes)
+        self._max_entries = _positive_int("max_entries", max_entries)
+        self._page_capacity = num_slots
+        if max_bytes is not None:
+            _positive_int("max_bytes", max_bytes)
+            if max_bytes < slot_bytes:
+                raise ValueError(
+                    f"max_bytes ({max_bytes}) is smaller than one slot ({slot_bytes} bytes)"
+                )
+            self._page_capacity = min(num_slots, max_bytes // slot_bytes)
+        self._quota_pages: int | None = None
+        if tenant_quota_bytes is not None:
+            _positive_int("tenant_quota_bytes", tenant_quota_bytes)
+            if tenant_quota_bytes < slot_bytes:
+                raise ValueError(
+                    f"tenant_quota_bytes ({tenant_quota_bytes}) is smaller than one slot "
+                    f"({slot_bytes} bytes)"
+                )
+            self._quota_pages = tenant_quota_bytes // slot_bytes
+        self._tenant_quota_bytes = tenant_quota_bytes
+
+        self._lock = threading.RLock()
+        self._pages: dict[PageKey, _Page] = {}
+        # Popped from the end: slot 0 is handed out first.
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._tenant_pages: Counter[str] = Counter()
+        self._use_seq = 0
+        self._evictions = 0
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._slot_bytes
+
+    @property
+    def max_entries(self) -> int:
+        return self._max_entries
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._page_capacity * self._slot_bytes
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def longest_prefix(self, keys: Sequence[PageKey], tenant: str) -> int:
+        """How many leading ``keys`` are loadable for ``tenant``. Changes nothing."""
+        check_tenant(tenant)
+        keys = _check_keys(keys)
+        with self._lock:
+            n = 0
+            for key in keys:
+                page = self._pages.get(key)
+                if page is None or not page.ready or page.tenant != tenant:
+                    break
+                n += 1
+            return n
+
+    def get(self, checkpoint_id: str, tenant: str) -> CheckpointEntry:
+        """The checkpoint's record; a valid id of another tenant is refused."""
+        with self._lock:
+            return self._snapshot(checkpoint_id, self._owned_entry(checkpoint_id, tenant))
+
+    def entries(self, tenant: str | None = None) -> list[CheckpointEntry]:
+        """Held checkpoints, least recently used first, optionally of one tenant only."""
+        if tenant is not None:
+            check_tenant(tenant)
+        with self._lock:
+            return [
+                self._snapshot(cid, entry)
+                for cid, entry in self._entries.items()
+                if tenant is None or entry.tenant == tenant
+            ]
+
+    def stats(self) -> RAMStats:
+        with self._lock:
+            return RAMStats(
+                entries=len(self._entries),
+                pending_entries=sum(1 for e in self._entries.values() if e.pending),
+                pages=len(self._pages),
+                pinned_pages=sum(1 for p in self._pages.values() if p.pins),
+                bytes_used=len(self._pages) * self._slot_bytes,
+                capacity_bytes=self.capacity_bytes,
+                max_entries=self._max_entries,
+                slot_bytes=self._slot_bytes,
+                num_slots=self._num_slots,
+                tenant_bytes=MappingProxyType(
+                    {t: n * self._slot_bytes for t, n in self._tenant_pages.items()}
+                ),
+                tenant_quota_bytes=self._tenant_quota_bytes,
+                evictions=self._evictions,
+            )
+
+    # ---- loads -----------------------------------------------------------------------------
+
+    def pin(self, keys: Sequence[PageKey], tenant: str) -> list[int]:
+        """Slots of ``keys`` for a load, pinned until ``unpin``.
+
+        Fails closed, pinning nothing, if any page is missing, not yet copied in, or held under
+        another tenant. Every checkpoint holding one of the pages becomes most recently used.
+        """
+        check_tenant(tenant)
+        keys = _check_keys(keys)
+        with self._lock:
+            pages = []
+            for i, key in enumerate(keys):
+                page = self._pages.get(key)
+                if page is None:
+                    raise PageNotFoundError(f"page {i} of the load is not held in RAM")
+                if page.tenant != tenant:
+                    raise TenantMismatchError(f"page {i} of the load belongs to another tenant")
+                if not page.ready:
+                    raise PageNotFoundError(f"page {i} of the load is not copied in yet")
+                pages.append(page)
+            touched: set[str] = set()
+            for page in pages:
+                page.pins += 1
+                touched.update(page.holders)
+            self._touch(touched)
+            return [page.slot for page in pages]
+
+    def unpin(self, keys: Sequence[PageKey]) -> None:
+        """End a load started by ``pin`` with the same keys."""
+        keys = _check_keys(keys)
+        with self._lock:
+            for key, count in Counter(keys).items():
+                page = self._pages.get(key)
+                if page is None or page.pins < count:
+                    raise ValueError("unpin: a page is not pinned (unpin without a matching pin)")
+            for key in keys:
+                self._pages[key].pins -= 1
+            for key in set(keys):
+                self._release_if_unused(key)
+
+    # ---- stores ----------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        checkpoint_id: str,
+        tenant: str,
+        keys: Sequence[PageKey],
+        meta: Mapping[str, Any] | None = None,
+    ) -> Reservation:
+        """Make room for a checkpoint and choose the slots its new pages go to.
+
+        Pages already held for ``tenant`` are reused; a key held under another tenant is
+        refused. Least recently used checkpoints are evicted until the entry count, the bytes and
+        the tenant's quota hold. If that is impossible, ``DoesNotFitError`` is raised and nothing
+        changes. The checkpoint is pending until ``commit`` or ``abort``.
+        """
+        check_checkpoint_id(checkpoint_id)
+        check_tenant(tenant)
+        keys = _check_keys(keys)
+        if not keys:
+            raise ValueError("keys must not be empty: a checkpoint holds at least one page")
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a mapping, not {type(meta).__name__}")
+        distinct = tuple(dict.fromkeys(keys))
+        with self._lock:
+            if checkpoint_id in self._entries:
+                raise CheckpointExistsError(f"checkpoint_id {checkpoint_id!r} is already held")
+            new_keys = []
+            for key in distinct:
+                page = self._pages.get(key)
+                if page is None:
+                    new_keys.append(key)
+                elif page.tenant != tenant:
+                    raise TenantMismatchError(
+                        "a page key of the checkpoint belongs to another tenant"
+                    )
+            victims = self._plan_evictions(tenant, distinct, len(new_keys))
+
+            # Hold the reused pages first so that evicting their other holders keeps them.
+            for key in distinct:
+                if key in self._pages:
+                    self._pages[key].holders.add(checkpoint_id)
+            evicted = tuple(self._drop(cid) for cid in victims)
+            self._evictions += len(evicted)
+            for key in new_keys:
+                self._pages[key] = _Page(
+                    slot=self._free.pop(), tenant=tenant, holders={checkpoint_id}
+                )
+                self._tenant_pages[tenant] += 1
+            for key in distinct:
+                page = self._pages[key]
+                if not page.ready and page.writer is None:
+                    page.writer = checkpoint_id
+            now = time.time()
+            self._use_seq += 1
+            self._entries[checkpoint_id] = _Entry(
+                tenant=tenant,
+                keys=keys,
+                distinct=distinct,
+                created=now,
+                last_used=now,
+                use_seq=self._use_seq,
+                pending=True,
+                meta=dict(meta or {}),
+            )
+            to_copy = tuple(
+                (k, self._pages[k].slot) for k in distinct if self._pages[k].writer == checkpoint_id
+            )
+            reused = tuple(
+                (k, self._pages[k].slot) for k in distinct if self._pages[k].writer != checkpoint_id
+            )
+            return Reservation(
+                checkpoint_id=checkpoint_id,
+                tenant=tenant,
+                slots=tuple(self._pages[k].slot for k in keys),
+                new=to_copy,
+                reused=reused,
+                evicted=evicted,
+            )
+
+    def commit(self, checkpoint_id: str) -> None:
+        """The worker copied the reservation's new pages: they become loadable."""
+        with self._lock:
+            entry = self._pending_entry(checkpoint_id)
+            for key in entry.distinct:
+                page = self._pages[key]
+                if page.writer == checkpoint_id:
+                    page.ready = True
+                    page.writer = None
+            entry.pending = False
+
+    def abort(self, checkpoint_id: str) -> None:
+        """The store failed: drop the checkpoint and free the pages only it referenced."""
+        with self._lock:
+            self._pending_entry(checkpoint_id)
+            self._drop(checkpoint_id)
+
+    def remove(self, checkpoint_id: str, tenant: str) -> None:
+        """Drop a committed checkpoint; pages still pinned by a load are freed at ``unpin``.
+
+        Like a load, refused for a valid id of another tenant.
+        """
+        with self._lock:
+            entry = self._owned_entry(checkpoint_id, tenant)
+            if entry.pending:
+                raise CheckpointBusyError(
+                    f"checkpoint {checkpoint_id!r} is pending: abort it instead of removing it"
+                )
+            self._drop(checkpoint_id)
+
+    def set_meta(self, checkpoint_id: str, **values: Any) -> None:
+        """Attach or replace metadata on a held checkpoint (trigger, recommendation, refusal...)."""
+        with self._lock:
+            self._entry(checkpoint_id).meta.update(values)
+
+    # ---- internals (caller holds the lock) -------------------------------------------------
+
+    def _entry(self, checkpoint_id: str) -> _Entry:
+        check_checkpoint_id(checkpoint_id)
+        entry = self._entries.get(checkpoint_id)
+        if entry is None:
+            raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held in RAM")
+        return entry
+
+    def _owned_entry(self, checkpoint_id: str, tenant: str) -> _Entry:
+        check_tenant(tenant)
+        entry = self._entry(checkpoint_id)
+        if entry.tenant != tenant:
+            raise TenantMismatchError(
+                f"checkpoint {checkpoint_id!r} belongs to another tenant: refused"
+            )
+        return entry
+
+    def _pending_entry(self, checkpoint_id: str) -> _Entry:
+        entry = self._entry(checkpoint_id)
+        if not entry.pending:
+            raise CheckpointBusyError(f"checkpoint {checkpoint_id!r} is already committed")
+        return entry
+
+    def _snapshot(self, checkpoint_id: str, entry: _Entry) -> CheckpointEntry:
+        return CheckpointEntry(
+            checkpoint_id=checkpoint_id,
+            tenant=entry.tenant,
+            keys=entry.keys,
+            nbytes=len(entry.distinct) * self._slot_bytes,
+            created=entry.created,
+            last_used=entry.last_used,
+            pending=entry.pending,
+            complete=not entry.pending and all(self._pages[k].ready for k in entry.distinct),
+            meta=MappingProxyType(dict(entry.meta)),
+        )
+
+    def _touch(self, checkpoint_ids: set[str]) -> None:
+        now = time.time()
+        # Keep the touched checkpoints' relative order: the older stays older.
+        for cid in sorted(checkpoint_ids, key=lambda c: self._entries[c].use_seq):
+            self._use_seq += 1
+            entry = self._entries[cid]
+            entry.use_seq = self._use_seq
+            entry.last_used = now
+            self._entries.move_to_end(cid)
+
+    def _evictable(self, entry: _Entry) -> bool:
+        if entry.pending:
+            return False
+        for key in entry.distinct:
+            page = self._pages[key]
+            if page.pins or page.writer is not None:
+                return False
+        return True
+
+    def _plan_evictions(self, tenant: str, distinct: tuple[PageKey, ...], n_new: int) -> list[str]:
+        """Checkpoints to evict, least recently used first, so that the reservation fits."""
+        need = len(distinct)
+        if need > self._page_capacity:
+            raise DoesNotFitError(
+                "max_bytes",
+                f"the checkpoint needs {need * self._slot_bytes} bytes; the RAM tier holds "
+                f"{self.capacity_bytes}",
+            )
+        if self._quota_pages is not None and need > self._quota_pages:
+            raise DoesNotFitError(
+                "tenant_quota_bytes",
+                f"the checkpoint needs {need * self._slot_bytes} bytes; the tenant quota is "
+                f"{self._tenant_quota_bytes}",
+            )
+        entries_over = len(self._entries) + 1 - self._max_entries
+        pages_over = len(self._pages) + n_new - self._page_capacity
+        quota_over = (
+            self._tenant_pages[tenant] + n_new - self._quota_pages
+            if self._quota_pages is not None
+            else 0
+        )
+        keep = set(distinct)
+        released: Counter[PageKey] = Counter()
+        victims: list[str] = []
+        for cid, entry in self._entries.items():
+            if entries_over <= 0 and pages_over <= 0 and quota_over <= 0:
+                break
+            # With only the quota over, only the tenant's own checkpoints make room.
+            if entries_over <= 0 and pages_over <= 0 and entry.tenant != tenant:
+                continue
+            if not self._evictable(entry):
+                continue
+            victims.append(cid)
+            entries_over -= 1
+            for key in entry.distinct:
+                released[key] += 1
+                page = self._pages[key]
+                if key not in keep and released[key] == len(page.holders):
+                    pages_over -= 1
+                    if page.tenant == tenant:
+                        quota_over -= 1
+        for bound, over in (
+            ("max_entries", entries_over),
+            ("max_bytes", pages_over),
+            ("tenant_quota_bytes", quota_over),
+        ):
+            if over > 0:
+                raise DoesNotFitError(
+                    bound,
+                    f"the checkpoint does not fit within {bound}: the checkpoints that would "
+                    "have to go are pinned by a load or still being written",
+                )
+        return victims
+
+    def _drop(self, checkpoint_id: str) -> Eviction:
+        entry = self._entries.pop(checkpoint_id)
+        for key in entry.distinct:
+            page = self._pages[key]
+            page.holders.discard(checkpoint_id)
+            if page.writer == checkpoint_id:
+                page.writer = None
+            self._release_if_unused(key)
+        return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, keys=entry.keys)
+
+    def _release_if_unused(self, key: PageKey) -> None:
+        page = self._pages[key]
+        if page.holders or page.pins or page.writer is not None:
+            return
+        del self._pages[key]
+        self._free.append(page.slot)
+        self._tenant_pages[page.tenant] -= 1
+        if not self._tenant_pages[page.tenant]:
+            del self._tenant_pages[page.tenant]

@@ -1,0 +1,153 @@
+"""Values and errors shared by the two halves of the RAM tier (index and page pool).
+
+The index lives on vLLM's scheduler side and the bytes in the worker's pool; these records are
+what crosses between them and out to the connector, so they are plain frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PageKey = bytes
+"""A page is named by its 128-bit kvci block key (namespace and tenant are hashed into it)."""
+
+PAGE_KEY_BYTES = 16
+
+
+def check_page_key(key: object, field_name: str = "keys") -> PageKey:
+    """Return ``key`` if it is a 16-byte ``bytes``; raise a clear error otherwise."""
+    if not isinstance(key, bytes):
+        raise TypeError(f"{field_name}: a page key must be bytes, not {type(key).__name__}")
+    if len(key) != PAGE_KEY_BYTES:
+        raise ValueError(
+            f"{field_name}: a page key must be {PAGE_KEY_BYTES} bytes, not {len(key)}"
+        )
+    return key
+
+
+def check_tenant(tenant: object) -> str:
+    if not isinstance(tenant, str):
+        raise TypeError(f"tenant must be a str, not {type(tenant).__name__}")
+    if not tenant:
+        raise ValueError("tenant must not be empty")
+    return tenant
+
+
+def check_checkpoint_id(checkpoint_id: object) -> str:
+    if not isinstance(checkpoint_id, str):
+        raise TypeError(f"checkpoint_id must be a str, not {type(checkpoint_id).__name__}")
+    if not checkpoint_id:
+        raise ValueError("checkpoint_id must not be empty")
+    return checkpoint_id
+
+
+class RAMTierError(Exception):
+    """Base of the RAM tier's typed refusals."""
+
+
+class TenantMismatchError(RAMTierError):
+    """A checkpoint or page exists but belongs to another tenant: refused, never returned.
+
+    The message never names the owning tenant.
+    """
+
+
+class CheckpointNotFoundError(RAMTierError, KeyError):
+    """No checkpoint with this id is held (never stored, evicted, removed or aborted)."""
+
+    def __str__(self) -> str:
+        # KeyError's str() wraps the message in quotes; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class PageNotFoundError(RAMTierError, KeyError):
+    """A page needed by a load is missing or its bytes are not copied in yet."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class CheckpointExistsError(RAMTierError, ValueError):
+    """A reservation reused a checkpoint id that is already held."""
+
+
+class CheckpointBusyError(RAMTierError, RuntimeError):
+    """The operation does not apply to the checkpoint's state (pending vs committed)."""
+
+
+class DoesNotFitError(RAMTierError):
+    """A reservation cannot be satisfied; nothing was changed.
+
+    ``bound`` names what stood in the way: ``"max_entries"``, ``"max_bytes"`` or
+    ``"tenant_quota_bytes"``.
+    """
+
+    def __init__(self, bound: str, message: str) -> None:
+        super().__init__(message)
+        self.bound = bound
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """A snapshot of one checkpoint held by the RAM index.
+
+    ``nbytes`` counts each distinct page once (``pages * slot_bytes``); pages shared with other
+    checkpoints are counted in each entry but held once in RAM. ``pending`` is True between
+    ``reserve`` and ``commit``; ``complete`` is True when every page's bytes are in the pool.
+    """
+
+    checkpoint_id: str
+    tenant: str
+    keys: tuple[PageKey, ...]
+    nbytes: int
+    created: float
+    last_used: float
+    pending: bool
+    complete: bool
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A checkpoint the index dropped to make room (reported so the connector can count it)."""
+
+    checkpoint_id: str
+    tenant: str
+    keys: tuple[PageKey, ...]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What the worker must do to store a checkpoint.
+
+    ``slots`` lines up with the reserved keys. ``new`` lists the (key, slot) pairs whose bytes
+    the worker must copy before ``commit``; ``reused`` lists pages already held (deduplicated).
+    ``evicted`` lists the checkpoints dropped to make room.
+    """
+
+    checkpoint_id: str
+    tenant: str
+    slots: tuple[int, ...]
+    new: tuple[tuple[PageKey, int], ...]
+    reused: tuple[tuple[PageKey, int], ...]
+    evicted: tuple[Eviction, ...]
+
+
+@dataclass(frozen=True)
+class RAMStats:
+    """Occupancy of the RAM tier. Hits and lookups are counted by the connector, not here."""
+
+    entries: int
+    pending_entries: int
+    pages: int
+    pinned_pages: int
+    bytes_used: int
+    capacity_bytes: int
+    max_entries: int
+    slot_bytes: int
+    num_slots: int
+    tenant_bytes: Mapping[str, int]
+    tenant_quota_bytes: int | None
+    evictions: int

@@ -1,0 +1,192 @@
+"""A tiny random-weight Llama model, generated locally and deterministically.
+
+Nothing is downloaded: the weights are seeded random tensors written with safetensors, the
+tokenizer is a byte-level BPE trained here with ``tokenizers`` on a seeded synthetic corpus.
+Used by the demo, the benchmarks and the test suite so that a real vLLM engine can run anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+# Bumped whenever the generated files change, so a cached model of an older recipe is rebuilt.
+RECIPE_VERSION = 1
+
+_WORDS = (
+    "agent tool call retrieval context cache prefix block token layer tensor memory host disk "
+    "policy tenant session credential checkpoint worth score signal evidence claim source label "
+    "region retention marking scope gate decision explain promote recommend advisory plan phase "
+    "graph node edge query answer report summary paper section figure table value result error "
+    "the a of to and in is for on with as by at from that this it be are was or an not have"
+).split()
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of the generated model; the defaults start fast and fit the CPU attention kernels."""
+
+    num_layers: int = 2
+    hidden_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    vocab_size: int = 1024
+    max_position_embeddings: int = 8192
+    dtype: str = "bfloat16"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                     "intermediate_size", "vocab_size", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be a multiple of num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.vocab_size < 300:
+            raise ValueError("vocab_size must be >= 300 (256 byte tokens + merges + specials)")
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be bfloat16, float16 or float32, not {self.dtype!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def slug(self) -> str:
+        return (f"llama-l{self.num_layers}-h{self.hidden_size}-a{self.num_heads}"
+                f"-kv{self.num_kv_heads}-v{self.vocab_size}-{self.dtype}-s{self.seed}"
+                f"-r{RECIPE_VERSION}")
+
+
+def default_cache_dir() -> Path:
+    """Where generated models live unless a caller says otherwise."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvci" / "models"
+
+
+def corpus(seed: int, n_lines: int = 4000) -> list[str]:
+    """A seeded synthetic corpus: the tokenizer's training data and a source of prompts."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 24))) for _ in range(n_lines)]
+
+
+def _train_tokenizer(spec: TinyModelSpec, out: Path) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(spec.seed), trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "model_max_length": spec.max_position_embeddings,
+        "clean_up_tokenization_spaces": False,
+    }, indent=2))
+    return tok.get_vocab_size()
+
+
+def _weights(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(spec.seed)
+    dtype = getattr(torch, spec.dtype)
+    h, i, v, d = spec.hidden_size, spec.intermediate_size, spec.vocab_size, spec.head_dim
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * 0.05).to(dtype)
+
+    w = {"model.embed_tokens.weight": rand(v, h), "model.norm.weight": torch.ones(h, dtype=dtype),
+         "lm_head.weight": rand(v, h)}
+    for n in range(spec.num_layers):
+        p = f"model.layers.{n}."
+        w[p + "self_attn.q_proj.weight"] = rand(spec.num_heads * d, h)
+        w[p + "self_attn.k_proj.weight"] = rand(spec.num_kv_heads * d, h)
+        w[p + "self_attn.v_proj.weight"] = rand(spec.num_kv_heads * d, h)
+        w[p + "self_attn.o_proj.weight"] = rand(h, spec.num_heads * d)
+        w[p + "mlp.gate_proj.weight"] = rand(i, h)
+        w[p + "mlp.up_proj.weight"] = rand(i, h)
+        w[p + "mlp.down_proj.weight"] = rand(h, i)
+        w[p + "input_layernorm.weight"] = torch.ones(h, dtype=dtype)
+        w[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
+    return w
+
+
+def _config(spec: TinyModelSpec) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "torch_dtype": spec.dtype,
+        "kvci_tiny_model": asdict(spec) | {"recipe_version": RECIPE_VERSION},
+    }
+
+
+def make_tiny_model(spec: TinyModelSpec | None = None, cache_dir: Path | None = None) -> Path:
+    """Return the folder of the model for ``spec``, generating it on first use (atomically)."""
+    spec = spec or TinyModelSpec()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / spec.slug()
+    if (final / "config.json").exists():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    try:
+        trained = _train_tokenizer(spec, tmp)
+        if trained > spec.vocab_size:
+            raise ValueError(f"tokenizer has {trained} tokens, more than vocab_size {spec.vocab_size}")
+        save_file(_weights(spec), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(_config(spec), indent=2))
+        (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not (final / "config.json").exists():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Generate the tiny random-weight Llama model.")
+    for field, default in asdict(TinyModelSpec()).items():
+        ap.add_argument("--" + field.replace("_", "-"), type=type(default), default=default)
+    ap.add_argument("--cache-dir", type=Path, default=None)
+    args = vars(ap.parse_args(argv))
+    cache_dir = args.pop("cache_dir")
+    print(make_tiny_model(TinyModelSpec(**args), cache_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""The admission-policy simulator: its caches, session view, policies, replay, CLI and README."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvci_plugin
+from benchmarks.policysim.admission import StoreEverything
+from benchmarks.policysim.arc_cache import ARCBlockCache
+from benchmarks.policysim.lru_cache import LRUBlockCache
+from benchmarks.policysim.model_shape import model_shape
+from benchmarks.policysim.offer_threshold import StoreAfterNOffers
+from benchmarks.policysim.oracle_admission import ContinuationOracle, continued_later
+from benchmarks.policysim.random_admission import RandomAdmission
+from benchmarks.policysim.replay import replay
+from benchmarks.policysim.report import SimulationReport
+from benchmarks.policysim.sessions import RequestContext, SessionTracker, extends, session_contexts
+from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
+from benchmarks.policysim.worthiness_admission import WorthinessAdmission
+from kvci_plugin.worthiness import CheckpointAdvisor
+
+REPO_ROOT = Path(kvci_plugin.__file__).resolve().parents[1]
+
+
+def request(chain: Sequence[int], *, at_ms: int = 0, short_by: int = 100, output: int = 200) -> TraceRequest:
+    """A request whose input fills ``chain`` (the last block partly)."""
+    return TraceRequest(at_ms, len(chain) * BLOCK_TOKENS - short_by, output, tuple(chain))
+
+
+def write_trace(path: Path, requests: Sequence[TraceRequest]) -> Path:
+    rows = (
+        {"timestamp": r.timestamp_ms, "input_length": r.input_length, "output_length": r.output_length, "hash_ids": list(r.hash_ids)}
+        for r in requests
+    )
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def contexts_of(requests: Sequence[TraceRequest]) -> list[RequestContext]:
+    return session_contexts(requests, SessionTracker())
+
+
+# --- trace and model shape -------------------------------------------------------------------
+
+
+def test_llama_3_8b_costs_128_kib_per_token() -> None:
+    assert model_shape("llama-3-8b-bf16").bytes_per_token == 32 * 8 * 128 * 2 * 2 == 131072
+    with pytest.raises(ValueError, match="unknown model shape 'gpt-9'"):
+        model_shape("gpt-9")
+
+
+def test_load_trace_reads_lines_and_honours_limit(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "t.jsonl", [request([0, 1], at_ms=0), request([0, 1, 2], at_ms=5)])
+    assert load_trace(path) == [request([0, 1], at_ms=0), request([0, 1, 2], at_ms=5)]
+    assert load_trace(path, limit=1) == [request([0, 1], at_ms=0)]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("not json", r"t.jsonl:2: not JSON"),
+        ('{"timestamp": 9, "input_length": 600, "output_length": 1}', r"t.jsonl:2: hash_ids must be a list"),
+        ('{"timestamp": 9, "input_length": -1, "output_length": 1, "hash_ids": []}', r"t.jsonl:2: input_length"),
+        ('{"timestamp": 9, "input_length": 600, "output_length": 1, "hash_ids": [0]}', r"1 hash_ids for input_length 600"),
+        ('{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [0]}', r"timestamp 1 goes back in time"),
+    ],
+)
+def test_load_trace_names_the_line_and_field_it_rejects(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_trace(path)
+
+
+# --- caches ----------------------------------------------------------------------------------
+
+
+def test_lru_evicts_the_least_recently_used_block() -> None:
+    cache = LRUBlockCache(2)
+    cache.insert(1)
+    cache.insert(2)
+    cache.touch(1)
+    cache.insert(3)
+    assert 2 not in cache and 1 in cache and 3 in cache and len(cache) == 2
+    with pytest.raises(ValueError, match="already resident"):
+        cache.insert(1)
+    with pytest.raises(ValueError, match="capacity"):
+        LRUBlockCache(0)
+
+
+def test_arc_keeps_blocks_used_twice_through_a_scan_that_flushes_lru() -> None:
+    arc, lru = ARCBlockCache(4), LRUBlockCache(4)
+    for cache in (arc, lru):
+        for block in ("hot-1", "hot-2"):
+            cache.insert(hash(block))
+            cache.touch(hash(block))
+        for block in range(100, 110):
+            cache.insert(block)
+    assert hash("hot-1") in arc and hash("hot-2") in arc
+    assert hash("hot-1") not in lru and hash("hot-2") not in lru
+
+
+@settings(max_examples=100, deadline=None)
+@given(capacity=st.integers(1, 6), accesses=st.lists(st.integers(0, 15), max_size=200))
+def test_arc_lists_stay_within_their_bounds(capacity: int, accesses: list[int]) -> None:
+    cache = ARCBlockCache(capacity)
+    for block in accesses:
+        if block in cache:
+            cache.touch(block)
+        else:
+            cache.insert(block)
+        assert block in cache
+        lists = (set(cache.t1), set(cache.t2), set(cache.b1), set(cache.b2))
+        assert sum(map(len, lists)) == len(set().union(*lists)), "a block sits in two lists"
+        assert len(cache) <= capacity
+        assert len(cache.t1) + len(cache.b1) <= capacity
+        assert sum(map(len, lists)) <= 2 * capacity
+        assert 0.0 <= cache.target_t1 <= capacity
+
+
+# --- sessions ----------------------------------------------------------------------------------
+
+
+def test_sessions_count_turns_rewrites_and_earlier_requests() -> None:
+    tracker = SessionTracker(key_blocks=2, rewrite_window_s=10.0)
+    first = tracker.observe(request([0, 5, 6], at_ms=0))
+    extended = tracker.observe(request([0, 5, 6, 7, 8], at_ms=1_000))  # re-sends 0, 5 (6 was partial)
+    rewritten = tracker.observe(request([0, 5, 9], at_ms=2_000))  # drops 6, 7: a rewrite
+    again = tracker.observe(request([0, 5, 9, 10], at_ms=3_000))
+    late = tracker.observe(request([0, 5, 11], at_ms=20_000))  # the earlier rewrite left the window
+    other = tracker.observe(request([0, 1], at_ms=20_000))
+    lone = tracker.observe(request([0], at_ms=20_000))
+    assert first == RequestContext("0-5", 0, 0, 0, False)
+    assert extended == RequestContext("0-5", 1, 1, 0, False)
+    assert rewritten == RequestContext("0-5", 2, 0, 1, True)
+    assert again == RequestContext("0-5", 3, 1, 1, False)
+    assert late == RequestContext("0-5", 4, 0, 1, True)
+    assert other == RequestContext("0-1", 0, 0, 0, False)
+    assert lone == RequestContext(None, 0, 0, 0, False)
+
+
+def test_the_session_table_forgets_the_least_recently_active_session() -> None:
+    tracker = SessionTracker(max_sessions=2)
+    for chain in ([0, 1], [0, 2], [0, 1, 3], [0, 4]):
+        tracker.observe(request(chain))
+    assert tracker.observe(request([0, 1, 3, 5])).observed_reuse == 2
+    assert tracker.observe(request([0, 2, 6])).observed_reuse == 0  # forgotten: a new session
+
+
+def test_extends_allows_only_the_last_block_to_differ() -> None:
+    assert extends((0, 1, 2), (0, 1, 9, 10))
+    assert extends((0, 1, 2), (0, 1))
+    assert not extends((0, 1, 2), (0, 3, 4))
+    assert not extends((0, 1, 2), (0,))
+
+
+# --- admission policies ---------------------------------------------------------------------
+
+
+def test_store_after_n_admits_a_block_at_its_nth_offer() -> None:
+    policy = StoreAfterNOffers(2)
+    no_context = RequestContext(None, 0, 0, 0, False)
+    assert policy.admit(request([0, 1, 2]), no_context, 0).ram_blocks == 0
+    assert policy.admit(request([0, 1, 3]), no_context, 0).ram_blocks == 2  # 0 and 1 seen twice
+    assert policy.admit(request([0, 1, 3, 4]), no_context, 0).ram_blocks == 3
+    assert policy.admit(request([0, 5]), no_context, 0).ram_blocks == 1
+
+
+def test_random_admission_follows_its_rate_and_seed() -> None:
+    trace = [request([0, i]) for i in range(1, 2001)]
+    contexts = contexts_of(trace)
+
+    def admitted(seed: int) -> list[bool]:
+        policy = RandomAdmission(0.25, seed=seed)
+        return [policy.admit(r, c, 0).ram_blocks > 0 for r, c in zip(trace, contexts)]
+
+    assert admitted(7) == admitted(7) != admitted(8)
+    assert 0.2 < sum(admitted(7)) / len(trace) < 0.3
+
+
+def test_the_oracle_admits_exactly_the_requests_whose_session_continues() -> None:
+    trace = [request([0, 1]), request([0, 2]), request([0, 1, 3]), request([0])]
+    assert continued_later(trace, 2) == [True, False, False, False]
+    oracle = ContinuationOracle(continued_later(trace, 2))
+    decisions = [oracle.admit(r, c, 0).ram_blocks for r, c in zip(trace, contexts_of(trace))]
+    assert decisions == [2, 0, 0, 0]
+
+
+def kvci(**advisor_settings: float) -> WorthinessAdmission:
+    return WorthinessAdmission(CheckpointAdvisor(**advisor_settings), prefill_tokens_per_second=8192.0)
+
+
+def test_kvci_admits_a_long_settled_session_and_not_its_first_request() -> None:
+    chain = list(range(60))  # 30k tokens
+    policy = kvci()
+    assert policy.admit(request(chain), RequestContext("s", 0, 0, 0, False), 0).ram_blocks == 0
+    admission = policy.admit(request(chain, at_ms=1), RequestContext("s", 6, 6, 0, False), 0)
+    assert admission.ram_blocks == 60
+    assert policy.stats()["recommended"] == {"none": 1, "ram": 0, "disk": 1}
+
+
+@pytest.mark.parametrize("blocks", [1, 8, 64, 256])
+def test_with_default_constants_kvci_never_admits_a_sessions_first_request(blocks: int) -> None:
+    # What the results depend on: with nothing but engine-measured fields, a first request has
+    # predicted_reuse 0 and context_stability 0, so its score stays under 0.30 / 0.55 < 0.55.
+    policy = kvci()
+    first = request(list(range(blocks)), output=4_000)
+    assert policy.admit(first, RequestContext("new", 0, 0, 0, False), 0).ram_blocks == 0
+    assert policy.stats()["recommended"] == {"none": 1, "ram": 0, "disk": 0}
+    assert policy.stats()["gate_refusals"] == {}
+
+
+def test_kvci_obeys_the_cache_gate() -> None:
+    chain = list(range(60))
+    settled = RequestContext("s", 6, 6, 0, False)
+    stopped = kvci()
+    stopped.gate.set_kill_switch(True)
+    assert stopped.admit(request(chain), settled, 0).ram_blocks == 0
+    assert stopped.stats()["gate_refusals"] == {"kill_switch": 1}
+
+    churning = kvci()
+    for at_ms in (0, 1_000, 2_000):
+        churning.admit(request(chain, at_ms=at_ms), RequestContext("s", 6, 0, 1, True), 0)
+    assert churning.admit(request(chain, at_ms=3_000), settled, 0).ram_blocks == 0
+    assert churning.stats()["gate_refusals"].get("churn", 0) >= 1
+    assert churning.admit(request(chain, at_ms=400_000), settled, 0).ram_blocks == 60  # the window passed
+
+
+def test_a_kvci_threshold_is_named_in_the_policy() -> None:
+    assert kvci().name == "kvci"
+    assert kvci(ram_threshold=0.4).name == "kvci@0.4"
+
+
+# --- replay -----------------------------------------------------------------------------------
+
+
+def test_replay_of_a_hand_worked_lru_example() -> None:
+    trace = [request([1, 2]), request([1, 2, 3]), request([4, 5]), request([1, 2, 6])]
+    tally = replay(trace, contexts_of(trace), StoreEverything("lru"), LRUBlockCache(3))
+    # r1 writes 2, 1 (root most recent). r2 hits 1, 2 and writes 3; the root is re-touched, so
+    # the order is 3, 2, 1. r3 writes 5 (evicts 3) and 4 (evicts 2). r4 finds 1, misses 2 and
+    # writes 6 and 2.
+    assert tally.ram_hit_blocks == 2 + 1
+    assert tally.ram_saved_tokens == 2 * BLOCK_TOKENS + BLOCK_TOKENS
+    assert tally.ram_blocks_written == 2 + 1 + 2 + 2
+    assert tally.requests_with_hit == 2
+
+
+def test_a_disk_tier_serves_what_ram_evicted_and_counts_apart() -> None:
+    trace = [request([1, 2]), request([3, 4]), request([1, 2, 5])]
+    tally = replay(trace, contexts_of(trace), StoreEverything("lru"), LRUBlockCache(2), LRUBlockCache(10))
+    assert (tally.ram_hit_blocks, tally.disk_hit_blocks) == (0, 2)
+    assert tally.disk_saved_tokens == 2 * BLOCK_TOKENS
+    assert tally.disk_blocks_written == 5  # write-through: every block once
+
+
+def chains() -> st.SearchStrategy[list[tuple[int, ...]]]:
+    """Prefix-consistent chains: each either extends a prefix of an earlier one or starts anew."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = []
+        fresh = 1
+        for _ in range(draw(st.integers(1, 30))):
+            base: tuple[int, ...] = (0,)
+            if out and draw(st.booleans()):
+                parent = draw(st.sampled_from(out))
+                base = parent[: draw(st.integers(1, len(parent)))]
+            grow = draw(st.integers(0, 5))
+            out.append(base + tuple(range(fresh, fresh + grow)))
+            fresh += grow
+        return out
+
+    return build()
+
+
+@settings(max_examples=80, deadline=None)
+@given(chains=chains(), capacity=st.integers(1, 40))
+def test_replay_bounds_hold_for_every_policy(chains: list[tuple[int, ...]], capacity: int) -> None:
+    trace = [request(chain, at_ms=i) for i, chain in enumerate(chains)]
+    contexts = contexts_of(trace)
+    distinct = {block for chain in chains for block in chain}
+    seen: set[int] = set()
+    ceiling = 0
+    for r in trace:  # a cache that never evicts, computed independently of the replay
+        run = 0
+        while run < len(r.hash_ids) and r.hash_ids[run] in seen:
+            run += 1
+        ceiling += min(run * BLOCK_TOKENS, r.input_length)
+        seen.update(r.hash_ids)
+    unbounded = replay(trace, contexts, StoreEverything("lru"), LRUBlockCache(len(distinct)))
+    assert unbounded.ram_saved_tokens == ceiling
+    assert unbounded.ram_blocks_written == len(distinct)
+
+    def policies() -> list[tuple[object, object]]:
+        return [
+            (StoreEverything("lru"), LRUBlockCache),
+            (StoreEverything("arc"), ARCBlockCache),
+            (StoreAfterNOffers(2), LRUBlockCache),
+            (kvci(), LRUBlockCache),
+            (RandomAdmission(0.5, seed=1), LRUBlockCache),
+            (ContinuationOracle(continued_later(trace, 2)), LRUBlockCache),
+        ]
+
+    for policy, cache in policies():
+        tally = replay(trace, contexts, policy, cache(capacity))  # type: ignore[operator,arg-type]
+        assert tally.ram_saved_tokens <= ceiling
+        assert tally.ram_hit_blocks <= tally.requested_blocks
+    for policy, cache in policies():
+        roomy = replay(trace, contexts, policy, cache(len(distinct)))  # type: ignore[operator,arg-type]
+        assert roomy.ram_blocks_written <= len(distinct), "with room for all, no block is written twice"
+
+
+# --- the command line and the results README ------------------------------------------------
+
+
+def synthetic_trace() -> list[TraceRequest]:
+    """Long conversations interleaved with one-off requests, over ten minutes."""
+    requests = []
+    fresh = 1000
+    conversations = {c: [0, 100 + c] for c in range(6)}
+    for step in range(120):
+        conversation = step % 6
+        if step % 2:
+            chain = conversations[conversation] + list(range(fresh, fresh + 8))
+            conversations[conversation] = chain
+        else:
+            chain = [0, *range(fresh, fresh + 10)]
+        fresh += 10
+        requests.append(request(chain, at_ms=step * 5_000))
+    return requests
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    # A wide console, so that the table does not shorten policy names.
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "synthetic.jsonl", synthetic_trace())
+    results = tmp_path / "results"
+    json_path, png_path = results / "synthetic.json", results / "synthetic.png"
+    done = run_module(
+        "benchmarks.policy_sim",
+        "--trace", str(trace), "--budgets", "0.1,0.5", "--disk-fraction", "1",
+        "--kvci-ram-threshold", "0.55", "--kvci-ram-threshold", "0.4",
+        "--json", str(json_path), "--plot", str(png_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "kvci@0.4" in done.stdout and "store-after-2" in done.stdout
+    report = SimulationReport.model_validate_json(json_path.read_text())
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [run.budget_fraction for run in report.runs] == [0.1, 0.5]
+    assert report.working_set_blocks == len({b for r in synthetic_trace() for b in r.hash_ids})
+    for run in report.runs:
+        names = [result.name for result in run.policies]
+        assert names == ["lru", "arc", "store-after-2", "kvci", "kvci@0.4", "random", "oracle"]
+        lru = run.policy("lru")
+        assert lru.disk_bytes_written == report.working_set_bytes  # write-through, a disk that holds
+        for result in run.policies:
+            assert result.saved_tokens <= report.ceiling_saved_tokens
+            assert result.bytes_written == (result.ram_blocks_written + result.disk_blocks_written) * report.block_bytes
+        by_name = {comparison.policy: comparison for comparison in run.comparisons}
+        assert by_name["kvci"].saved_ratio == pytest.approx(run.policy("kvci").saved_tokens / lru.saved_tokens)
+        assert by_name["kvci"].target_applies == (run.budget_fraction <= 0.25)
+        assert not by_name["arc"].target_applies
+
+    rendered = run_module("benchmarks.render_results", "--results", str(results))
+    assert rendered.returncode == 0, rendered.stderr
+    readme = (results / "README.md").read_text()
+    assert report.command in readme and "synthetic.jsonl" in readme
+    for run in report.runs:
+        for comparison in run.comparisons:
+            if comparison.target_applies:
+                assert f"| {comparison.policy} | {comparison.saved_ratio:.2f}x |" in readme
+        for result in run.policies:
+            assert f"| {result.name} | {result.saved_tokens:,} |" in readme
+    again = run_module("benchmarks.render_results", "--results", str(results))
+    assert again.returncode == 0 and (results / "README.md").read_text() == readme
+
+
+def test_the_cli_reports_bad_input_without_a_traceback(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", [request([0, 1])])
+    done = run_module("benchmarks.policy_sim", "--trace", str(trace), "--budgets", "0.01")
+    assert done.returncode == 2
+    assert "budget 0.01 of a 2-block working set holds no block" in done.stderr
+    assert "Traceback" not in done.stderr

