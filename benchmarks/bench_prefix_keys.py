@@ -1,7 +1,8 @@
 """Prefix block keys: kvci's native keys against vLLM's own block hashing, side by side.
 
-One random 32,768-token prompt, block sizes 16 and 32, every method timed in interleaved rounds
-(so machine noise hits all of them alike):
+One random 32,768-token prompt, block sizes 16 and 32. Each sample is the mean time per call
+over back-to-back calls filling ``--sample-ms`` (as timeit does); samples of all methods are
+interleaved round by round, so machine noise hits all of them alike:
 
 - kvci single: ``kvci_plugin.ops.prefix_block_keys`` on an int32 tensor (the headline) and on a
   Python list (conversion included);
@@ -10,8 +11,11 @@ One random 32,768-token prompt, block sizes 16 and 32, every method timed in int
   over a Python list, with its default ``sha256`` and with ``sha256_cbor``;
 - ``hashlib.sha256`` over the prompt's raw int32 bytes in one call (a floor, not a prefix hash).
 
-Prints a table (median, min, max per call) and a last line ``ratio_vs_vllm_sha256=<x>``: vLLM
-sha256 median / kvci single (tensor) median at block size 16. ``--json PATH`` writes the figures.
+Prints a table (median, min, max of the samples, per call) and a last line
+``ratio_vs_vllm_sha256=<x>``: vLLM sha256 median / kvci single (tensor) median at block size 16.
+``--json PATH`` writes the figures. From the repository root, with the extension built:
+
+    .venv/bin/python -m benchmarks.bench_prefix_keys [--json PATH]
 """
 
 from __future__ import annotations
@@ -77,15 +81,25 @@ def methods(tokens: list[int], block_size: int) -> dict[str, Callable[[], object
     }
 
 
-def measure(candidates: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    for run in candidates.values():
-        run()  # warm up: imports, lazy init, thread pool start
+def measure(
+    candidates: dict[str, Callable[[], object]], rounds: int, sample_seconds: float
+) -> dict[str, list[float]]:
+    """Seconds per call: each sample averages back-to-back calls filling ``sample_seconds``
+    (as timeit does), and the samples of all methods are interleaved round by round."""
+    calls_per_sample = {}
+    for name, run in candidates.items():
+        run()  # warm up: imports, lazy initialisation
+        start = time.perf_counter()
+        run()
+        calls_per_sample[name] = max(1, round(sample_seconds / (time.perf_counter() - start)))
     seconds: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(rounds):
         for name, run in candidates.items():
+            calls = calls_per_sample[name]
             start = time.perf_counter()
-            run()
-            seconds[name].append(time.perf_counter() - start)
+            for _ in range(calls):
+                run()
+            seconds[name].append((time.perf_counter() - start) / calls)
     return seconds
 
 
@@ -99,7 +113,10 @@ def check_agreement(tokens: list[int], block_size: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=60, help="timed calls per method")
+    parser.add_argument("--rounds", type=int, default=40, help="samples per method")
+    parser.add_argument(
+        "--sample-ms", type=float, default=5.0, help="back-to-back calls per sample fill this"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args()
@@ -109,7 +126,7 @@ def main() -> None:
     results = []
     for block_size in BLOCK_SIZES:
         check_agreement(tokens, block_size)
-        seconds = measure(methods(tokens, block_size), args.rounds)
+        seconds = measure(methods(tokens, block_size), args.rounds, args.sample_ms / 1e3)
         baseline = statistics.median(seconds["vLLM hash_block_tokens sha256"])
         for name, samples in seconds.items():
             median = statistics.median(samples)
@@ -125,10 +142,12 @@ def main() -> None:
             )
 
     print(
-        f"prefix keys over {PROMPT_TOKENS} random tokens, {args.rounds} interleaved rounds, "
-        f"torch threads {torch.get_num_threads()}"
+        f"prefix keys over {PROMPT_TOKENS} random tokens: {args.rounds} interleaved samples of "
+        f">= {args.sample_ms} ms per method, times per call"
     )
-    header = f"{'method':<40} {'bs':>3} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'vs vLLM':>9}"
+    header = (
+        f"{'method':<40} {'bs':>3} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'vs vLLM':>9}"
+    )
     print(header)
     print("-" * len(header))
     for row in results:
@@ -148,7 +167,7 @@ def main() -> None:
                 {
                     "prompt_tokens": PROMPT_TOKENS,
                     "rounds": args.rounds,
-                    "torch_threads": torch.get_num_threads(),
+                    "sample_ms": args.sample_ms,
                     "results": results,
                     "ratio_vs_vllm_sha256": headline,
                 },

@@ -65,7 +65,8 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
     lines = [
         f"## {path.stem}",
         "",
-        f"Command (from the repository root, {report.runtime_s:.0f} s): `{report.command}`",
+        f"Command (from the repository root, {report.runtime_s:.0f} s; its `--plot` writes the figure): "
+        f"`{report.command}`",
         "",
         f"- Trace `{Path(trace.path).name}` (sha256 `{trace.sha256[:16]}…`): {trace.requests:,} requests over "
         f"{trace.duration_s:,.0f} s, {trace.input_tokens:,} input tokens, {trace.distinct_blocks:,} distinct "

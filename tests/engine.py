@@ -14,6 +14,7 @@ def kv_transfer_config(extra: dict[str, Any]) -> dict[str, Any]:
         "kv_connector": "KVCheckpointConnector",
         "kv_connector_module_path": "kvci_plugin.connector",
         "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": extra,
     }
 

@@ -62,6 +62,9 @@ def replay(
         tally.disk_saved_tokens += saved - ram_saved
 
         admission = policy.admit(request, context, saved)
+        for tier, blocks in (("ram_blocks", admission.ram_blocks), ("disk_blocks", admission.disk_blocks)):
+            if not 0 <= blocks <= len(chain):
+                raise ValueError(f"policy {policy.name!r} admitted {tier}={blocks} of a {len(chain)}-block chain")
         tally.admitted_requests += admission.ram_blocks > 0 or admission.disk_blocks > 0
         tally.ram_blocks_written += _serve(ram, chain, 0, ram_run, admission.ram_blocks)
         if disk is not None:

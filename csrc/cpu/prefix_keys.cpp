@@ -42,9 +42,9 @@ void check_cpu(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name, " must be a dense tensor");
 }
 
-// Token ids as canonical uint32 values: int32 data as it is, int64 data narrowed into a new
-// int32 tensor. Every id must lie in [0, 2^31): the key format hashes ids as 4-byte words, and a
-// silently truncated id would alias another prompt.
+// Token ids as canonical uint32 values (read them with token_words): int32 data as it is, int64
+// data narrowed into a new int32 tensor. Every id must lie in [0, 2^31): the key format hashes
+// ids as 4-byte words, and a silently truncated id would alias another prompt.
 at::Tensor canonical_tokens(const at::Tensor& tokens, const char* op) {
   const int64_t n = tokens.numel();
   uint64_t out_of_range = 0;
@@ -73,6 +73,10 @@ at::Tensor canonical_tokens(const at::Tensor& tokens, const char* op) {
     }
   }
   return canonical;
+}
+
+const uint32_t* token_words(const at::Tensor& canonical) {
+  return reinterpret_cast<const uint32_t*>(canonical.data_ptr<int32_t>());
 }
 
 void check_tokens(const at::Tensor& tokens, const char* op) {
@@ -144,8 +148,8 @@ at::Tensor prefix_block_keys(const at::Tensor& token_ids, int64_t block_size,
   const int64_t token_off[2] = {0, tokens.numel()};
   const int64_t block_off[2] = {0, tokens.numel() / block_size};
   at::Tensor keys = at::empty({block_off[1], 2}, at::TensorOptions().dtype(at::kUInt64));
-  key_requests(reinterpret_cast<const uint32_t*>(canonical.data_ptr<int32_t>()), token_off, block_off, 1, block_size, key_bytes.data_ptr<uint8_t>(),
-               keys.data_ptr<uint64_t>());
+  key_requests(token_words(canonical), token_off, block_off, 1, block_size,
+               key_bytes.data_ptr<uint8_t>(), keys.data_ptr<uint64_t>());
   return keys;
 }
 
@@ -184,7 +188,7 @@ std::tuple<at::Tensor, at::Tensor> prefix_block_keys_batched(const at::Tensor& t
   const at::Tensor canonical = canonical_tokens(tokens, op);
   at::Tensor keys =
       at::empty({block_off[n_requests], 2}, at::TensorOptions().dtype(at::kUInt64));
-  key_requests(reinterpret_cast<const uint32_t*>(canonical.data_ptr<int32_t>()), token_off, block_off, n_requests, block_size,
+  key_requests(token_words(canonical), token_off, block_off, n_requests, block_size,
                key_bytes.data_ptr<uint8_t>(), keys.data_ptr<uint64_t>());
   return {keys, block_offsets};
 }

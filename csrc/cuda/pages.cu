@@ -55,7 +55,7 @@ __device__ __forceinline__ void copy_chunk(const uint8_t* __restrict__ from,
 // Task t = ((page i * n_layers) + layer l) * chunks_per_page + chunk c: consecutive warps copy
 // consecutive bytes of a slot, so writes to the pool stream in address order.
 template <typename Vec, KvciPageDirection kDirection>
-__global__ void __launch_bounds__(kWarp* kWarpsPerCta)
+__global__ void __launch_bounds__(kWarp * kWarpsPerCta)
     copy_pages_kernel(const KvciPageLayer* __restrict__ layers, int32_t n_layers,
                       const int64_t* __restrict__ block_ids,
                       const int64_t* __restrict__ slot_ids, int64_t n_pages,

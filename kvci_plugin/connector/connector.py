@@ -84,13 +84,23 @@ class KVCheckpointConnector(KVConnectorBase_V1):
         self._config = KVCIConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise ValueError("kvci supports models with one KV cache group (no hybrid allocator)")
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            logger.warning(
+                "kvci: kv_load_failure_policy is %r: a disk blob that fails its checksum will "
+                "fail its request; set \"kv_load_failure_policy\": \"recompute\" to recompute",
+                self._kv_transfer_config.kv_load_failure_policy)
         self._scheduler: KVCIScheduler | None = None
         self._worker: KVCIWorker | None = None
         cfg = self._config
         slot_bytes = _slot_bytes(kv_cache_config)
         num_slots = int(cfg.ram_bytes) // slot_bytes
+        self._control = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = self._build_scheduler(vllm_config, slot_bytes)
+            if cfg.control_port is not None:
+                from kvci_plugin.api.server import start_control_server
+
+                self._control = start_control_server(self._scheduler, cfg)
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -174,6 +184,8 @@ class KVCheckpointConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+        if self._control is not None:
+            self._control.stop()
 
     # ---- scheduler side -------------------------------------------------------------------------
 
@@ -200,6 +212,9 @@ class KVCheckpointConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         return self._scheduler.request_finished(request, block_ids)
 
+    def has_pending_push_work(self) -> bool:
+        return self._scheduler is not None and self._scheduler.has_pending_work()
+
     def get_external_cache_hit_sources(self, request: "Request",
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
         if num_external_tokens == 0 or self._scheduler is None:
@@ -216,3 +231,11 @@ class KVCheckpointConnector(KVConnectorBase_V1):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return KVCIStats(data=data) if data is not None else KVCIStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: dict[Any, Any],
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> Any:
+        from kvci_plugin.connector.prom import KVCIPromMetrics
+
+        return KVCIPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

@@ -55,6 +55,18 @@ class _Session:
     turns_since_change: int = 0
 
 
+@dataclass(frozen=True)
+class ArmedCheckpoint:
+    """A checkpoint_now from the control surface: the session's next finished request keeps its
+    KV with this trigger (a finished request's blocks are already freed, so "now" means at the end
+    of the session's current or next turn)."""
+
+    trigger: str
+    persist: bool
+    session_token: str | None
+    delegation_tokens: tuple[str, ...]
+
+
 @dataclass
 class _Req:
     params: KVCIRequestParams | None
@@ -139,6 +151,8 @@ class KVCIScheduler:
         self._disk_loads: list[DiskLoadJob] = []
         self._pinned: list[list[PageKey]] = []
         self._store_of: dict[str, str] = {}  # request id -> checkpoint id of its pending store
+        # Sessions asked to checkpoint from the control surface: applied to their next request.
+        self._armed: dict[tuple[str, str], ArmedCheckpoint] = {}
         self._reuse: OrderedDict[PageKey, int] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._stats = KVCIStats()
@@ -255,15 +269,16 @@ class KVCIScheduler:
             st.scheduled_tokens += n
             if st.local_tokens + st.ext_tokens + st.scheduled_tokens >= st.prompt_tokens:
                 st.prompt_done = True
-        meta = KVCIMetadata(loads=self._loads, disk_loads=self._disk_loads,
-                            stores=self._mover.stores, persists=self._mover.persists)
+        with self.manager.lock:  # the control surface may queue a persist from its thread
+            meta = KVCIMetadata(loads=self._loads, disk_loads=self._disk_loads,
+                                stores=self._mover.stores, persists=self._mover.persists)
+            self._mover.stores, self._mover.persists = [], []
         # Every worker runs this step's loads before its forward and its stores after it, and
         # steps in order, so a slot unpinned now can only be overwritten by a later job.
         for keys in self._pinned:
             self.manager.index.unpin(keys)
         self._pinned = []
         self._loads, self._disk_loads = [], []
-        self._mover.stores, self._mover.persists = [], []
         return meta
 
     def update_connector_output(self, output: Any) -> None:
@@ -306,6 +321,11 @@ class KVCIScheduler:
         self._stats.count(f"recommendations_{rec.tier.value}")
 
         trigger = params.explicit_trigger if params is not None else None
+        armed = None
+        if params is not None and params.session_id is not None:
+            armed = self._armed.pop((st.tenant, params.session_id), None)
+            if trigger is None and armed is not None:
+                trigger = armed.trigger
         gate = None
         if trigger is None and self.config.system_trigger and rec.worth_it:
             gate = self.cache_gate.decide(params.session_id if params else None)
@@ -320,14 +340,17 @@ class KVCIScheduler:
             n_full = min(request.num_computed_tokens // self.block_size, len(block_ids))
             keys = (st.keys[:n_full] if n_full <= len(st.keys)
                     else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
-            persist = bool(params is not None and params.persist) or (
+            persist = bool(params is not None and params.persist) or (armed is not None and armed.persist) or (
                 trigger == "system" and self.config.auto_promote and rec.tier is CheckpointTier.DISK)
+            token = params.session_token if params else None
+            delegations: Sequence[str] = params.delegation_tokens if params else ()
+            if armed is not None and token is None:
+                token, delegations = armed.session_token, armed.delegation_tokens
             outcome = self.manager.checkpoint_now(
                 tenant=st.tenant, keys=keys, trigger=trigger, recommendation=rec,
                 source=(request.request_id, dict(zip(keys, block_ids))),
                 source_ids=params.source_ids if params else (), persist=persist,
-                session_token=params.session_token if params else None,
-                delegation_tokens=params.delegation_tokens if params else ())
+                session_token=token, delegation_tokens=delegations)
             self._count_outcome(outcome)
             if outcome.pending:
                 self._store_of[request.request_id] = outcome.checkpoint_id
@@ -406,6 +429,18 @@ class KVCIScheduler:
     def take_stats(self) -> KVCIStats | None:
         stats, self._stats = self._stats, KVCIStats()
         return None if stats.is_empty() else stats
+
+    def arm_checkpoint(self, tenant: str, session_id: str, checkpoint: ArmedCheckpoint) -> None:
+        """Control surface: keep the KV of this session's next finished request."""
+        with self.manager.lock:
+            self._armed[(tenant, session_id)] = checkpoint
+            while len(self._armed) > _MAX_TRACKED:
+                self._armed.pop(next(iter(self._armed)))
+
+    def has_pending_work(self) -> bool:
+        """Jobs queued between steps (e.g. a promote from the control surface) keep the engine
+        stepping until they reach the workers."""
+        return bool(self._mover.stores or self._mover.persists)
 
     def hit_tier(self, req_id: str) -> str | None:
         st = self._reqs.get(req_id)

@@ -60,7 +60,9 @@ def prefix_block_keys(
 ) -> torch.Tensor:
     """Keys of the full blocks of ``token_ids``: a uint64 tensor ``[n_full_blocks, 2]``."""
     _check_block_size(block_size)
-    subkeys = _subkeys_tensor(namespace, tenant, secret)
+    _check_bytes("namespace", namespace, 1)
+    _check_bytes("secret", secret, MIN_SECRET_BYTES)
+    subkeys = _cached_subkeys_tensor(namespace, _tenant(tenant), secret)
     return kvci_ops.prefix_block_keys(_tokens_tensor(token_ids, "token_ids"), block_size, subkeys)
 
 
@@ -83,15 +85,18 @@ def prefix_block_keys_batched(
         raise ValueError(
             f"tenants has {len(tenants)} entries but token_ids has {len(token_ids)} requests"
         )
-    subkeys = b"".join(derive_subkeys(namespace, tenant, secret) for tenant in tenants)
+    subkeys = b"".join(_cached_subkeys(namespace, _tenant(tenant), secret) for tenant in tenants)
     if not token_ids:
         return []
     requests = [_tokens_tensor(t, f"token_ids[{r}]") for r, t in enumerate(token_ids)]
-    offsets = torch.tensor([0, *itertools.accumulate(t.numel() for t in requests)])
-    keys, block_offsets = kvci_ops.prefix_block_keys_batched(
-        torch.cat(requests), offsets, block_size, _bytes_tensor(subkeys)
+    lengths = [t.numel() for t in requests]
+    keys, _ = kvci_ops.prefix_block_keys_batched(
+        requests[0] if len(requests) == 1 else torch.cat(requests),
+        torch.tensor([0, *itertools.accumulate(lengths)]),
+        block_size,
+        _bytes_tensor(subkeys),
     )
-    return list(torch.split(keys, torch.diff(block_offsets).tolist()))
+    return list(keys.split([n // block_size for n in lengths]))
 
 
 def key_bytes(keys: torch.Tensor) -> list[bytes]:
@@ -128,19 +133,22 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _subkeys_tensor(namespace: bytes, tenant: str, secret: bytes) -> torch.Tensor:
-    # Checked before the cache lookup, so that an unhashable argument gets the clear error.
-    _check_bytes("namespace", namespace, 1)
-    _check_bytes("secret", secret, MIN_SECRET_BYTES)
+def _tenant(tenant: object) -> str:
+    # Checked before the caches below, so that an unhashable tenant gets a clear error.
     if not isinstance(tenant, str):
         raise TypeError(f"tenant must be a str, not {type(tenant).__name__}")
-    return _cached_subkeys_tensor(namespace, tenant, secret)
+    return tenant
+
+
+# A few (namespace, tenant) pairs key most calls: derive each once, not per prompt.
+@functools.lru_cache(maxsize=1024)
+def _cached_subkeys(namespace: bytes, tenant: str, secret: bytes) -> bytes:
+    return derive_subkeys(namespace, tenant, secret)
 
 
 @functools.lru_cache(maxsize=1024)
 def _cached_subkeys_tensor(namespace: bytes, tenant: str, secret: bytes) -> torch.Tensor:
-    # A few (namespace, tenant) pairs key most calls: derive each once, not per prompt.
-    return _bytes_tensor(derive_subkeys(namespace, tenant, secret))
+    return _bytes_tensor(_cached_subkeys(namespace, tenant, secret))
 
 
 def _tokens_tensor(token_ids: object, name: str) -> torch.Tensor:

@@ -98,7 +98,7 @@ class TieredCheckpointManager:
         self._disk_region = disk_region
         self._gate = gate  # None: whatever the seam holds at each evaluation
         self._clock = clock
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         # Persists waiting for their RAM copy to land: checkpoint id -> permitted decision.
         self._persist_after_store: dict[str, EligibilityDecision] = {}
 
@@ -143,7 +143,7 @@ class TieredCheckpointManager:
             "decision": None,
             "persisted": False,
         }
-        with self._lock:
+        with self.lock:
             try:
                 res = self.index.reserve(cid, tenant, keys, meta)
             except (DoesNotFitError, TenantMismatchError) as exc:
@@ -164,7 +164,7 @@ class TieredCheckpointManager:
 
     def on_stored(self, checkpoint_id: str, ok: bool) -> PromotionOutcome | None:
         """A queued RAM copy finished; starts a persist that was waiting for it."""
-        with self._lock:
+        with self.lock:
             if not ok:
                 self._persist_after_store.pop(checkpoint_id, None)
                 self.index.abort(checkpoint_id)
@@ -187,7 +187,7 @@ class TieredCheckpointManager:
         delegation_tokens: Sequence[str] = (),
     ) -> PromotionOutcome:
         """RAM -> disk through the gate, with authority derived now from these credentials."""
-        with self._lock:
+        with self.lock:
             entry = self.index.get(checkpoint_id, tenant)  # fails closed across tenants
             if entry.meta.get("persisted"):
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisted",
@@ -229,7 +229,7 @@ class TieredCheckpointManager:
 
     def on_persisted(self, checkpoint_id: str, ok: bool, error: str = "") -> PromotionOutcome:
         """Every shard's blobs are durable (or one failed): record the catalog row, or the error."""
-        with self._lock:
+        with self.lock:
             tenant = decision_tenant(self.index, checkpoint_id)
             entry = self.index.get(checkpoint_id, tenant)
             self.index.unpin(entry.keys)
@@ -256,7 +256,7 @@ class TieredCheckpointManager:
         """Why this checkpoint exists and why it is where it is (tenant-checked when given)."""
         gate = self.gate
         out: dict[str, Any] = {"checkpoint_id": checkpoint_id, "gate_in_force": gate.name}
-        with self._lock:
+        with self.lock:
             try:
                 entry = self.index.get(checkpoint_id, tenant or decision_tenant(self.index, checkpoint_id))
             except CheckpointNotFoundError:

@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 from kvci_plugin import ops
 
 
-def make_layer(generator: torch.Generator, num_blocks: int, page_bytes: int, padding: int,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """A layer view (num_blocks, page_bytes) whose rows are `padding` bytes wider: (view, whole)."""
-    whole = torch.randint(0, 256, (num_blocks, page_bytes + padding), generator=generator,
-                          dtype=torch.uint8)
+def make_layer(
+    generator: torch.Generator, num_blocks: int, page_bytes: int, padding: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer view (num_blocks, page_bytes) of rows `padding` bytes wider: (view, whole)."""
+    whole = torch.randint(
+        0, 256, (num_blocks, page_bytes + padding), generator=generator, dtype=torch.uint8
+    )
     return whole.view(dtype)[:, :page_bytes], whole
 
 
@@ -32,7 +34,9 @@ page_sets = st.fixed_dictionaries(
         "num_blocks": st.integers(1, 24),
         "num_slots": st.integers(1, 24),
         "pages": st.lists(
-            st.tuples(st.integers(1, 300), st.integers(0, 9), st.sampled_from([torch.uint8, torch.int8])),
+            st.tuples(
+                st.integers(1, 300), st.integers(0, 9), st.sampled_from([torch.uint8, torch.int8])
+            ),
             min_size=1,
             max_size=4,
         ),
@@ -42,19 +46,25 @@ page_sets = st.fixed_dictionaries(
 )
 
 
-def build(case: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Generator]:
+def build(case: dict) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Layer views, the whole tensors behind them, and a pool of random bytes."""
     generator = torch.Generator().manual_seed(case["seed"])
-    made = [make_layer(generator, case["num_blocks"], size, pad, dtype) for size, pad, dtype in case["pages"]]
+    made = [
+        make_layer(generator, case["num_blocks"], size, padding, dtype)
+        for size, padding, dtype in case["pages"]
+    ]
     layers = [view for view, _ in made]
     slot_bytes = ops.pool_slot_bytes(layers) + case["slot_extra"]
-    pool = torch.randint(0, 256, (case["num_slots"], slot_bytes), generator=generator, dtype=torch.uint8)
-    return layers, [whole for _, whole in made], pool, generator
+    pool = torch.randint(
+        0, 256, (case["num_slots"], slot_bytes), generator=generator, dtype=torch.uint8
+    )
+    return layers, [whole for _, whole in made], pool
 
 
 @settings(max_examples=60, deadline=None)
 @given(case=page_sets, data=st.data())
 def test_gather_copies_pages_into_slots(case: dict, data: st.DataObject) -> None:
-    layers, wholes, pool, _ = build(case)
+    layers, wholes, pool = build(case)
     n = data.draw(st.integers(0, case["num_slots"]))
     slots = data.draw(st.permutations(range(case["num_slots"])))[:n]
     blocks = data.draw(st.lists(st.integers(0, case["num_blocks"] - 1), min_size=n, max_size=n))
@@ -77,7 +87,7 @@ def test_gather_copies_pages_into_slots(case: dict, data: st.DataObject) -> None
 @settings(max_examples=60, deadline=None)
 @given(case=page_sets, data=st.data())
 def test_scatter_copies_slots_into_pages(case: dict, data: st.DataObject) -> None:
-    layers, wholes, pool, _ = build(case)
+    layers, wholes, pool = build(case)
     n = data.draw(st.integers(0, case["num_blocks"]))
     blocks = data.draw(st.permutations(range(case["num_blocks"])))[:n]
     slots = data.draw(st.lists(st.integers(0, case["num_slots"] - 1), min_size=n, max_size=n))
@@ -142,32 +152,74 @@ def small_setup() -> tuple[list[torch.Tensor], torch.Tensor]:
     return layers, torch.zeros(3, 12, dtype=torch.uint8)
 
 
+BAD_INPUT = [
+    (
+        {"block_ids": torch.tensor([4])},
+        IndexError,
+        r"block_ids\[0\] = 4 is out of range for layers with num_blocks 4",
+    ),
+    ({"block_ids": torch.tensor([-1])}, IndexError, r"block_ids\[0\] = -1 is out of range"),
+    (
+        {"slot_ids": torch.tensor([3])},
+        IndexError,
+        r"slot_ids\[0\] = 3 is out of range for pool with num_slots 3",
+    ),
+    (
+        {"block_ids": torch.tensor([0, 1]), "slot_ids": torch.tensor([0])},
+        ValueError,
+        "differ in length",
+    ),
+    ({"block_ids": torch.tensor([0.0])}, TypeError, "block_ids must be int64 or int32"),
+    ({"slot_ids": torch.tensor([[0]])}, ValueError, "slot_ids must be 1-D"),
+    ({"slot_ids": [0]}, TypeError, "slot_ids must be a tensor"),
+    (
+        {"pool": torch.zeros(3, 11, dtype=torch.uint8)},
+        ValueError,
+        "pool slots hold 11 bytes but one block of every layer needs 12",
+    ),
+    ({"pool": torch.zeros(3, 12, dtype=torch.int8)}, TypeError, "pool must be uint8"),
+    (
+        {"pool": torch.zeros(3, 24, dtype=torch.uint8)[:, ::2]},
+        ValueError,
+        "pool rows must be dense",
+    ),
+    (
+        {"pool": torch.zeros(3, 12, dtype=torch.uint8, device="meta")},
+        ValueError,
+        "pool must be in host memory",
+    ),
+    ({"layers": []}, ValueError, "layers must not be empty"),
+    ({"layers": [torch.zeros(4, 8)]}, TypeError, r"layers\[0\] must be uint8 or int8"),
+    (
+        {"layers": [torch.zeros(4, 2, 4, dtype=torch.uint8)]},
+        ValueError,
+        r"layers\[0\] must be 2-D",
+    ),
+    (
+        {"layers": [torch.zeros(8, 4, dtype=torch.uint8).t()]},
+        ValueError,
+        r"layers\[0\] rows must be dense",
+    ),
+    ({"layers": torch.zeros(4, 8, dtype=torch.uint8)}, TypeError, "sequence of tensors"),
+    (
+        {"layers": [torch.zeros(4, 8, dtype=torch.uint8), "x"]},
+        TypeError,
+        r"layers\[1\] must be a tensor",
+    ),
+]
+
+
 @pytest.mark.parametrize("direction", ["gather", "scatter"])
-@pytest.mark.parametrize(
-    ("change", "error", "match"),
-    [
-        ({"block_ids": torch.tensor([4])}, IndexError, r"block_ids\[0\] = 4 is out of range for layers with num_blocks 4"),
-        ({"block_ids": torch.tensor([-1])}, IndexError, r"block_ids\[0\] = -1 is out of range"),
-        ({"slot_ids": torch.tensor([3])}, IndexError, r"slot_ids\[0\] = 3 is out of range for pool with num_slots 3"),
-        ({"block_ids": torch.tensor([0, 1]), "slot_ids": torch.tensor([0])}, ValueError, "differ in length"),
-        ({"block_ids": torch.tensor([0.0])}, TypeError, "block_ids must be int64 or int32"),
-        ({"slot_ids": torch.tensor([[0]])}, ValueError, "slot_ids must be 1-D"),
-        ({"slot_ids": [0]}, TypeError, "slot_ids must be a tensor"),
-        ({"pool": torch.zeros(3, 11, dtype=torch.uint8)}, ValueError, "pool slots hold 11 bytes but one block of every layer needs 12"),
-        ({"pool": torch.zeros(3, 12, dtype=torch.int8)}, TypeError, "pool must be uint8"),
-        ({"pool": torch.zeros(3, 24, dtype=torch.uint8)[:, ::2]}, ValueError, "pool rows must be dense"),
-        ({"pool": torch.zeros(3, 12, dtype=torch.uint8, device="meta")}, ValueError, "pool must be in host memory"),
-        ({"layers": []}, ValueError, "layers must not be empty"),
-        ({"layers": [torch.zeros(4, 8)]}, TypeError, r"layers\[0\] must be uint8 or int8"),
-        ({"layers": [torch.zeros(4, 2, 4, dtype=torch.uint8)]}, ValueError, r"layers\[0\] must be 2-D"),
-        ({"layers": [torch.zeros(8, 4, dtype=torch.uint8).t()]}, ValueError, r"layers\[0\] rows must be dense"),
-        ({"layers": torch.zeros(4, 8, dtype=torch.uint8)}, TypeError, "sequence of tensors"),
-        ({"layers": [torch.zeros(4, 8, dtype=torch.uint8), "x"]}, TypeError, r"layers\[1\] must be a tensor"),
-    ],
-)
+@pytest.mark.parametrize(("change", "error", "match"), BAD_INPUT)
 def test_bad_input_is_refused(direction: str, change: dict, error: type, match: str) -> None:
     layers, pool = small_setup()
-    args = {"layers": layers, "block_ids": torch.tensor([1]), "pool": pool, "slot_ids": torch.tensor([2]), **change}
+    args = {
+        "layers": layers,
+        "block_ids": torch.tensor([1]),
+        "pool": pool,
+        "slot_ids": torch.tensor([2]),
+        **change,
+    }
     with pytest.raises(error, match=match):
         if direction == "gather":
             ops.gather_pages(args["layers"], args["block_ids"], args["pool"], args["slot_ids"])

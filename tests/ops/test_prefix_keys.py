@@ -95,7 +95,9 @@ def test_pinned_vectors(args: tuple, expected: list[str]) -> None:
 def test_native_keys_equal_reference(
     tokens: list[int], block_size: int, namespace: bytes, tenant: str, secret: bytes
 ) -> None:
-    expected = [k.hex() for k in reference_prefix_keys(tokens, block_size, namespace, tenant, secret)]
+    expected = [
+        k.hex() for k in reference_prefix_keys(tokens, block_size, namespace, tenant, secret)
+    ]
     assert len(expected) == len(tokens) // block_size
     args = (block_size, namespace, tenant, secret)
     assert native_hex(tokens, *args) == expected
@@ -119,8 +121,8 @@ def test_long_prompt_keys_are_prefix_consistent() -> None:
     for n_blocks in (1, 9, 700, 1251, 2499):
         prefix = ops.prefix_block_keys(tokens[: n_blocks * 16 + 5], 16, NAMESPACE, "t", SECRET)
         assert torch.equal(prefix, full[:n_blocks])
-    head = [k.hex() for k in reference_prefix_keys(tokens[:160].tolist(), 16, NAMESPACE, "t", SECRET)]
-    assert [k.hex() for k in ops.key_bytes(full[:10])] == head
+    head = reference_prefix_keys(tokens[:160].tolist(), 16, NAMESPACE, "t", SECRET)
+    assert ops.key_bytes(full[:10]) == head
 
 
 def test_partial_block_gets_no_key() -> None:
@@ -213,7 +215,8 @@ def test_batched_equals_single(requests: list[tuple[list[int], str, str]], block
     )
     assert len(batch) == len(requests)
     for keys, (tokens, _, tenant) in zip(batch, requests, strict=True):
-        assert torch.equal(keys, ops.prefix_block_keys(tokens, block_size, NAMESPACE, tenant, SECRET))
+        single = ops.prefix_block_keys(tokens, block_size, NAMESPACE, tenant, SECRET)
+        assert torch.equal(keys, single)
 
 
 def test_batched_long_requests_split_across_threads() -> None:

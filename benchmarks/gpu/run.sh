@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU check of the CUDA kernels, one run on a CUDA machine, about 3-5 minutes (8 at most):
+# builds kvci_plugin._C with CUDA and the per-page memcpy baseline, runs tests/gpu, then
+# benchmarks page transfers and prefix keys (benchmarks/gpu/bench_gpu.py).
+#
+# Uses the machine's python3 and its torch as they are (no venv, nothing downloaded). Writes
+# gpu_run.log, gpu_tests.xml and gpu_bench.json to $OUT when it is set, else to
+# benchmarks/results/. Exits with the test status; the benchmark runs whatever the tests say.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out_dir="${OUT:-benchmarks/results}"
+mkdir -p "$out_dir" build/gpu_bench
+exec > >(tee "$out_dir/gpu_run.log") 2>&1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+echo "== versions"
+uname -m
+python3 --version
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+    "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)'
+nvcc --version | tail -n 2
+nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current \
+    --format=csv || echo "nvidia-smi: no answer"
+echo "cpus: $(nproc)"
+
+echo "== build"
+start=$SECONDS
+KVCI_CUDA=1 MAX_JOBS="$(nproc)" python3 setup.py -q build_ext --inplace
+nvcc -O2 -std=c++17 -shared -Xcompiler -fPIC -cudart shared \
+    -o build/gpu_bench/libkvci_memcpy_each.so benchmarks/gpu/memcpy_each.cu
+python3 -c 'import torch, kvci_plugin.ops
+has = torch._C._dispatch_has_kernel_for_dispatch_key
+print("CUDA kernels registered:", {n: has("kvci::" + n, "CUDA") for n in
+      ("gather_pages", "scatter_pages", "prefix_block_keys", "prefix_block_keys_batched")})'
+echo "built in $((SECONDS - start)) s"
+
+echo "== tests/gpu"
+start=$SECONDS
+set +e
+timeout 200 python3 -m pytest tests/gpu -q -p no:cacheprovider --junitxml "$out_dir/gpu_tests.xml"
+tests_status=$?
+set -e
+echo "tests/gpu: exit $tests_status in $((SECONDS - start)) s"
+
+echo "== benchmark"
+start=$SECONDS
+timeout 200 python3 benchmarks/gpu/bench_gpu.py \
+    --memcpy-each-lib build/gpu_bench/libkvci_memcpy_each.so --json "$out_dir/gpu_bench.json"
+echo "benchmark: $((SECONDS - start)) s"
+exit "$tests_status"

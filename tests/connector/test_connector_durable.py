@@ -1,0 +1,128 @@
+"""The durable path on real engines: gated persistence, restart survival, integrity, kill safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from durable_support import blob_paths, catalog_rows, checkpoint_blob_keys, prompts, setup_dirs
+from engine import BLOCK_SIZE, greedy, kvci_params, make_llm, shutdown
+
+pytestmark = pytest.mark.engine
+
+WRITER = Path(__file__).with_name("durable_writer.py")
+
+
+def _run(llm, tokens, sp):
+    from vllm.inputs import TokensPrompt
+
+    (out,) = llm.generate([TokensPrompt(prompt_token_ids=tokens)], sp, use_tqdm=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model):
+    llm = make_llm(tiny_model)
+    outs = {k: list(_run(llm, t, greedy()).outputs[0].token_ids) for k, t in prompts().items()}
+    shutdown(llm)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def first_engine(tiny_model, baseline, tmp_path_factory):
+    """Runs engine 1 in a subprocess, waits for its READY line, then SIGKILLs it mid-write."""
+    root = tmp_path_factory.mktemp("durable")
+    extra = setup_dirs(root)
+    (root / "extra.json").write_text(json.dumps(extra))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, str(WRITER), str(root), str(tiny_model)],
+                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    ready = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("READY "):
+            ready = json.loads(line[len("READY "):])
+            break
+    if ready is None:
+        proc.wait(timeout=30)
+        pytest.fail(f"engine 1 exited ({proc.returncode}) before READY")
+    time.sleep(3)  # let it get into the middle of more disk writes
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    return root, extra, ready
+
+
+@pytest.fixture(scope="module")
+def flipped_blob(first_engine):
+    root, extra, ready = first_engine
+    disk = Path(extra["disk_root"])
+    key = checkpoint_blob_keys(disk, ready["flipped"]["checkpoint_id"])[0]
+    (path,) = [p for p in blob_paths(disk) if p.stem == key]
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x40  # a byte of the page payload
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def second_engine(tiny_model, first_engine, flipped_blob):
+    root, extra, _ = first_engine
+    llm = make_llm(tiny_model, extra)
+    yield llm
+    shutdown(llm)
+
+
+def test_refused_persist_writes_nothing_and_names_the_check(first_engine):
+    root, extra, ready = first_engine
+    refused = ready["refused"]["persist"]
+    assert refused["status"] == "refused"
+    assert refused["decision"]["failed_check"] == "verified_authority"
+    assert ready["refused"]["checkpoint_id"] not in catalog_rows(Path(extra["disk_root"]))
+    assert ready["persisted"]["persist"]["status"] in ("persisting", "persisted")
+
+
+def test_catalog_is_consistent_after_kill(first_engine, second_engine):
+    root, extra, _ = first_engine
+    disk = Path(extra["disk_root"])
+    conn = sqlite3.connect(f"file:{disk / 'catalog.sqlite3'}?mode=ro", uri=True)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    finally:
+        conn.close()
+    assert not list(disk.rglob("*.tmp*"))  # start-up reconciliation removed torn writes
+    named = {k for cid in catalog_rows(disk) for k in checkpoint_blob_keys(disk, cid)}
+    assert {p.stem for p in blob_paths(disk)} <= named | {p.stem for p in disk.rglob("quarantine/*")}
+
+
+def test_persisted_checkpoint_hits_from_disk_after_restart(second_engine, baseline):
+    out = _run(second_engine, prompts()["persisted"], kvci_params(tenant="acme"))
+    assert out.num_cached_tokens == 5 * BLOCK_SIZE
+    assert out.kv_transfer_params["kvci"]["hit_tier"] == "disk"
+    assert list(out.outputs[0].token_ids) == baseline["persisted"]
+
+
+def test_refused_checkpoint_does_not_survive_restart(second_engine, baseline):
+    out = _run(second_engine, prompts()["refused"], kvci_params(tenant="acme"))
+    assert out.num_cached_tokens == 0
+    assert list(out.outputs[0].token_ids) == baseline["refused"]
+
+
+def test_flipped_byte_is_a_load_error_and_recomputes(second_engine, baseline, flipped_blob):
+    out = _run(second_engine, prompts()["flipped"], kvci_params(tenant="acme"))
+    assert list(out.outputs[0].token_ids) == baseline["flipped"]
+    assert not flipped_blob.exists()  # quarantined, never to be loaded again
+
+
+def test_other_tenant_never_hits_disk(second_engine, baseline):
+    out = _run(second_engine, prompts()["persisted"], kvci_params(tenant="globex"))
+    assert out.num_cached_tokens == 0
+    assert list(out.outputs[0].token_ids) == baseline["persisted"]
