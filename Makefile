@@ -15,16 +15,17 @@ setup: $(VENV)/.stamp-deps $(VENV)/.stamp-ext model
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
+# Dependencies first (vLLM brings its pinned torch), then kvci itself, editable, which builds
+# the native extension against that torch.
 $(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -q --upgrade pip setuptools wheel ninja
-	$(PIP) install -q "$$($(PY) -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"));print(d["project"]["optional-dependencies"]["$(VLLM_EXTRA)"][0])')"
-	$(PIP) install -q --no-build-isolation -e ".[$(VLLM_EXTRA),lmcache,test]"
+	$(PIP) install -q --upgrade pip "setuptools>=68,<80" wheel ninja
+	$(PIP) install -q $$($(PY) tools/requirements.py $(VLLM_EXTRA) lmcache test)
 	@# pip pulls these in; they break `import transformers` beside this torch (torchvision::nms).
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@
 
 $(VENV)/.stamp-ext: $(EXT_SOURCES) $(VENV)/.stamp-deps
-	$(PY) setup.py -q build_ext --inplace
+	$(PIP) install -q --no-build-isolation --no-deps -e .
 	touch $@
 
 model: $(VENV)/.stamp-deps

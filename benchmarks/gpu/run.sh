@@ -12,6 +12,9 @@ out_dir="${OUT:-benchmarks/results}"
 mkdir -p "$out_dir" build/gpu_bench
 exec > >(tee "$out_dir/gpu_run.log") 2>&1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if ! command -v nvcc >/dev/null; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+fi
 
 echo "== versions"
 uname -m

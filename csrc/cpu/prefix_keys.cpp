@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <tuple>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "cpu/block_keys.h"
 
@@ -16,7 +18,8 @@ namespace {
 constexpr int64_t kSubkeyBytes = 32;  // kb || kc, each a 16-byte SipHash key
 constexpr int64_t kMaxTokenId = 0x7fffffff;
 
-// A batch is spread over threads only from this many tokens per thread on.
+// A batch is spread over threads only from this many tokens per thread on: one prompt's keys
+// take tens of microseconds, less than waking another thread may cost.
 constexpr int64_t kTokensPerThread = 65536;
 
 uint64_t read_le64(const uint8_t* p) {
@@ -27,47 +30,76 @@ uint64_t read_le64(const uint8_t* p) {
   return v;
 }
 
-struct Subkeys {
-  sip::Key block;
-  sip::Key chain;
-};
-
-Subkeys read_subkeys(const uint8_t* p) {
-  return {{read_le64(p), read_le64(p + 8)}, {read_le64(p + 16), read_le64(p + 24)}};
-}
-
-void check_cpu(const at::Tensor& t, const char* op, const char* name) {
+void check_cpu(const at::Tensor& t, const char* op, const std::string& name) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be on the CPU, got device ",
                     t.device());
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name, " must be a dense tensor");
 }
 
-// Token ids as canonical uint32 values (read them with token_words): int32 data as it is, int64
-// data narrowed into a new int32 tensor. Every id must lie in [0, 2^31): the key format hashes
-// ids as 4-byte words, and a silently truncated id would alias another prompt.
-at::Tensor canonical_tokens(const at::Tensor& tokens, const char* op) {
-  const int64_t n = tokens.numel();
-  uint64_t out_of_range = 0;
-  at::Tensor canonical = tokens;
-  if (tokens.scalar_type() == at::kInt) {
-    const int32_t* src = tokens.data_ptr<int32_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      out_of_range |= uint32_t(src[i]) >> 31;
-    }
-  } else {
-    canonical = at::empty({n}, at::TensorOptions().dtype(at::kInt));
-    const int64_t* src = tokens.data_ptr<int64_t>();
-    int32_t* dst = canonical.data_ptr<int32_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      out_of_range |= uint64_t(src[i]) >> 31;
-      dst[i] = int32_t(uint32_t(src[i]));
+void check_subkeys(const at::Tensor& subkeys, int64_t requests, const char* op) {
+  check_cpu(subkeys, op, "subkeys");
+  TORCH_CHECK_TYPE(subkeys.scalar_type() == at::kByte, op, ": subkeys must be uint8, got ",
+                   subkeys.scalar_type());
+  TORCH_CHECK_VALUE(subkeys.numel() == requests * kSubkeyBytes, op, ": subkeys must hold ",
+                    kSubkeyBytes, " bytes per request (", requests, " requests), got shape ",
+                    subkeys.sizes());
+}
+
+// Bitwise OR of src[0..n) (copying it narrowed to int32 into dst when given). Sixteen
+// accumulators let the compiler vectorise without one serial dependency through a register.
+template <typename T>
+uint64_t or_of_all(const T* src, int64_t n, int32_t* dst) {
+  using Bits = std::make_unsigned_t<T>;
+  constexpr int kLanes = 16;
+  Bits lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      lanes[k] |= Bits(src[i + k]);
+      if (dst != nullptr) {
+        dst[i + k] = int32_t(src[i + k]);
+      }
     }
   }
-  if (out_of_range != 0) {
+  Bits bits = 0;
+  for (; i < n; ++i) {
+    bits |= Bits(src[i]);
+    if (dst != nullptr) {
+      dst[i] = int32_t(src[i]);
+    }
+  }
+  for (int k = 0; k < kLanes; ++k) {
+    bits |= lanes[k];
+  }
+  return bits;
+}
+
+// Token ids as canonical uint32 values, in a contiguous int32 tensor: int32 data as it is, int64
+// data narrowed into a copy. Every id must lie in [0, 2^31): the key format hashes ids as 4-byte
+// words, and a silently truncated id would alias another prompt.
+at::Tensor canonical_tokens(const at::Tensor& token_ids, const char* op,
+                            const std::string& name) {
+  check_cpu(token_ids, op, name);
+  TORCH_CHECK_TYPE(token_ids.scalar_type() == at::kInt || token_ids.scalar_type() == at::kLong,
+                   op, ": ", name, " must be int32 or int64, got ", token_ids.scalar_type());
+  TORCH_CHECK_VALUE(token_ids.dim() == 1, op, ": ", name, " must be 1-D, got shape ",
+                    token_ids.sizes());
+  const at::Tensor tokens = token_ids.contiguous();
+  const int64_t n = tokens.numel();
+  at::Tensor canonical = tokens;
+  uint64_t bits = 0;
+  if (tokens.scalar_type() == at::kInt) {
+    bits = or_of_all(tokens.data_ptr<int32_t>(), n, nullptr);
+  } else {
+    canonical = at::empty({n}, at::TensorOptions().dtype(at::kInt));
+    bits = or_of_all(tokens.data_ptr<int64_t>(), n, canonical.data_ptr<int32_t>());
+  }
+  // Any negative id or any id >= 2^31 sets a bit from 31 up.
+  if ((bits >> 31) != 0) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t id = tokens.scalar_type() == at::kInt ? tokens.data_ptr<int32_t>()[i]
                                                           : tokens.data_ptr<int64_t>()[i];
-      TORCH_CHECK_VALUE(id >= 0 && id <= kMaxTokenId, op, ": token_ids[", i, "] = ", id,
+      TORCH_CHECK_VALUE(id >= 0 && id <= kMaxTokenId, op, ": ", name, "[", i, "] = ", id,
                         " is outside the token id range [0, ", kMaxTokenId,
                         "] of the key format");
     }
@@ -75,62 +107,50 @@ at::Tensor canonical_tokens(const at::Tensor& tokens, const char* op) {
   return canonical;
 }
 
-const uint32_t* token_words(const at::Tensor& canonical) {
-  return reinterpret_cast<const uint32_t*>(canonical.data_ptr<int32_t>());
-}
+struct Request {
+  const uint32_t* tokens;
+  int64_t n_blocks;
+  const uint8_t* subkeys;  // kb || kc
+  uint64_t* keys;          // [n_blocks, 2]
+};
 
-void check_tokens(const at::Tensor& tokens, const char* op) {
-  check_cpu(tokens, op, "token_ids");
-  TORCH_CHECK_TYPE(tokens.scalar_type() == at::kInt || tokens.scalar_type() == at::kLong, op,
-                   ": token_ids must be int32 or int64, got ", tokens.scalar_type());
-  TORCH_CHECK_VALUE(tokens.dim() == 1, op, ": token_ids must be 1-D, got shape ",
-                    tokens.sizes());
-}
-
-void check_subkeys(const at::Tensor& subkeys, int64_t rows, const char* op) {
-  check_cpu(subkeys, op, "subkeys");
-  TORCH_CHECK_TYPE(subkeys.scalar_type() == at::kByte, op, ": subkeys must be uint8, got ",
-                   subkeys.scalar_type());
-  TORCH_CHECK_VALUE(subkeys.numel() == rows * kSubkeyBytes, op, ": subkeys must hold ",
-                    kSubkeyBytes, " bytes per request (", rows, " requests), got shape ",
-                    subkeys.sizes());
-}
-
-// Keys every request r (tokens [token_off[r], token_off[r + 1])) into out rows
-// [block_off[r], block_off[r + 1]). Each request is keyed on one thread: its chain is sequential,
-// and one prompt's keys take tens of microseconds, less than waking other threads may cost.
-// Large batches are spread over threads in contiguous runs of requests of about equal size.
-void key_requests(const uint32_t* tokens, const int64_t* token_off, const int64_t* block_off,
-                  int64_t n_requests, int64_t block_size, const uint8_t* subkey_bytes,
-                  uint64_t* out) {
-  const int64_t n_blocks = block_off[n_requests];
+// Keys every request, each on one thread (its chain is sequential). Large batches are spread
+// over threads in contiguous runs of requests holding about equal numbers of blocks.
+void key_requests(const std::vector<Request>& requests, int64_t block_size) {
+  const int64_t n_requests = int64_t(requests.size());
+  std::vector<int64_t> first_block(requests.size() + 1, 0);
+  for (int64_t r = 0; r < n_requests; ++r) {
+    first_block[r + 1] = first_block[r] + requests[r].n_blocks;
+  }
+  const int64_t n_blocks = first_block.back();
   const at::Tensor scratch = at::empty({6, n_blocks}, at::TensorOptions().dtype(at::kUInt64));
   uint64_t* base = scratch.data_ptr<uint64_t>();
   const auto key_request = [&](int64_t r) {
-    const int64_t b = block_off[r];
+    const Request& request = requests[r];
+    const int64_t b = first_block[r];
     const keys::ChainBuffers buf{base + b,
                                  base + n_blocks + b,
                                  base + 2 * n_blocks + b,
                                  base + 3 * n_blocks + b,
                                  base + 4 * n_blocks + b,
                                  base + 5 * n_blocks + b};
-    const Subkeys subkeys = read_subkeys(subkey_bytes + r * kSubkeyBytes);
-    keys::prefix_keys(tokens + token_off[r], block_off[r + 1] - b, block_size, subkeys.block,
-                      subkeys.chain, buf, out + 2 * b);
+    const uint8_t* k = request.subkeys;
+    keys::prefix_keys(request.tokens, request.n_blocks, block_size,
+                      {read_le64(k), read_le64(k + 8)}, {read_le64(k + 16), read_le64(k + 24)},
+                      buf, request.keys);
   };
-  const int64_t total = token_off[n_requests];
   const int64_t parts = std::max<int64_t>(
-      1, std::min<int64_t>({total / kTokensPerThread, at::get_num_threads(), n_requests}));
-  // Part p keys the requests that start in tokens [p * total / parts, (p + 1) * total / parts).
+      1, std::min<int64_t>(
+             {n_blocks * block_size / kTokensPerThread, at::get_num_threads(), n_requests}));
+  // Part p keys the requests whose first block lies in [p * n_blocks / parts, next part's).
   const auto first_request = [&](int64_t p) {
-    if (p == parts) {
-      return n_requests;
-    }
-    return int64_t(std::lower_bound(token_off, token_off + n_requests, p * total / parts) -
-                   token_off);
+    return int64_t(std::lower_bound(first_block.begin(), first_block.end() - 1,
+                                    p * n_blocks / parts) -
+                   first_block.begin());
   };
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = first_request(begin); r < first_request(end); ++r) {
+    const int64_t last = end == parts ? n_requests : first_request(end);
+    for (int64_t r = first_request(begin); r < last; ++r) {
       key_request(r);
     }
   });
@@ -140,57 +160,38 @@ at::Tensor prefix_block_keys(const at::Tensor& token_ids, int64_t block_size,
                              const at::Tensor& subkeys) {
   const char* op = "kvci::prefix_block_keys";
   TORCH_CHECK_VALUE(block_size > 0, op, ": block_size must be positive, got ", block_size);
-  check_tokens(token_ids, op);
   check_subkeys(subkeys, 1, op);
-  const at::Tensor tokens = token_ids.contiguous();
+  const at::Tensor canonical = canonical_tokens(token_ids, op, "token_ids");
   const at::Tensor key_bytes = subkeys.contiguous();
-  const at::Tensor canonical = canonical_tokens(tokens, op);
-  const int64_t token_off[2] = {0, tokens.numel()};
-  const int64_t block_off[2] = {0, tokens.numel() / block_size};
-  at::Tensor keys = at::empty({block_off[1], 2}, at::TensorOptions().dtype(at::kUInt64));
-  key_requests(token_words(canonical), token_off, block_off, 1, block_size,
-               key_bytes.data_ptr<uint8_t>(), keys.data_ptr<uint64_t>());
+  const int64_t n_blocks = canonical.numel() / block_size;
+  at::Tensor keys = at::empty({n_blocks, 2}, at::TensorOptions().dtype(at::kUInt64));
+  key_requests({{reinterpret_cast<const uint32_t*>(canonical.data_ptr<int32_t>()), n_blocks,
+                 key_bytes.data_ptr<uint8_t>(), keys.data_ptr<uint64_t>()}},
+               block_size);
   return keys;
 }
 
-std::tuple<at::Tensor, at::Tensor> prefix_block_keys_batched(const at::Tensor& token_ids,
-                                                             const at::Tensor& token_offsets,
-                                                             int64_t block_size,
-                                                             const at::Tensor& subkeys) {
+std::vector<at::Tensor> prefix_block_keys_batched(at::TensorList token_ids, int64_t block_size,
+                                                  const at::Tensor& subkeys) {
   const char* op = "kvci::prefix_block_keys_batched";
   TORCH_CHECK_VALUE(block_size > 0, op, ": block_size must be positive, got ", block_size);
-  check_tokens(token_ids, op);
-  check_cpu(token_offsets, op, "token_offsets");
-  TORCH_CHECK_TYPE(token_offsets.scalar_type() == at::kLong, op,
-                   ": token_offsets must be int64, got ", token_offsets.scalar_type());
-  TORCH_CHECK_VALUE(token_offsets.dim() == 1 && token_offsets.numel() >= 1, op,
-                    ": token_offsets must be 1-D with one entry more than there are requests, "
-                    "got shape ",
-                    token_offsets.sizes());
-  const int64_t n_requests = token_offsets.numel() - 1;
+  const int64_t n_requests = int64_t(token_ids.size());
   check_subkeys(subkeys, n_requests, op);
-  const at::Tensor tokens = token_ids.contiguous();
-  const at::Tensor offsets = token_offsets.contiguous();
   const at::Tensor key_bytes = subkeys.contiguous();
-  const int64_t* token_off = offsets.data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(token_off[0] == 0 && token_off[n_requests] == tokens.numel(), op,
-                    ": token_offsets must start at 0 and end at len(token_ids) = ",
-                    tokens.numel(), ", got ", token_off[0], " and ", token_off[n_requests]);
-  at::Tensor block_offsets = at::empty({n_requests + 1}, at::TensorOptions().dtype(at::kLong));
-  int64_t* block_off = block_offsets.data_ptr<int64_t>();
-  block_off[0] = 0;
+  std::vector<at::Tensor> canonical;
+  std::vector<at::Tensor> keys;
+  std::vector<Request> requests;
   for (int64_t r = 0; r < n_requests; ++r) {
-    TORCH_CHECK_VALUE(token_off[r] <= token_off[r + 1], op,
-                      ": token_offsets must be non-decreasing, got ", token_off[r], " then ",
-                      token_off[r + 1], " at request ", r);
-    block_off[r + 1] = block_off[r] + (token_off[r + 1] - token_off[r]) / block_size;
+    canonical.push_back(
+        canonical_tokens(token_ids[r], op, "token_ids[" + std::to_string(r) + "]"));
+    const int64_t n_blocks = canonical.back().numel() / block_size;
+    keys.push_back(at::empty({n_blocks, 2}, at::TensorOptions().dtype(at::kUInt64)));
+    requests.push_back({reinterpret_cast<const uint32_t*>(canonical.back().data_ptr<int32_t>()),
+                        n_blocks, key_bytes.data_ptr<uint8_t>() + r * kSubkeyBytes,
+                        keys.back().data_ptr<uint64_t>()});
   }
-  const at::Tensor canonical = canonical_tokens(tokens, op);
-  at::Tensor keys =
-      at::empty({block_off[n_requests], 2}, at::TensorOptions().dtype(at::kUInt64));
-  key_requests(token_words(canonical), token_off, block_off, n_requests, block_size,
-               key_bytes.data_ptr<uint8_t>(), keys.data_ptr<uint64_t>());
-  return {keys, block_offsets};
+  key_requests(requests, block_size);
+  return keys;
 }
 
 }  // namespace

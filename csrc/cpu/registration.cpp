@@ -6,11 +6,10 @@
 TORCH_LIBRARY(kvci, m) {
   // Keys of the full blocks of token_ids; subkeys = kb || kc (32 bytes). Returns uint64 [n, 2].
   m.def("prefix_block_keys(Tensor token_ids, int block_size, Tensor subkeys) -> Tensor");
-  // Ragged batch: request r owns token_ids[token_offsets[r]:token_offsets[r + 1]] and
-  // subkeys[r]. Returns (keys [total_blocks, 2], block_offsets [n_requests + 1]).
+  // Many requests at once: request r is token_ids[r], keyed with subkeys[32 r : 32 r + 32].
   m.def(
-      "prefix_block_keys_batched(Tensor token_ids, Tensor token_offsets, int block_size, "
-      "Tensor subkeys) -> (Tensor, Tensor)");
+      "prefix_block_keys_batched(Tensor[] token_ids, int block_size, Tensor subkeys) -> "
+      "Tensor[]");
   // pool[slot_ids[i], off_l : off_l + page_bytes_l] = layers[l][block_ids[i]] for every layer l.
   m.def("gather_pages(Tensor[] layers, Tensor block_ids, Tensor(a!) pool, Tensor slot_ids) -> ()");
   // The reverse copy: layers[l][block_ids[i]] = pool[slot_ids[i], off_l : off_l + page_bytes_l].

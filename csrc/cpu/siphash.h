@@ -26,7 +26,7 @@ KVCI_HD uint64_t rotl(uint64_t x, int b) {
   return (x << b) | (x >> (64 - b));
 }
 
-KVCI_HD void round(State& s) {
+KVCI_HD void sip_round(State& s) {
   s.v0 += s.v1;
   s.v1 = rotl(s.v1, 13);
   s.v1 ^= s.v0;
@@ -56,8 +56,8 @@ KVCI_HD State init128(const Key& k) {
 // One message word: c = 2 compression rounds.
 KVCI_HD void absorb(State& s, uint64_t m) {
   s.v3 ^= m;
-  round(s);
-  round(s);
+  sip_round(s);
+  sip_round(s);
   s.v0 ^= m;
 }
 
@@ -66,16 +66,16 @@ KVCI_HD void absorb(State& s, uint64_t m) {
 KVCI_HD void finish128(State s, uint64_t b, uint64_t& out0, uint64_t& out1) {
   absorb(s, b);
   s.v2 ^= 0xeeULL;
-  round(s);
-  round(s);
-  round(s);
-  round(s);
+  sip_round(s);
+  sip_round(s);
+  sip_round(s);
+  sip_round(s);
   out0 = s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
   s.v1 ^= 0xddULL;
-  round(s);
-  round(s);
-  round(s);
-  round(s);
+  sip_round(s);
+  sip_round(s);
+  sip_round(s);
+  sip_round(s);
   out1 = s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
 }
 

@@ -124,11 +124,11 @@ void copy_pages(at::TensorList layers, const at::Tensor& block_ids, const at::Te
   const int64_t n = blocks.numel();
   TORCH_CHECK_VALUE(n == slots.numel(), op, ": block_ids and slot_ids differ in length: ", n,
                     " vs ", slots.numel());
-  const c10::cuda::CUDAGuard guard(device);
-  uint8_t* pool_base = pool_address(pool, device, op);
   if (n == 0) {
     return;
   }
+  const c10::cuda::CUDAGuard guard(device);
+  uint8_t* pool_base = pool_address(pool, device, op);
   // The layer table and both id arrays travel to the device in one pinned copy, ordered on the
   // stream before the kernel (torch keeps the pinned buffer alive until the copy has run).
   const int64_t table_bytes = int64_t(table.size() * sizeof(KvciPageLayer));
@@ -143,10 +143,12 @@ void copy_pages(at::TensorList layers, const at::Tensor& block_ids, const at::Te
       at::empty({staged.numel()}, at::TensorOptions().dtype(at::kByte).device(device));
   on_device.copy_(staged, /*non_blocking=*/true);
   const uint8_t* dev = on_device.data_ptr<uint8_t>();
-  C10_CUDA_CHECK(kvci_copy_pages(
-      table.data(), reinterpret_cast<const KvciPageLayer*>(dev), int32_t(table.size()), reinterpret_cast<const int64_t*>(dev + table_bytes),
-      reinterpret_cast<const int64_t*>(dev + table_bytes + ids_bytes), n, pool_base,
-      pool.stride(0), direction, c10::cuda::getCurrentCUDAStream(device.index()).stream()));
+  const auto* dev_table = reinterpret_cast<const KvciPageLayer*>(dev);
+  const auto* dev_blocks = reinterpret_cast<const int64_t*>(dev + table_bytes);
+  const auto* dev_slots = reinterpret_cast<const int64_t*>(dev + table_bytes + ids_bytes);
+  C10_CUDA_CHECK(kvci_copy_pages(table.data(), dev_table, int32_t(table.size()), dev_blocks,
+                                 dev_slots, n, pool_base, pool.stride(0), direction,
+                                 c10::cuda::getCurrentCUDAStream(device.index()).stream()));
 }
 
 void gather_pages(at::TensorList layers, const at::Tensor& block_ids, const at::Tensor& pool,

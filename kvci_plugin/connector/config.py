@@ -19,12 +19,13 @@ class CacheGateSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kill_switch: bool = False
-    hit_rate_floor: float = Field(0.30, ge=0.0, le=1.0)
-    hit_rate_window: int = Field(200, ge=1)
-    min_lookups: int = Field(20, ge=1)
-    churn_window_s: float = Field(300.0, gt=0.0)
-    churn_threshold: int = Field(3, ge=1)
+    kill_switch: bool = Field(False, description="pause every autonomous store")
+    hit_rate_floor: float = Field(
+        0.30, ge=0.0, le=1.0, description="pause autonomous stores while the hit rate is below")
+    hit_rate_window: int = Field(200, ge=1, description="lookups in the rolling hit-rate window")
+    min_lookups: int = Field(20, ge=1, description="lookups before the floor may judge")
+    churn_window_s: float = Field(300.0, gt=0.0, description="window for context rewrites")
+    churn_threshold: int = Field(3, ge=1, description="rewrites in the window that pause a session")
 
 
 class KVCIConfig(BaseModel):

@@ -20,17 +20,26 @@ class KVCIRequestParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    tenant: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")
-    session_token: str | None = Field(None, min_length=1, max_length=8192)
-    delegation_tokens: list[str] = Field(default_factory=list, max_length=8)
-    source_ids: list[str] = Field(default_factory=list, max_length=256)
-    session_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")
-    observation: dict[str, Any] | None = None
-    evidence_bundle: dict[str, Any] | None = None
-    context_bundle: dict[str, Any] | None = None
-    trigger: Literal["user", "agent"] | None = None
-    checkpoint: Literal["now"] | None = None
-    persist: bool = False
+    tenant: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$",
+        description="declared tenant (ignored in favour of a verified session's; must agree)")
+    session_token: str | None = Field(
+        None, min_length=1, max_length=8192, description="signed session credential (JWT)")
+    delegation_tokens: list[str] = Field(
+        default_factory=list, max_length=8, description="delegation credentials, root to leaf")
+    source_ids: list[str] = Field(
+        default_factory=list, max_length=256, description="sources the context was built from")
+    session_id: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$",
+        description="groups turns: context churn, armed checkpoints")
+    observation: dict[str, Any] | None = Field(
+        None, description="CheckpointObservation fields the client measured")
+    evidence_bundle: dict[str, Any] | None = Field(None, description="a retrieval result")
+    context_bundle: dict[str, Any] | None = Field(None, description="a context-compile result")
+    trigger: Literal["user", "agent"] | None = Field(
+        None, description="who asks for checkpoint/persist (provenance only, grants nothing)")
+    checkpoint: Literal["now"] | None = Field(None, description="keep this request's KV in RAM")
+    persist: bool = Field(False, description="also ask the gate for a durable disk copy")
 
     @property
     def explicit_trigger(self) -> str | None:

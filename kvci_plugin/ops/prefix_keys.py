@@ -10,7 +10,9 @@ The construction, for token ids t (each in [0, 2^31)) and block size bs::
 A 128-bit SipHash output is the 16 bytes LE64(out0) || LE64(out1); a key is returned as the row
 ``[out0, out1]`` of a uint64 tensor and ``key_bytes`` gives its 16-byte form. The hashing runs in
 C++ (``csrc/cpu/block_keys.cpp`` explains why it is shaped this way); a trailing partial block
-gets no key. Any change here is a new ``KEY_FORMAT``.
+gets no key. Any change here is a new ``KEY_FORMAT``. The secret is the deployment secret
+(``kvci_plugin.tiering.secret``); the namespace is a ``namespace_fingerprint``
+(``kvci_plugin.tiering.keys``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import array
 import functools
 import hmac
-import itertools
 from collections.abc import Sequence
 
 import torch
@@ -37,11 +38,7 @@ def derive_subkeys(namespace: bytes, tenant: str, secret: bytes) -> bytes:
     """The 32 bytes kb || kc that key one (namespace, tenant) under the deployment secret."""
     _check_bytes("namespace", namespace, 1)
     _check_bytes("secret", secret, MIN_SECRET_BYTES)
-    if not isinstance(tenant, str):
-        raise TypeError(f"tenant must be a str, not {type(tenant).__name__}")
-    if not tenant:
-        raise ValueError("tenant must not be empty")
-    tenant_bytes = tenant.encode("utf-8")
+    tenant_bytes = _tenant(tenant).encode("utf-8")
     message = b"".join(
         (
             KEY_FORMAT.encode("ascii"),
@@ -89,14 +86,7 @@ def prefix_block_keys_batched(
     if not token_ids:
         return []
     requests = [_tokens_tensor(t, f"token_ids[{r}]") for r, t in enumerate(token_ids)]
-    lengths = [t.numel() for t in requests]
-    keys, _ = kvci_ops.prefix_block_keys_batched(
-        requests[0] if len(requests) == 1 else torch.cat(requests),
-        torch.tensor([0, *itertools.accumulate(lengths)]),
-        block_size,
-        _bytes_tensor(subkeys),
-    )
-    return list(keys.split([n // block_size for n in lengths]))
+    return kvci_ops.prefix_block_keys_batched(requests, block_size, _bytes_tensor(subkeys))
 
 
 def key_bytes(keys: torch.Tensor) -> list[bytes]:
@@ -134,9 +124,11 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
 
 
 def _tenant(tenant: object) -> str:
-    # Checked before the caches below, so that an unhashable tenant gets a clear error.
+    # Also checked before the caches below, so that an unhashable tenant gets a clear error.
     if not isinstance(tenant, str):
         raise TypeError(f"tenant must be a str, not {type(tenant).__name__}")
+    if not tenant:
+        raise ValueError("tenant must not be empty")
     return tenant
 
 

@@ -48,7 +48,7 @@ def issuer_and_verifier(tmp_path_factory: pytest.TempPathFactory) -> tuple[Crede
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory: pytest.TempPathFactory) -> CatalogLabelResolver:
     resolver = CatalogLabelResolver(tmp_path_factory.mktemp("labels") / "labels.db")
-    resolver.set_labels("wiki", SourceLabels(classification="PUBLIC"))
+    resolver.set_labels("wiki", SourceLabels(classification="PUBLIC", mandatory_markings=frozenset()))
     resolver.set_labels("crm", SourceLabels(classification="INTERNAL", residency_regions=frozenset({"eu"}),
                                             retention_days=30, mandatory_markings=frozenset()))
     return resolver

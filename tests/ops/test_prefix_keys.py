@@ -220,7 +220,8 @@ def test_batched_equals_single(requests: list[tuple[list[int], str, str]], block
 
 
 def test_batched_long_requests_split_across_threads() -> None:
-    requests = [random_tokens(n, seed=n) for n in (20_000, 3, 17_000, 0, 25_001)]
+    # Over 65,536 tokens per thread: the batch is split between threads.
+    requests = [random_tokens(n, seed=n) for n in (70_000, 3, 50_000, 0, 45_001)]
     tenant_names = ["a", "b", "a", "c", "d"]
     batch = ops.prefix_block_keys_batched(requests, 16, NAMESPACE, tenant_names, SECRET)
     for keys, tokens, tenant in zip(batch, requests, tenant_names, strict=True):
@@ -305,14 +306,18 @@ def test_raw_op_checks_its_tensors() -> None:
         kvci_ops.prefix_block_keys(tokens.float(), 16, subkeys)
     with pytest.raises(ValueError, match="block_size must be positive"):
         kvci_ops.prefix_block_keys(tokens, 0, subkeys)
-    with pytest.raises(ValueError, match="start at 0 and end at len"):
-        kvci_ops.prefix_block_keys_batched(tokens, torch.tensor([0, 16]), 16, subkeys)
-    with pytest.raises(ValueError, match="non-decreasing"):
+    with pytest.raises(ValueError, match=r"must hold 32 bytes per request \(2 requests\)"):
+        kvci_ops.prefix_block_keys_batched([tokens, tokens], 16, subkeys)
+    with pytest.raises(TypeError, match=r"token_ids\[1\] must be int32 or int64"):
         kvci_ops.prefix_block_keys_batched(
-            tokens, torch.tensor([0, 20, 10, 32]), 16, torch.zeros(96, dtype=torch.uint8)
+            [tokens, tokens.double()], 16, torch.zeros(64, dtype=torch.uint8)
         )
-    with pytest.raises(ValueError, match="2 requests"):
-        kvci_ops.prefix_block_keys_batched(tokens, torch.tensor([0, 16, 32]), 16, subkeys)
+    with pytest.raises(ValueError, match=r"token_ids\[0\]\[3\] = -2 is outside"):
+        kvci_ops.prefix_block_keys_batched(
+            [torch.tensor([1, 2, 3, -2])], 16, torch.zeros(32, dtype=torch.uint8)
+        )
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        kvci_ops.prefix_block_keys_batched([tokens], -1, subkeys)
 
 
 def test_batched_bad_input_is_refused() -> None:

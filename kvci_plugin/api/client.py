@@ -1,0 +1,67 @@
+"""A client of the control endpoint, shared by the `kvci` command line and the MCP server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvci_plugin.api.access import load_bearer_token
+from kvci_plugin.api.errors import ErrorCode
+from kvci_plugin.api.schema import ENDPOINT
+
+DEFAULT_CONTROL_PORT = 8477
+DEFAULT_CONTROL_URL = f"http://127.0.0.1:{DEFAULT_CONTROL_PORT}"
+
+
+class ControlCallError(Exception):
+    """The control endpoint refused a call, or did not answer (`status` None)."""
+
+    def __init__(self, status: int | None, code: str, message: str, body: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = dict(body) if body is not None else None
+
+
+class ControlClient:
+    """POSTs `graph_kv_checkpoint` requests to `url` (the control server's base URL)."""
+
+    def __init__(self, url: str = DEFAULT_CONTROL_URL, *, token_file: Path | None = None,
+                 timeout_s: float = 30.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"control url must start with http:// or https://, got {url!r}")
+        headers = {"Authorization": f"Bearer {load_bearer_token(token_file).decode()}"} if token_file else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def call(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The action's response body; ControlCallError for an error response or no answer."""
+        try:
+            response = self._http.post(ENDPOINT, json=dict(request))
+        except httpx.HTTPError as exc:
+            raise ControlCallError(None, ErrorCode.UNREACHABLE.value,
+                                   f"no answer from {self.url}: {type(exc).__name__}: {exc}") from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.is_success and isinstance(body, dict):
+            return body
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            raise ControlCallError(response.status_code, str(error.get("code")), str(error.get("message")), body)
+        raise ControlCallError(response.status_code, ErrorCode.INTERNAL_ERROR.value,
+                               f"unexpected {response.status_code} answer from {self.url}")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

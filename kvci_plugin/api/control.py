@@ -1,0 +1,162 @@
+"""ControlPlane: the five `graph_kv_checkpoint` actions over the engine's checkpoint manager.
+
+It runs on the control server's threads, beside vLLM's scheduler thread: everything it changes
+goes through `TieredCheckpointManager` (which takes its lock) or through `arm_checkpoint`, and
+nothing here waits on the engine. A persist queued by `promote` reaches the workers at the
+engine's next step.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from kvci_plugin.api.errors import ControlError, ErrorCode
+from kvci_plugin.api.schema import (
+    CheckpointExplanation,
+    CheckpointNowRequest,
+    CheckpointNowResponse,
+    ExplainRequest,
+    ExplainResponse,
+    PromoteRequest,
+    PromoteResponse,
+    RAMTierStats,
+    RamStatsRequest,
+    RamStatsResponse,
+    RecommendRequest,
+    RecommendResponse,
+)
+from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.types import CheckpointNotFoundError, TenantMismatchError
+from kvci_plugin.worthiness import CheckpointObservation, CheckpointRecommendation, render_advisory
+
+ControlRequest = RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest
+ControlResponse = (
+    RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse
+)
+
+
+class ControlTarget(Protocol):
+    """What the control plane needs from the engine's scheduler side."""
+
+    @property
+    def manager(self) -> TieredCheckpointManager: ...
+
+    def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
+        """The tenant a caller acts in: the verified session's, else the declared one, else the
+        default. Raises ValueError (with a message safe to return) when the credential does not
+        verify or disagrees with the declared tenant."""
+        ...
+
+    def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
+                       session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:
+        """Keep the KV of this session's next finished request with this trigger."""
+        ...
+
+
+class ControlPlane:
+    def __init__(self, target: ControlTarget) -> None:
+        self._target = target
+
+    @property
+    def manager(self) -> TieredCheckpointManager:
+        return self._target.manager
+
+    def handle(self, request: ControlRequest) -> ControlResponse:
+        if isinstance(request, RecommendRequest):
+            return self.recommend(request)
+        if isinstance(request, CheckpointNowRequest):
+            return self.checkpoint_now(request)
+        if isinstance(request, PromoteRequest):
+            return self.promote(request)
+        if isinstance(request, ExplainRequest):
+            return self.explain(request)
+        if isinstance(request, RamStatsRequest):
+            return self.ram_stats()
+        raise TypeError(f"not a control request: {type(request).__name__}")
+
+    # ---- actions --------------------------------------------------------------------------------
+
+    def recommend(self, request: RecommendRequest) -> RecommendResponse:
+        rec = self._recommend(request)
+        return RecommendResponse(action="recommend", recommendation=rec, advisory=render_advisory(rec))
+
+    def checkpoint_now(self, request: CheckpointNowRequest) -> CheckpointNowResponse:
+        tenant = self._verified_tenant(request.tenant, request.session_token)
+        rec = self._recommend(request)
+        self._target.arm_checkpoint(
+            tenant, request.session_id, trigger=request.trigger, persist=request.persist,
+            session_token=request.session_token, delegation_tokens=tuple(request.delegation_tokens))
+        detail = (f"armed: the next request of session {request.session_id!r} to finish keeps its KV "
+                  "in RAM" + (" and asks the eligibility gate for a disk copy" if request.persist else ""))
+        return CheckpointNowResponse(
+            action="checkpoint_now", armed=True, tenant=tenant, session_id=request.session_id,
+            trigger=request.trigger, persist=request.persist, detail=detail, recommendation=rec,
+            advisory=render_advisory(rec))
+
+    def promote(self, request: PromoteRequest) -> PromoteResponse:
+        # Authority is derived by the gate at the write, from the credential as it stands now.
+        # A credential that does not verify is not an error here: the gate refuses and the
+        # refusal is recorded on the checkpoint for `explain`.
+        try:
+            tenant = self._target.resolve_tenant(request.tenant, request.session_token)
+        except ValueError:
+            tenant = self._verified_tenant(request.tenant, None)
+        try:
+            outcome = self.manager.promote(
+                request.checkpoint_id, tenant=tenant, trigger=request.trigger,
+                session_token=request.session_token,
+                delegation_tokens=tuple(request.delegation_tokens))
+        except (CheckpointNotFoundError, TenantMismatchError):
+            raise _not_found(request.checkpoint_id) from None
+        return PromoteResponse(action="promote", checkpoint_id=outcome.checkpoint_id,
+                               status=outcome.status, reason=outcome.reason,
+                               decision=outcome.decision)
+
+    def explain(self, request: ExplainRequest) -> ExplainResponse:
+        tenant = None
+        if request.session_token is not None or request.tenant is not None:
+            tenant = self._verified_tenant(request.tenant, request.session_token)
+        try:
+            raw = self.manager.explain(request.checkpoint_id, tenant)
+        except (CheckpointNotFoundError, TenantMismatchError):
+            raise _not_found(request.checkpoint_id) from None
+        # Through JSON: the stored recommendation and decision are JSON dumps of strict models.
+        explanation = CheckpointExplanation.model_validate_json(json.dumps(raw))
+        return ExplainResponse(action="explain", explanation=explanation)
+
+    def ram_stats(self) -> RamStatsResponse:
+        stats = RAMTierStats.model_validate(self.manager.ram_stats())
+        return RamStatsResponse(action="ram_stats", stats=stats)
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _recommend(self, request: RecommendRequest | CheckpointNowRequest) -> CheckpointRecommendation:
+        try:
+            observation = CheckpointObservation.from_inputs(
+                request.observation_json, request.evidence_bundle_json, request.context_bundle_json)
+        except ValidationError as exc:
+            raise ControlError(ErrorCode.INVALID_OBSERVATION, _first_error(exc)) from None
+        except (TypeError, ValueError) as exc:
+            raise ControlError(ErrorCode.INVALID_OBSERVATION, str(exc)) from None
+        return self.manager.recommend(observation)
+
+    def _verified_tenant(self, tenant: str | None, session_token: str | None) -> str:
+        try:
+            return self._target.resolve_tenant(tenant, session_token)
+        except ValueError as exc:
+            raise ControlError(ErrorCode.CREDENTIAL_REFUSED, str(exc)) from None
+
+
+def _not_found(checkpoint_id: str) -> ControlError:
+    # One answer for "never held" and "held for another tenant": no existence oracle.
+    return ControlError(ErrorCode.CHECKPOINT_NOT_FOUND,
+                        f"checkpoint {checkpoint_id!r} is not held for this caller")
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors: list[Any] = exc.errors(include_input=False, include_url=False)
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in errors]
+    return "invalid observation: " + "; ".join(parts)

@@ -1,0 +1,231 @@
+"""`graph_kv_checkpoint`: one request and one response model per action.
+
+The REST endpoint and the MCP tool share these models, so their schemas are the same. A request
+is a tagged union on `action`; fields that do not apply to an action are refused (a typo or a
+misplaced credential must not be silently ignored).
+
+`observation_json`, `evidence_bundle_json` and `context_bundle_json` are JSON objects (the
+names are the seed's): the bundles fill the grounding, contradiction and novelty axes, and every
+non-null `observation_json` field wins over a value derived from a bundle.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from kvci_plugin.governance import EligibilityDecision
+from kvci_plugin.worthiness import (
+    CheckpointObservation,
+    CheckpointRecommendation,
+    ContextBundle,
+    EvidenceBundle,
+)
+
+ENDPOINT = "/api/graph/kv_checkpoint"
+ACTIONS = ("recommend", "checkpoint_now", "promote", "explain", "ram_stats")
+
+_IN = ConfigDict(extra="forbid", frozen=True)
+
+# The same shapes as a request's `kv_transfer_params.kvci` (connector/params.py), so a session
+# armed here matches the requests that name it.
+TenantName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
+SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
+Credential = Annotated[str, Field(min_length=1, max_length=8192)]
+CheckpointId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+Trigger = Literal["user", "agent"]
+
+_OBSERVATION_DOC = "what the caller measured; its non-null fields win over bundle-derived ones"
+_EVIDENCE_DOC = "a retrieval result (items, claims, contradictions) to derive observation fields from"
+_CONTEXT_DOC = "a context-compile result (items, claims, contradictions, dropped_items)"
+
+
+class _Scoring(BaseModel):
+    model_config = _IN
+
+    observation_json: CheckpointObservation | None = Field(None, description=_OBSERVATION_DOC)
+    evidence_bundle_json: EvidenceBundle | None = Field(None, description=_EVIDENCE_DOC)
+    context_bundle_json: ContextBundle | None = Field(None, description=_CONTEXT_DOC)
+
+
+class RecommendRequest(_Scoring):
+    """Score a moment and return the advisory. Takes no checkpoint."""
+
+    action: Literal["recommend"]
+
+
+class CheckpointNowRequest(_Scoring):
+    """Keep the KV of the session's next finished request (a finished request's blocks are
+    already freed, so "now" is the end of the session's current or next turn). The tenant comes
+    from the verified `session_token`, else from `tenant`, else the default tenant."""
+
+    action: Literal["checkpoint_now"]
+    session_id: SessionId
+    tenant: TenantName | None = None
+    session_token: Credential | None = Field(
+        None, description="the caller's session credential; with persist=true the gate derives "
+        "authority from it at the write")
+    delegation_tokens: list[Credential] = Field(default_factory=list, max_length=8)
+    trigger: Trigger = "user"
+    persist: bool = Field(False, description="also ask the eligibility gate for a disk copy")
+
+
+class PromoteRequest(BaseModel):
+    """RAM -> disk through the eligibility gate, with authority derived now from the caller's own
+    session credential. Without one (or with one that no longer verifies) the gate refuses and
+    the refusal is recorded on the checkpoint, so `explain` says why."""
+
+    model_config = _IN
+
+    action: Literal["promote"]
+    checkpoint_id: CheckpointId
+    session_token: Credential | None = None
+    delegation_tokens: list[Credential] = Field(default_factory=list, max_length=8)
+    tenant: TenantName | None = Field(
+        None, description="locates the checkpoint when the session credential does not verify")
+    trigger: Trigger = "user"
+
+
+class ExplainRequest(BaseModel):
+    """Why this checkpoint exists and why it is where it is. With a session credential or a
+    tenant, only that tenant's checkpoints are visible."""
+
+    model_config = _IN
+
+    action: Literal["explain"]
+    checkpoint_id: CheckpointId
+    tenant: TenantName | None = None
+    session_token: Credential | None = None
+
+
+class RamStatsRequest(BaseModel):
+    """RAM-tier occupancy, the gate in force and the registered scorers."""
+
+    model_config = _IN
+
+    action: Literal["ram_stats"]
+
+
+KVCheckpointRequest = Annotated[
+    RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest,
+    Field(discriminator="action"),
+]
+REQUEST_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointRequest)
+
+# ---- responses ---------------------------------------------------------------------------------
+
+_OUT = ConfigDict(extra="forbid", frozen=True)
+# Views of the manager's dicts: a figure added there must not turn a read into a 500.
+_VIEW = ConfigDict(extra="allow", frozen=True)
+
+
+class RecommendResponse(BaseModel):
+    model_config = _OUT
+
+    action: Literal["recommend"]
+    recommendation: CheckpointRecommendation
+    advisory: str = Field(description="the rendered advisory block; empty when not worth it")
+
+
+class CheckpointNowResponse(BaseModel):
+    model_config = _OUT
+
+    action: Literal["checkpoint_now"]
+    armed: bool
+    tenant: str
+    session_id: str
+    trigger: Trigger
+    persist: bool
+    detail: str
+    recommendation: CheckpointRecommendation
+    advisory: str
+
+
+class PromoteResponse(BaseModel):
+    model_config = _OUT
+
+    action: Literal["promote"]
+    checkpoint_id: str
+    status: Literal["persisting", "persisted", "refused", "failed"]
+    reason: str
+    decision: EligibilityDecision | None = None
+
+
+class CheckpointExplanation(BaseModel):
+    model_config = _VIEW
+
+    checkpoint_id: str
+    gate_in_force: str
+    tier: str = Field(description="ram, ram+disk or disk")
+    tenant: str
+    trigger: str | None
+    pages: int
+    bytes: int
+    created: float
+    pending: bool
+    recommendation: CheckpointRecommendation | None = None
+    eligibility_decision: EligibilityDecision | None = None
+    refusal: str | None = Field(None, description="why the last promotion was refused")
+    persist_error: str | None = None
+    retention_expiry: float | None = None
+
+
+class ExplainResponse(BaseModel):
+    model_config = _OUT
+
+    action: Literal["explain"]
+    explanation: CheckpointExplanation
+
+
+class DiskTierStats(BaseModel):
+    model_config = _VIEW
+
+    checkpoints: int
+    pages: int
+    unreferenced_pages: int
+    bytes_used: int
+    capacity_bytes: int
+    quarantined: int
+
+
+class RAMTierStats(BaseModel):
+    model_config = _VIEW
+
+    entries: int
+    pending_entries: int
+    pages: int
+    pinned_pages: int
+    bytes_used: int
+    capacity_bytes: int
+    max_entries: int
+    slot_bytes: int
+    evictions: int
+    tenant_bytes: dict[str, int]
+    tenant_quota_bytes: int | None
+    gate_in_force: str
+    scorers: dict[str, float] = Field(description="registered scorers and their weights")
+    disk: DiskTierStats | None
+
+
+class RamStatsResponse(BaseModel):
+    model_config = _OUT
+
+    action: Literal["ram_stats"]
+    stats: RAMTierStats
+
+
+KVCheckpointResponse = Annotated[
+    RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse,
+    Field(discriminator="action"),
+]
+RESPONSE_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointResponse)
+
+
+def tool_input_schema() -> dict[str, Any]:
+    """The request schema as one JSON object schema (MCP wants `type: object` at the root)."""
+    return {"type": "object", **REQUEST_ADAPTER.json_schema()}
+
+
+def tool_output_schema() -> dict[str, Any]:
+    return {"type": "object", **RESPONSE_ADAPTER.json_schema(mode="serialization")}

@@ -1,0 +1,146 @@
+"""Fixtures: a control plane over a real checkpoint manager, without vLLM.
+
+The manager is the real `TieredCheckpointManager` over a real `RAMIndex`, `PagePool`,
+`KVCheckpointStore` and `DerivedAuthorityGate` with a real HS256 verifier and SQLite label
+catalog. `EngineSide` plays the scheduler's part of `ControlTarget`: the tenant rule of the
+connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused)
+and a record of armed sessions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvci_plugin.api.control import ControlPlane
+from kvci_plugin.governance import (
+    CatalogLabelResolver,
+    CredentialConfig,
+    CredentialError,
+    CredentialIssuer,
+    CredentialVerifier,
+    DerivedAuthorityGate,
+    SourceLabels,
+    write_hmac_key_file,
+)
+from kvci_plugin.tiering.blob_store import BlobStore
+from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.page_pool import PagePool
+from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.types import PageKey, Reservation
+
+TENANT = "acme"
+SLOT_BYTES = 256
+NAMESPACE = bytes(range(32))
+PUBLIC_SOURCE = "doc-public"
+UNLABELLED_SOURCE = "doc-unlabelled"
+
+
+class PoolMover:
+    """The manager's PageMover over a real page pool and blob store: copies happen at once."""
+
+    def __init__(self, pool: PagePool, blobs: BlobStore) -> None:
+        self.pool = pool
+        self.blobs = blobs
+
+    def store(self, reservation: Reservation, source: Mapping[PageKey, torch.Tensor]) -> bool:
+        pages = torch.stack([source[key] for key, _ in reservation.new])
+        self.pool.write_many([slot for _, slot in reservation.new], pages)
+        return True
+
+    def persist(self, checkpoint_id: str, tenant: str, keys: Sequence[PageKey],
+                slots: Sequence[int]) -> bool:
+        self.blobs.write_many(list(keys), tenant, self.pool.read_many(list(slots)))
+        return True
+
+
+@dataclass
+class EngineSide:
+    manager: TieredCheckpointManager
+    verifier: CredentialVerifier
+    armed: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+    def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
+        if session_token is None:
+            return tenant or "default"
+        try:
+            session = self.verifier.verify_session(session_token)
+        except CredentialError as exc:
+            raise ValueError(f"session_token refused: {exc}") from None
+        if tenant is not None and tenant != session.tenant:
+            raise ValueError("declared tenant disagrees with the session credential's tenant")
+        return session.tenant
+
+    def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
+                       session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:
+        self.armed[(tenant, session_id)] = dict(trigger=trigger, persist=persist,
+                                                session_token=session_token,
+                                                delegation_tokens=delegation_tokens)
+
+
+@dataclass
+class World:
+    root: Path
+    issuer: CredentialIssuer
+    side: EngineSide
+    plane: ControlPlane
+    disk: KVCheckpointStore
+
+    @property
+    def manager(self) -> TieredCheckpointManager:
+        return self.side.manager
+
+    def session(self, *, tenant: str = TENANT, **overrides: Any) -> str:
+        claims: dict[str, Any] = dict(actor="alice", tenant=tenant, scopes=["kv:persist"],
+                                      clearance="INTERNAL", markings=[], regions=["eu"],
+                                      policy_version=1)
+        claims.update(overrides)
+        return self.issuer.issue_session(**claims)
+
+    def expired_session(self) -> str:
+        import time
+
+        return self.session(now=time.time() - 7200, ttl_s=60)
+
+    def checkpoint(self, *, tenant: str = TENANT, pages: int = 3,
+                   source_ids: Sequence[str] = (PUBLIC_SOURCE,)) -> str:
+        """A real RAM checkpoint of random pages, as a finished request would leave one."""
+        keys = [os.urandom(16) for _ in range(pages)]
+        data = {k: torch.randint(0, 256, (SLOT_BYTES,), dtype=torch.uint8) for k in keys}
+        outcome = self.manager.checkpoint_now(tenant=tenant, keys=keys, trigger="user",
+                                              recommendation=None, source=data,
+                                              source_ids=source_ids)
+        assert outcome.checkpoint_id is not None and not outcome.pending
+        return outcome.checkpoint_id
+
+
+def make_world(root: Path) -> World:
+    key_file = write_hmac_key_file(root / "hmac.key")
+    verifier = CredentialVerifier(CredentialConfig(algorithm="HS256", key_file=key_file))
+    labels = CatalogLabelResolver(root / "labels.sqlite")
+    labels.set_labels(PUBLIC_SOURCE, SourceLabels(classification="PUBLIC", mandatory_markings=[]))
+    gate = DerivedAuthorityGate(verifier, labels, durable_store_region="eu")
+    disk = KVCheckpointStore(root / "disk", NAMESPACE, 1 << 24)
+    mover = PoolMover(PagePool(64, SLOT_BYTES, pin_memory=False), BlobStore(root / "disk", NAMESPACE))
+    manager = TieredCheckpointManager(index=RAMIndex(64, SLOT_BYTES, 16), mover=mover, disk=disk,
+                                      disk_region="eu", gate=gate)
+    side = EngineSide(manager, verifier)
+    return World(root=root, issuer=CredentialIssuer.from_key_file("HS256", key_file), side=side,
+                  plane=ControlPlane(side), disk=disk)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return make_world(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return make_world(tmp_path_factory.mktemp("world"))

@@ -1,0 +1,249 @@
+"""The REST control surface in process: each action on a real checkpoint manager, the gate's
+refusals recorded for `explain`, stable error codes, the body cap and the bearer check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from kvci_plugin.api.app import DEFAULT_MAX_BODY_BYTES, build_app
+from kvci_plugin.api.schema import ENDPOINT
+
+TOKEN = b"0123456789abcdef-control-token"
+
+
+@pytest.fixture
+def client(world: Any) -> TestClient:
+    return TestClient(build_app(world.plane))
+
+
+def post(client: TestClient, **body: Any) -> Any:
+    return client.post(ENDPOINT, json=body)
+
+
+def signal(recommendation: dict[str, Any], name: str) -> float | None:
+    (found,) = [s for s in recommendation["signals"] if s["name"] == name]
+    return found["value"]
+
+
+# ---- recommend ------------------------------------------------------------------------------------
+
+BUNDLE = {"claims": [{"id": "c1", "evidence": ["doc#1"]}, {"id": "c2", "evidence": []}]}
+
+
+def test_recommend_derives_from_bundles_and_explicit_fields_win(client: TestClient) -> None:
+    derived = post(client, action="recommend", evidence_bundle_json=BUNDLE).json()
+    assert signal(derived["recommendation"], "grounding_density") == pytest.approx(0.5)  # 1 span, 2 claims
+
+    explicit = post(client, action="recommend", evidence_bundle_json=BUNDLE,
+                    observation_json={"evidence_spans": 2}).json()
+    assert signal(explicit["recommendation"], "grounding_density") == pytest.approx(1.0)
+
+    # An explicit null means "not measured": it does not erase what the bundle measured.
+    null = post(client, action="recommend", evidence_bundle_json=BUNDLE,
+                observation_json={"evidence_spans": None}).json()
+    assert signal(null["recommendation"], "grounding_density") == pytest.approx(0.5)
+
+
+def test_recommend_renders_the_advisory_only_when_worth_it(client: TestClient) -> None:
+    empty = post(client, action="recommend").json()
+    assert empty["recommendation"]["tier"] == "none" and empty["advisory"] == ""
+
+    worthy = post(client, action="recommend", observation_json={
+        "context_tokens": 60000, "tool_calls": 12, "retrievals": 8, "wall_time_s": 240.0,
+        "evidence_spans": 9, "claims": 3, "contradictions_unresolved": 0,
+        "contradictions_high_severity": 0, "phase": "plan", "phase_completed": True}).json()
+    assert worthy["recommendation"]["tier"] in ("ram", "disk")
+    assert worthy["advisory"].startswith("KV-CHECKPOINT ADVISORY")
+
+
+def test_recommend_refuses_an_observation_that_does_not_compose(client: TestClient) -> None:
+    # Two novel items derived from the bundle, but the caller's explicit count says one item.
+    bundle = {"items": [{"id": "a", "novel": True}, {"id": "b", "novel": True}]}
+    response = post(client, action="recommend", evidence_bundle_json=bundle,
+                    observation_json={"retrieved_items": 1})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_observation"
+    assert "novel_items" in error["message"] and "retrieved_items" in error["message"]
+
+
+# ---- checkpoint_now -------------------------------------------------------------------------------
+
+def test_checkpoint_now_arms_the_verified_sessions_tenant(client: TestClient, world: Any) -> None:
+    token = world.session()
+    body = post(client, action="checkpoint_now", session_id="s-1", session_token=token,
+                persist=True, trigger="agent").json()
+    assert body["armed"] is True and body["tenant"] == "acme" and body["persist"] is True
+    assert body["detail"].startswith("armed")
+    assert world.side.armed[("acme", "s-1")] == {
+        "trigger": "agent", "persist": True, "session_token": token, "delegation_tokens": ()}
+
+
+@pytest.mark.parametrize(("declared", "tenant"), [("beta", "beta"), (None, "default")])
+def test_checkpoint_now_without_credential_uses_the_declared_tenant(
+        client: TestClient, world: Any, declared: str | None, tenant: str) -> None:
+    body = post(client, action="checkpoint_now", session_id="s-2",
+                **({"tenant": declared} if declared else {})).json()
+    assert body["tenant"] == tenant
+    assert world.side.armed[(tenant, "s-2")]["persist"] is False
+
+
+def test_checkpoint_now_refuses_a_credential_that_does_not_verify(client: TestClient, world: Any) -> None:
+    expired = world.expired_session()
+    response = post(client, action="checkpoint_now", session_id="s-3", session_token=expired)
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "credential_refused"
+    assert "expired" in response.json()["error"]["message"]
+    assert expired not in response.text
+
+    mismatch = post(client, action="checkpoint_now", session_id="s-3", session_token=world.session(),
+                    tenant="beta")
+    assert mismatch.status_code == 403 and "disagrees" in mismatch.json()["error"]["message"]
+    assert world.side.armed == {}
+
+
+def test_checkpoint_now_needs_a_session_id(client: TestClient) -> None:
+    response = post(client, action="checkpoint_now")
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert ["body", "checkpoint_now", "session_id"] in [f["loc"] for f in error["fields"]]
+
+
+# ---- promote and explain --------------------------------------------------------------------------
+
+def explain(client: TestClient, checkpoint_id: str, **who: Any) -> Any:
+    return post(client, action="explain", checkpoint_id=checkpoint_id, **who)
+
+
+def test_promote_without_credential_is_refused_and_explain_says_why(client: TestClient, world: Any) -> None:
+    cid = world.checkpoint()
+    body = post(client, action="promote", checkpoint_id=cid, tenant="acme").json()
+    assert body["status"] == "refused"
+    assert body["decision"]["failed_check"] == "verified_authority"
+
+    explanation = explain(client, cid).json()["explanation"]
+    assert explanation["tier"] == "ram"
+    assert explanation["refusal"].startswith("refused at verified_authority: no checked session")
+    assert explanation["eligibility_decision"]["permitted"] is False
+    assert world.disk.stats().checkpoints == 0
+
+
+def test_promote_with_an_expired_credential_is_refused_and_explained(client: TestClient, world: Any) -> None:
+    cid = world.checkpoint()
+    body = post(client, action="promote", checkpoint_id=cid, session_token=world.expired_session(),
+                tenant="acme").json()
+    assert body["status"] == "refused"
+    refusal = explain(client, cid, tenant="acme").json()["explanation"]["refusal"]
+    assert refusal.startswith("refused at verified_authority") and "expired" in refusal
+
+
+def test_promote_with_the_callers_session_persists(client: TestClient, world: Any) -> None:
+    cid = world.checkpoint(pages=4)
+    post(client, action="promote", checkpoint_id=cid, tenant="acme")  # refused first
+    body = post(client, action="promote", checkpoint_id=cid, session_token=world.session()).json()
+    assert body["status"] == "persisted" and body["decision"]["permitted"] is True
+
+    explanation = explain(client, cid, session_token=world.session()).json()["explanation"]
+    assert explanation["tier"] == "ram+disk"
+    assert explanation["refusal"] is None  # the earlier refusal is superseded
+    assert [c["verdict"] for c in explanation["eligibility_decision"]["derivation"]["checks"]] == ["pass"] * 9
+    assert tuple(world.disk.load(cid, "acme").shape) == (4, 256)
+
+
+def test_promote_refusal_names_the_unlabelled_source(client: TestClient, world: Any) -> None:
+    cid = world.checkpoint(source_ids=["doc-unlabelled"])
+    body = post(client, action="promote", checkpoint_id=cid, session_token=world.session()).json()
+    assert body["status"] == "refused" and body["decision"]["failed_check"] == "labels_present"
+    assert "doc-unlabelled" in explain(client, cid).json()["explanation"]["refusal"]
+
+
+def test_another_tenant_sees_no_checkpoint(client: TestClient, world: Any) -> None:
+    cid = world.checkpoint()
+    other = world.session(tenant="globex")
+    for response in (post(client, action="promote", checkpoint_id=cid, session_token=other),
+                     explain(client, cid, session_token=other),
+                     explain(client, cid, tenant="globex")):
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "checkpoint_not_found"
+    assert explain(client, cid).json()["explanation"]["refusal"] is None  # nothing was recorded
+
+
+def test_explain_an_unknown_checkpoint(client: TestClient) -> None:
+    response = explain(client, "0" * 32)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "checkpoint_not_found"
+
+
+def test_ram_stats_reports_occupancy_gate_and_scorers(client: TestClient, world: Any) -> None:
+    world.checkpoint(pages=2)
+    world.checkpoint(pages=3)
+    stats = post(client, action="ram_stats").json()["stats"]
+    assert (stats["entries"], stats["pages"], stats["bytes_used"]) == (2, 5, 5 * 256)
+    assert stats["tenant_bytes"] == {"acme": 5 * 256}
+    assert stats["gate_in_force"] == "derived_authority"
+    assert stats["scorers"]["rebuild_cost"] == pytest.approx(0.30)
+    assert set(stats["scorers"]) == {
+        "rebuild_cost", "predicted_reuse", "retrieval_saturation", "grounding_density",
+        "contradictions", "context_stability", "phase_boundary", "model_self_report"}
+    assert stats["disk"]["checkpoints"] == 0
+
+
+# ---- request errors -------------------------------------------------------------------------------
+
+def test_fields_must_fit_the_action(client: TestClient) -> None:
+    response = post(client, action="ram_stats", checkpoint_id="abc")
+    assert response.status_code == 422
+    assert response.json()["error"]["fields"][0]["loc"] == ["body", "ram_stats", "checkpoint_id"]
+    assert post(client, action="checkpoint").status_code == 422
+
+
+def test_errors_never_echo_a_credential(client: TestClient) -> None:
+    secret = "eyJ-not-a-real-credential-but-secret"
+    response = post(client, action="checkpoint_now", session_id="bad id!", session_token=secret,
+                    delegation_tokens=[secret])
+    assert response.status_code == 422
+    assert secret not in response.text
+
+
+def test_unreadable_body_unknown_path_and_method(client: TestClient) -> None:
+    bad = client.post(ENDPOINT, content=b"\xff\xfe{", headers={"content-type": "application/json"})
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_body")
+    missing = client.post("/api/graph/other", json={})
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+    wrong = client.get(ENDPOINT)
+    assert (wrong.status_code, wrong.json()["error"]["code"]) == (405, "method_not_allowed")
+
+
+def test_body_over_the_limit_is_refused_413(client: TestClient) -> None:
+    big = b'{"action": "recommend", "observation_json": {"phase": "' + b"x" * DEFAULT_MAX_BODY_BYTES + b'"}}'
+    declared = client.post(ENDPOINT, content=big, headers={"content-type": "application/json"})
+    assert (declared.status_code, declared.json()["error"]["code"]) == (413, "body_too_large")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the cap counts the bytes as they come
+        for start in range(0, len(big), 65536):
+            yield big[start:start + 65536]
+
+    streamed = client.post(ENDPOINT, content=chunks(), headers={"content-type": "application/json"})
+    assert (streamed.status_code, streamed.json()["error"]["code"]) == (413, "body_too_large")
+
+    under = b'{"action": "recommend", "observation_json": {"phase": "' + b"x" * 1000 + b'"}}'
+    assert client.post(ENDPOINT, content=under, headers={"content-type": "application/json"}).status_code == 422
+
+
+def test_bearer_token_guards_every_path(world: Any) -> None:
+    client = TestClient(build_app(world.plane, bearer_token=TOKEN))
+    for headers in ({}, {"Authorization": "Bearer wrong-token-of-some-length"},
+                    {"Authorization": "Basic " + TOKEN.decode()}, {"Authorization": TOKEN.decode()}):
+        response = client.post(ENDPOINT, json={"action": "ram_stats"}, headers=headers)
+        assert response.status_code == 401, headers
+        assert response.json()["error"]["code"] == "unauthorized"
+        assert response.headers["www-authenticate"].startswith("Bearer")
+    assert client.get("/openapi.json").status_code == 401
+
+    good = {"Authorization": "Bearer " + TOKEN.decode()}
+    assert client.post(ENDPOINT, json={"action": "ram_stats"}, headers=good).status_code == 200
+    assert client.get("/openapi.json", headers=good).status_code == 200

@@ -1,0 +1,233 @@
+"""The control server on its uvicorn thread, the `kvci` command line and the MCP server, against
+a real checkpoint manager (no engine): real sockets, real subprocesses, the real MCP client."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from kvci_plugin.api.client import ControlCallError, ControlClient
+from kvci_plugin.api.mcp_server import TOOL_NAME
+from kvci_plugin.api.schema import tool_input_schema
+from kvci_plugin.api.server import ControlServer, serve_control_plane
+from kvci_plugin.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.fixture(scope="module")
+def served(module_world: Any) -> Iterator[ControlServer]:
+    server = serve_control_plane(module_world.plane, host="127.0.0.1", port=0, token_file=None)
+    yield server
+    server.stop()
+
+
+def token_file(path: Path, token: str = "s3cret-control-token-0123456789", mode: int = 0o600) -> Path:
+    path.write_text(token + "\n")
+    path.chmod(mode)
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+# ---- the server thread ----------------------------------------------------------------------------
+
+def test_served_from_a_thread_on_loopback(served: ControlServer, module_world: Any) -> None:
+    assert served.url.startswith("http://127.0.0.1:") and served.port > 0
+    with ControlClient(served.url) as client:
+        stats = client.call({"action": "ram_stats"})["stats"]
+    assert stats["gate_in_force"] == "derived_authority"
+
+
+def test_non_loopback_bind_needs_a_bearer_token(world: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a loopback address"):
+        serve_control_plane(world.plane, host="0.0.0.0", port=0, token_file=None)
+
+    server = serve_control_plane(world.plane, host="0.0.0.0", port=0,
+                                 token_file=token_file(tmp_path / "token"))
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        with ControlClient(url) as anonymous, pytest.raises(ControlCallError) as refused:
+            anonymous.call({"action": "ram_stats"})
+        assert (refused.value.status, refused.value.code) == (401, "unauthorized")
+        with ControlClient(url, token_file=tmp_path / "token") as client:
+            assert client.call({"action": "ram_stats"})["action"] == "ram_stats"
+    finally:
+        server.stop()
+    with ControlClient(url, token_file=tmp_path / "token", timeout_s=2) as client, \
+            pytest.raises(ControlCallError) as gone:
+        client.call({"action": "ram_stats"})
+    assert gone.value.code == "unreachable" and gone.value.status is None
+
+
+@pytest.mark.parametrize(("token", "mode", "problem"), [
+    ("s3cret-control-token-0123456789", 0o644, "group or others"),
+    ("short", 0o600, "fewer than 16 bytes"),
+    ("has spaces in the middle of it", 0o600, "printable ASCII"),
+])
+def test_token_file_rules(world: Any, tmp_path: Path, token: str, mode: int, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        serve_control_plane(world.plane, host="127.0.0.1", port=0,
+                            token_file=token_file(tmp_path / "token", token, mode))
+
+
+def test_a_taken_port_fails_at_construction(served: ControlServer, world: Any) -> None:
+    with pytest.raises(OSError, match="cannot bind"):
+        serve_control_plane(world.plane, host="127.0.0.1", port=served.port, token_file=None)
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+def test_cli_actions_as_json(served: ControlServer, module_world: Any, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    url = ["--control-url", served.url, "--json"]
+    cid = module_world.checkpoint()
+    code, out = run_cli(capsys, "explain", cid, *url)
+    assert code == 0 and json.loads(out)["explanation"]["checkpoint_id"] == cid
+
+    code, out = run_cli(capsys, "recommend", *url, "--observation", '{"evidence_spans": 2, "claims": 2}')
+    signals = {s["name"]: s["value"] for s in json.loads(out)["recommendation"]["signals"]}
+    assert code == 0 and signals["grounding_density"] == 1.0
+
+    (tmp_path / "bundle.json").write_text(json.dumps({"claims": [{"id": "c", "evidence": []}]}))
+    code, out = run_cli(capsys, "recommend", *url, "--evidence-bundle", f"@{tmp_path / 'bundle.json'}")
+    signals = {s["name"]: s["value"] for s in json.loads(out)["recommendation"]["signals"]}
+    assert code == 0 and signals["grounding_density"] == 0.0
+
+    code, out = run_cli(capsys, "checkpoint-now", *url, "--session-id", "cli-1", "--tenant", "beta")
+    assert code == 0 and json.loads(out)["armed"] is True
+    assert ("beta", "cli-1") in module_world.side.armed
+
+    code, out = run_cli(capsys, "explain", "f" * 32, *url)
+    assert code == 1 and json.loads(out)["error"]["code"] == "checkpoint_not_found"
+
+
+def test_cli_promote_exit_status_and_tables(served: ControlServer, module_world: Any, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    url = ["--control-url", served.url]
+    cid = module_world.checkpoint()
+    code, out = run_cli(capsys, "promote", cid, *url, "--tenant", "acme")
+    assert code == 3
+    assert "refused" in out and "verified_authority" in out
+
+    (tmp_path / "session").write_text(module_world.session())
+    code, out = run_cli(capsys, "promote", cid, *url, "--session-token-file", str(tmp_path / "session"))
+    assert code == 0 and "persisted" in out
+
+    code, out = run_cli(capsys, "explain", cid, *url)
+    assert code == 0 and "ram+disk" in out and "labels_present" in out
+    code, out = run_cli(capsys, "stats", *url)
+    assert code == 0 and "RAM tier" in out and "rebuild_cost" in out and "disk tier" in out
+
+
+def test_cli_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["recommend", "--control-url", "http://127.0.0.1:1", "--observation", "[1]"]) == 2
+    assert main(["promote", "abc", "--session-token-file", str(tmp_path / "missing")]) == 2
+    assert main(["serve", "m", "--control-host", "0.0.0.0", "--dry-run"]) == 2
+    assert main(["serve", "m", "--kv-transfer-config", "{}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--observation: must be a JSON object" in err and "not a loopback address" in err
+
+
+def test_cli_serve_builds_the_vllm_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out = run_cli(
+        capsys, "serve", "/models/tiny", "--ram-bytes", "2GiB", "--disk-root", str(tmp_path),
+        "--credentials-key-file", str(tmp_path / "k"), "--credentials-algorithm", "HS256",
+        "--no-system-trigger", "--kvci-config", '{"cache_gate": {"hit_rate_floor": 0.5}, "ram_bytes": "1GiB"}',
+        "--port", "8001", "--block-size", "32", "--dry-run")
+    assert code == 0
+    argv = shlex.split(out)
+    assert argv[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny"]
+    assert argv[5:9] == ["--port", "8001", "--block-size", "32"]
+    assert argv[9] == "--kv-transfer-config"
+    transfer = json.loads(argv[10])
+    assert transfer["kv_connector_module_path"] == "kvci_plugin.connector"
+    assert transfer["kv_connector_extra_config"] == {
+        "cache_gate": {"hit_rate_floor": 0.5}, "ram_bytes": "2GiB", "disk_root": str(tmp_path),
+        "system_trigger": False, "credentials": {"algorithm": "HS256", "key_file": str(tmp_path / "k")},
+        "control_host": "127.0.0.1", "control_port": 8477}
+
+
+# ---- MCP ------------------------------------------------------------------------------------------
+
+async def _exercise_mcp(server: Any, checkpoint_id: str) -> dict[str, Any]:
+    async with Client(server, read_timeout_seconds=60) as client:
+        tools = (await client.list_tools()).tools
+        results = {"tools": tools}
+        for args in ({"action": "recommend", "observation_json": {"evidence_spans": 1, "claims": 2}},
+                     {"action": "explain", "checkpoint_id": checkpoint_id},
+                     {"action": "ram_stats"},
+                     {"action": "explain", "checkpoint_id": "0" * 32}):
+            results[f"{args['action']}:{args.get('checkpoint_id', '')}"] = await client.call_tool(TOOL_NAME, args)
+        return results
+
+
+def check_mcp_results(results: dict[str, Any], checkpoint_id: str) -> None:
+    (tool,) = results["tools"]
+    assert tool.name == TOOL_NAME and tool.input_schema == tool_input_schema()
+    rec = results["recommend:"]
+    assert not rec.is_error
+    signals = {s["name"]: s["value"] for s in rec.structured_content["recommendation"]["signals"]}
+    assert signals["grounding_density"] == 0.5
+    explained = results[f"explain:{checkpoint_id}"]
+    assert explained.structured_content["explanation"]["checkpoint_id"] == checkpoint_id
+    assert json.loads(explained.content[0].text) == explained.structured_content
+    assert results["ram_stats:"].structured_content["stats"]["entries"] >= 1
+    missing = results[f"explain:{'0' * 32}"]
+    assert missing.is_error and json.loads(missing.content[0].text)["error"]["code"] == "checkpoint_not_found"
+
+
+def test_mcp_over_stdio(served: ControlServer, module_world: Any) -> None:
+    cid = module_world.checkpoint()
+    params = StdioServerParameters(command=sys.executable, env=ENV,
+                                   args=["-m", "kvci_plugin.cli", "mcp", "--control-url", served.url])
+    check_mcp_results(anyio.run(_exercise_mcp, params, cid), cid)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_mcp_over_streamable_http(served: ControlServer, module_world: Any) -> None:
+    cid = module_world.checkpoint()
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvci_plugin.cli", "mcp", "--control-url", served.url,
+         "--transport", "streamable-http", "--port", str(port)], env=ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, "kvci mcp exited"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "kvci mcp did not listen"
+                time.sleep(0.2)
+        check_mcp_results(anyio.run(_exercise_mcp, f"http://127.0.0.1:{port}/mcp", cid), cid)
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_mcp_streamable_http_stays_on_loopback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["mcp", "--transport", "streamable-http", "--host", "0.0.0.0"]) == 2
+    assert "loopback only" in capsys.readouterr().err

@@ -1,0 +1,69 @@
+"""Render the `kv_connector_extra_config` and `kv_transfer_params.kvci` references from the code.
+
+`python tools/config_reference.py --write` refreshes the blocks in README.md between the
+`<!-- config:... -->` markers; a test fails when the README and the models disagree.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from kvci_plugin.connector.config import CacheGateSettings, KVCIConfig
+from kvci_plugin.connector.params import KVCIRequestParams
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _default(field: Any) -> str:
+    if field.is_required():
+        return "required"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if isinstance(value, BaseModel):
+        return "see below"
+    if isinstance(value, Path):
+        value = str(value).replace(str(Path.home()), "~")
+    return f"`{value!r}`" if value not in (None, [], ()) else "none"
+
+
+def _type(field: Any) -> str:
+    text = str(field.annotation).replace("typing.", "").replace("pydantic.types.", "")
+    text = re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
+    text = text.replace("pathlib.", "").replace("kvci_plugin.governance.credential_config.", "")
+    return text.replace(" | ", " or ").replace("Optional[", "").replace("]]", "]")
+
+
+def table(model: type[BaseModel], prefix: str = "") -> str:
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for name, field in model.model_fields.items():
+        rows.append(f"| `{prefix}{name}` | `{_type(field)}` | {_default(field)} | "
+                    f"{field.description or ''} |")
+    return "\n".join(rows)
+
+
+BLOCKS = {
+    "config:extra": lambda: table(KVCIConfig) + "\n\n" + table(CacheGateSettings, "cache_gate."),
+    "config:params": lambda: table(KVCIRequestParams),
+}
+
+
+def render(text: str) -> str:
+    for name, make in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- {name} -->\n).*?(<!-- /{name} -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md lacks the <!-- {name} --> block")
+        text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
+    return text
+
+
+if __name__ == "__main__":
+    current = README.read_text()
+    fresh = render(current)
+    if "--write" in sys.argv:
+        README.write_text(fresh)
+    elif fresh != current:
+        raise SystemExit("README.md configuration reference is stale: run tools/config_reference.py --write")
