@@ -254,6 +254,10 @@ def repeated(run: Run, times: int) -> Run:
     return loop
 
 
+def keys_of(requests: list[torch.Tensor], subkeys: torch.Tensor) -> list[torch.Tensor]:
+    return kvci_ops.prefix_block_keys_batched(requests, KEY_BLOCK_SIZE, subkeys)
+
+
 def measure_keys() -> list[dict]:
     rows = []
     generator = torch.Generator().manual_seed(0)
@@ -263,20 +267,22 @@ def measure_keys() -> list[dict]:
         ("1 request x 131072 tokens", [131072]),
     ):
         tokens = torch.randint(0, 2**31 - 1, (sum(lengths),), generator=generator, dtype=torch.int32)
-        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        on_cpu = list(tokens.split(lengths))
+        on_gpu = list(tokens.cuda().split(lengths))
         subkeys = torch.randint(0, 256, (32 * len(lengths),), generator=generator, dtype=torch.uint8)
-        on_gpu = tokens.cuda()
-        cpu_keys, _ = kvci_ops.prefix_block_keys_batched(tokens, offsets, KEY_BLOCK_SIZE, subkeys)
-        gpu_keys, _ = kvci_ops.prefix_block_keys_batched(on_gpu, offsets, KEY_BLOCK_SIZE, subkeys)
-        cpu_ms = wall_ms(lambda: kvci_ops.prefix_block_keys_batched(tokens, offsets, KEY_BLOCK_SIZE, subkeys))
-        gpu_ms = wall_ms(lambda: kvci_ops.prefix_block_keys_batched(on_gpu, offsets, KEY_BLOCK_SIZE, subkeys))
-        upload_ms = wall_ms(lambda: kvci_ops.prefix_block_keys_batched(tokens.cuda(), offsets, KEY_BLOCK_SIZE, subkeys))
+        identical = all(
+            torch.equal(g.cpu().view(torch.int64), c.view(torch.int64))
+            for g, c in zip(keys_of(on_gpu, subkeys), keys_of(on_cpu, subkeys), strict=True)
+        )
+        cpu_ms = wall_ms(lambda: keys_of(on_cpu, subkeys))
+        gpu_ms = wall_ms(lambda: keys_of(on_gpu, subkeys))
+        upload_ms = wall_ms(lambda: keys_of(list(tokens.cuda().split(lengths)), subkeys))
         rows.append(
             {
                 "batch": name,
                 "tokens": tokens.numel(),
                 "block_size": KEY_BLOCK_SIZE,
-                "identical": torch.equal(gpu_keys.cpu().view(torch.int64), cpu_keys.view(torch.int64)),
+                "identical": identical,
                 "cpu_ms": cpu_ms,
                 "cpu_threads": torch.get_num_threads(),
                 "gpu_ms": gpu_ms,

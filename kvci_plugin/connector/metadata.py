@@ -60,14 +60,17 @@ class KVCIMetadata(KVConnectorMetadata):
 
 @dataclass
 class KVCIWorkerMetadata(KVConnectorWorkerMetadata):
-    """Per-step outcome of persist jobs, summed over ranks."""
+    """Per-step outcome of persist jobs (summed over ranks) and of disk loads."""
 
     persisted: dict[str, int] = field(default_factory=dict)
     persist_errors: dict[str, list[str]] = field(default_factory=dict)
+    # Disk pages a load found missing or corrupt: the scheduler forgets them.
+    bad_pages: list[bytes] = field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> "KVCIWorkerMetadata":
         assert isinstance(other, KVCIWorkerMetadata)
-        out = KVCIWorkerMetadata(dict(self.persisted), {k: list(v) for k, v in self.persist_errors.items()})
+        out = KVCIWorkerMetadata(dict(self.persisted), {k: list(v) for k, v in self.persist_errors.items()},
+                                 self.bad_pages + other.bad_pages)
         for cid, n in other.persisted.items():
             out.persisted[cid] = out.persisted.get(cid, 0) + n
         for cid, errs in other.persist_errors.items():

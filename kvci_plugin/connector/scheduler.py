@@ -289,6 +289,10 @@ class KVCIScheduler:
         meta = output.kv_connector_worker_meta
         if not isinstance(meta, KVCIWorkerMetadata):
             return
+        if meta.bad_pages and self.manager.disk is not None:
+            removal = self.manager.disk.discard(meta.bad_pages)
+            self._stats.count("disk_load_errors", len(meta.bad_pages))
+            self._stats.count("disk_checkpoints_discarded", len(removal.checkpoint_ids))
         for cid, errs in meta.persist_errors.items():
             self.manager.on_persisted(cid, ok=False, error="; ".join(errs))
             self._stats.count("persist_failures")
@@ -310,8 +314,11 @@ class KVCIScheduler:
             self._stats.count("params_errors")
             return False, {"kvci": {"error": st.error}}
         if st.keys is not None:
-            self.cache_gate.record_lookup(st.ext_tokens > 0)
             self._stats.count("lookups")
+            # Before anything was kept every lookup misses: that says nothing about whether
+            # writes pay back, so the hit-rate floor only sees lookups once a tier holds data.
+            if self.manager.index.stats().entries or self.manager.disk is not None:
+                self.cache_gate.record_lookup(st.ext_tokens > 0)
         try:
             obs = self._observation(request, st)
         except ValueError as exc:

@@ -52,7 +52,7 @@ class KVCIWorker:
         self._meta: KVCIMetadata | None = None
         self._prev_finished: set[str] = set()
         self._stored: set[str] = set()
-        self._disk_loads: dict[str, Future[set[int]]] = {}
+        self._disk_loads: dict[str, Future[tuple[set[int], list[bytes]]]] = {}
         self._load_errors: set[int] = set()
         self._worker_meta = KVCIWorkerMetadata()
         self._stats = KVCIStats()
@@ -88,11 +88,12 @@ class KVCIWorker:
         for job in meta.disk_loads:
             self._disk_loads[job.req_id] = self._io.submit(self._load_from_disk, job)
 
-    def _load_from_disk(self, job: DiskLoadJob) -> set[int]:
-        """Returns the block ids that failed; the rest are in the paged cache."""
+    def _load_from_disk(self, job: DiskLoadJob) -> tuple[set[int], list[bytes]]:
+        """Returns the block ids that failed and the bad page; the rest are in the paged cache."""
         assert self._blobs is not None and self._pool is not None
         t0 = time.perf_counter()
         failed: set[int] = set()
+        bad: list[bytes] = []
         buf = torch.empty((1, self._pool.slot_bytes), dtype=torch.uint8)
         ok_bytes = 0
         for i, (key, block) in enumerate(zip(job.keys, job.block_ids)):
@@ -102,12 +103,13 @@ class KVCIWorker:
                 logger.warning("kvci: disk load failed (%s: %s); recomputing",
                                type(exc).__name__, exc)
                 failed.update(job.block_ids[i:])  # later blocks depend on this prefix
+                bad.append(key)
                 break
             scatter_pages(buf, torch.zeros(1, dtype=torch.int64), self._views,
                           torch.tensor([block], dtype=torch.int64))
             ok_bytes += self._pool.slot_bytes
         self._stats.observe_load("disk", ok_bytes, time.perf_counter() - t0)
-        return failed
+        return failed, bad
 
     def wait_for_save(self) -> None:
         meta = self._meta
@@ -150,7 +152,9 @@ class KVCIWorker:
         recving: set[str] = set()
         for req_id, fut in list(self._disk_loads.items()):
             if fut.done():
-                self._load_errors |= fut.result()
+                failed, bad = fut.result()
+                self._load_errors |= failed
+                self._worker_meta.bad_pages.extend(bad)
                 recving.add(req_id)
                 del self._disk_loads[req_id]
         return (sending or None), (recving or None)
@@ -161,7 +165,7 @@ class KVCIWorker:
 
     def take_worker_meta(self) -> KVCIWorkerMetadata | None:
         meta, self._worker_meta = self._worker_meta, KVCIWorkerMetadata()
-        return meta if (meta.persisted or meta.persist_errors) else None
+        return meta if (meta.persisted or meta.persist_errors or meta.bad_pages) else None
 
     def take_stats(self) -> KVCIStats | None:
         stats, self._stats = self._stats, KVCIStats()

@@ -11,11 +11,11 @@ with those measurements; this one cannot.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_request_params
 from kvci_plugin.connector.tenancy import TenantResolver
-from kvci_plugin.governance import PersistenceRequest, get_persistence_eligibility_gate
+from kvci_plugin.governance import EligibilityDecision, PersistenceRequest, Trigger, get_persistence_eligibility_gate
 from kvci_plugin.lmcache.config import KVCILMCacheConfig
 from kvci_plugin.lmcache.decision import SaveDecision
 from kvci_plugin.lmcache.gated_tiers import GatedTiers
@@ -52,54 +52,62 @@ class AdmissionPolicy:
             "fields; the output, prefill time and cache hits are not known yet",
             _describe(rec),
         ]
-        trigger = params.explicit_trigger if params is not None else None
-        if trigger is not None:
-            reasons.append(f"explicit {trigger} trigger: " + ("persist requested" if params and params.persist
-                                                              else "checkpoint=now"))
-        elif not rec.worth_it:
-            reasons.append("not worth keeping and no explicit trigger: LMCache saves nothing")
-        elif self.config.system_trigger:
-            trigger = "system"
-            reasons.append("system trigger: the recommendation is worth keeping")
-        else:
-            reasons.append("worth keeping, but the system trigger is off (kvci.system_trigger=false)")
+        trigger = self._trigger(params, rec, reasons)
         save = trigger is not None
         if save and client_skips_save(kv_transfer_params):
             save = False
             reasons.append(f"the client set {SKIP_SAVE}: LMCache saves nothing")
-
         wants_durable = (params is not None and params.persist) or (
             trigger == "system" and self.config.auto_promote and rec.tier is CheckpointTier.DISK)
         if trigger is None or not save or not wants_durable:
             reasons.append("durable tiers: " + ("not requested" if save else "nothing is saved"))
             return SaveDecision(tenant=tenant, save=save, durable=False, trigger=trigger, reasons=tuple(reasons),
                                 recommendation=rec, client_asked=params is not None)
-        gate = get_persistence_eligibility_gate()
-        persist = gate.evaluate(PersistenceRequest(
+        persist = get_persistence_eligibility_gate().evaluate(PersistenceRequest(
             checkpoint_id=f"lmcache:{request_id}", tenant=tenant, trigger=trigger,
             session_token=params.session_token if params else None,
             delegation_tokens=tuple(params.delegation_tokens) if params else (),
             source_ids=tuple(params.source_ids) if params else (),
             durable_store_region=self.config.durable_region))
-        durable = False
-        if not persist.permitted:
-            reasons.append(f"durable tiers: {persist.reason}")
-        else:
-            accepting = self.tiers.accepting(persist.retention_expiry)
-            until = _until(persist.retention_expiry)
-            if accepting:
-                durable = True
-                reasons.append(f"durable tiers: permitted by gate {persist.gate!r} ({until}); "
-                               f"gated tier(s) {', '.join(accepting)} may keep a copy")
-            elif not self.tiers.any:
-                reasons.append(f"durable tiers: permitted ({until}), but LMCache has no gated durable tier")
-            else:
-                reasons.append(f"durable tiers: permitted ({until}), but the gated remote tier keeps only "
-                               "copies without a retention limit: kvci cannot delete a remote copy on time")
+        durable = self._durable(persist, reasons)
         return SaveDecision(
             tenant=tenant, save=True, durable=durable,
             retention_expiry=persist.retention_expiry if durable else None, trigger=trigger,
             reasons=tuple(reasons), recommendation=rec, persist=persist, client_asked=params is not None)
+
+    def _trigger(self, params: KVCIRequestParams | None, rec: CheckpointRecommendation,
+                 reasons: list[str]) -> Trigger | None:
+        """Who asks LMCache to save: the client explicitly, or the system on a worthy verdict."""
+        explicit = params.explicit_trigger if params is not None else None
+        if params is not None and explicit is not None:
+            reasons.append(f"explicit {explicit} trigger: " + ("persist requested" if params.persist
+                                                               else "checkpoint=now"))
+            return cast(Trigger, explicit)  # "user" or "agent" (KVCIRequestParams.trigger)
+        if not rec.worth_it:
+            reasons.append("not worth keeping and no explicit trigger: LMCache saves nothing")
+            return None
+        if not self.config.system_trigger:
+            reasons.append("worth keeping, but the system trigger is off (kvci.system_trigger=false)")
+            return None
+        reasons.append("system trigger: the recommendation is worth keeping")
+        return "system"
+
+    def _durable(self, persist: EligibilityDecision, reasons: list[str]) -> bool:
+        """Whether a gated durable tier will take the copy the gate decided on."""
+        if not persist.permitted:
+            reasons.append(f"durable tiers: {persist.reason}")
+            return False
+        until = _until(persist.retention_expiry)
+        accepting = self.tiers.accepting(persist.retention_expiry)
+        if accepting:
+            reasons.append(f"durable tiers: permitted by gate {persist.gate!r} ({until}); "
+                           f"gated tier(s) {', '.join(accepting)} may keep a copy")
+        elif not self.tiers.any:
+            reasons.append(f"durable tiers: permitted ({until}), but LMCache has no gated durable tier")
+        else:
+            reasons.append(f"durable tiers: permitted ({until}), but the gated remote tier keeps only "
+                           "copies without a retention limit: kvci cannot delete a remote copy on time")
+        return bool(accepting)
 
 
 def _observation(params: KVCIRequestParams | None, prompt_tokens: int) -> CheckpointObservation:

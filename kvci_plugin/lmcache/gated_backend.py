@@ -116,6 +116,8 @@ class GatedStorageBackend(StorageBackendInterface):
                 if self._expiry.get(key) == until:
                     del self._expiry[key]
                     due.append(key)
+        # Retention is counted in days (the gate refuses 0), far beyond a write's latency, so a
+        # copy still being written when it expires is not a case to handle.
         for key in due:
             self.inner.remove(key)
         if due:

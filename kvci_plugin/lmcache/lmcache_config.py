@@ -14,7 +14,7 @@ from typing import Any
 from lmcache.integration.vllm.utils import lmcache_get_or_create_config
 from lmcache.v1.config import LMCacheEngineConfig
 
-from kvci_plugin.lmcache import gated_backend
+from kvci_plugin.lmcache.gated_backend import GATED_BACKENDS, GatedStorageBackend, disk_settings, remote_settings
 from kvci_plugin.lmcache.gated_tiers import GatedTiers
 
 _LMCACHE_PREFIX = "lmcache."
@@ -56,16 +56,16 @@ def gated_tiers(config: LMCacheEngineConfig) -> GatedTiers:
     for plugin in config.storage_plugins or ():
         module = extra.get(f"storage_plugin.{plugin}.module_path")
         cls = extra.get(f"storage_plugin.{plugin}.class_name")
-        kind = gated_backend.GATED_BACKENDS.get(cls) if module == gated_backend.__name__ else None
+        kind = GATED_BACKENDS.get(cls) if module == GatedStorageBackend.__module__ else None
         if kind is None:
             raise ValueError(_refusal(f"storage_plugins entry {plugin!r} ({module}.{cls})", "a storage plugin"))
         if kind in kinds:
             raise ValueError(f"LMCache storage_plugins lists kvci's {cls} twice")
         kinds.append(kind)
     if "local_disk" in kinds:
-        gated_backend.disk_settings(extra)
+        disk_settings(extra)
     if "remote" in kinds:
-        gated_backend.remote_settings(extra)
+        remote_settings(extra)
     if kinds and config.max_local_cpu_size <= 0:
         raise ValueError("kvci's gated tiers need LMCache's local CPU backend as their buffer "
                          "(max_local_cpu_size > 0)")

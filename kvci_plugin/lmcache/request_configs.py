@@ -74,7 +74,7 @@ def write_decision(sampling_params: Any, *, skip_save: bool, tag: str | None,
     extra_args = sampling_params.extra_args or {}
     old = extra_args.get("kv_transfer_params")
     params = {key: value for key, value in (old.items() if isinstance(old, Mapping) else ())
-              }
+              if not (isinstance(key, str) and (key.startswith(_KVCI_PREFIX) or key == TENANT_TAG))}
     params[SKIP_SAVE] = skip_save
     if tag is not None:
         params[TENANT_TAG] = tag

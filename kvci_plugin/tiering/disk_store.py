@@ -245,6 +245,13 @@ class KVCheckpointStore:
         )
         return self._record(record, lambda: [self._blob_size(k) for k in keys])
 
+    def discard(self, keys: Sequence[PageKey]) -> Removal:
+        """Forget pages a reader found missing or corrupt, with the checkpoints that need them,
+        so they are never offered again (a bad blob must cost one recompute, not a livelock)."""
+        removal = self._catalog.drop_pages(PageId(self._namespace, k) for k in _check_keys(keys))
+        self._delete_blobs(removal)
+        return removal
+
     def touch(self, keys: Sequence[PageKey]) -> None:
         """Mark pages used now (a load of them is under way elsewhere), and their checkpoints."""
         self._catalog.touch(self._namespace, _check_keys(keys))

@@ -8,7 +8,6 @@ facade writes into LMCache's request configs (see test_lmcache_plumbing / _sched
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest

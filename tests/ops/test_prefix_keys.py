@@ -107,14 +107,14 @@ def test_native_keys_equal_reference(
 
 @pytest.mark.parametrize("block_size", [1, 3, 16, 32])
 def test_many_blocks_equal_reference(block_size: int) -> None:
-    # Enough blocks for the SIMD lanes, their scalar tails and several threads.
+    # Enough blocks for the SIMD pipeline, then a scalar tail.
     tokens = random_tokens(block_size * 70 + block_size // 2, seed=block_size)
     expected = [k.hex() for k in reference_prefix_keys(tokens, block_size, NAMESPACE, "t", SECRET)]
     assert native_hex(tokens, block_size, NAMESPACE, "t", SECRET) == expected
 
 
 def test_long_prompt_keys_are_prefix_consistent() -> None:
-    # Threads split long prompts at different blocks for different lengths: keys must not care.
+    # Each length leaves the SIMD pipeline at another block: a prefix's keys must not change.
     tokens = torch.tensor(random_tokens(40_000, seed=7), dtype=torch.int32)
     full = ops.prefix_block_keys(tokens, 16, NAMESPACE, "t", SECRET)
     assert full.shape == (2500, 2)

@@ -1,0 +1,121 @@
+"""kvci's Prometheus series on vLLM's /metrics, fed from the aggregated `KVCIStats.data`.
+
+vLLM builds this in the API server process (`build_prom_metrics`) and calls `observe` with each
+step's stats, summed over the workers and the scheduler. Numbers only: every label value is a
+tier or a gate check name from a fixed set, never token text, keys, tenants or credentials.
+
+    vllm:kvci_lookups_total                     finished requests that were looked up
+    vllm:kvci_hit_tokens_total{tier}            prompt tokens loaded from the RAM / disk tier
+    vllm:kvci_loaded_bytes_total{tier}          bytes loaded into the KV cache, by tier
+    vllm:kvci_stored_bytes_total{tier}          bytes stored: tier=ram copies, tier=disk persists
+    vllm:kvci_checkpoints_total                 checkpoints kept in RAM
+    vllm:kvci_evicted_checkpoints_total         RAM checkpoints evicted to make room
+    vllm:kvci_store_declined_total              keeps that did not fit the RAM tier
+    vllm:kvci_persisted_checkpoints_total       checkpoints made durable on disk
+    vllm:kvci_persist_failures_total            persists whose blob writes failed
+    vllm:kvci_gate_refusals_total{check}        persists the eligibility gate refused, by check
+    vllm:kvci_recommendations_total{tier}       recommendations by recommended tier
+    vllm:kvci_cache_gate_pauses_total           worthy keeps the cache gate paused
+    vllm:kvci_params_errors_total               requests whose kvci params were refused
+    vllm:kvci_load_seconds{tier}                load latency (histogram)
+    vllm:kvci_store_seconds{tier}               store / persist latency (histogram)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    PromMetric,
+    PromMetricT,
+)
+from vllm.logger import init_logger
+
+from kvci_plugin.governance import CHECK_ORDER, AlwaysDenyEligibility
+
+logger = init_logger(__name__)
+
+# The shipped gates' checks, the refusal recorded when the gate permits but no disk tier exists,
+# and `other` for a check of a deployment's own gate (label values stay a fixed set).
+CHECKS = (*CHECK_ORDER, AlwaysDenyEligibility.name, "no_disk_tier", "other")
+_REFUSAL_PREFIX = "gate_refusals_"
+LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0)
+
+# KVCIStats counter name -> series and documentation.
+_PLAIN = {
+    "lookups": ("vllm:kvci_lookups", "Finished requests kvci looked up."),
+    "checkpoints_ram": ("vllm:kvci_checkpoints", "Checkpoints kept in the RAM tier."),
+    "evicted_checkpoints": ("vllm:kvci_evicted_checkpoints", "RAM checkpoints evicted to make room."),
+    "store_declined": ("vllm:kvci_store_declined", "Keeps that did not fit the RAM tier."),
+    "persisted_checkpoints": ("vllm:kvci_persisted_checkpoints", "Checkpoints made durable on disk."),
+    "persist_failures": ("vllm:kvci_persist_failures", "Persists whose blob writes failed."),
+    "cache_gate_pauses": ("vllm:kvci_cache_gate_pauses", "Worthy keeps the cache gate paused."),
+    "params_errors": ("vllm:kvci_params_errors", "Requests whose kvci params were refused."),
+}
+# KVCIStats name prefix -> series, documentation, label name and its values (the name's suffix).
+_LABELLED = {
+    "hit_tokens_": ("vllm:kvci_hit_tokens", "Prompt tokens loaded from a kvci tier.", "tier", ("ram", "disk")),
+    "loaded_bytes_": ("vllm:kvci_loaded_bytes", "Bytes loaded into the KV cache from a kvci tier.",
+                      "tier", ("ram", "disk")),
+    "stored_bytes_": ("vllm:kvci_stored_bytes", "Bytes stored into a kvci tier (disk: persists).",
+                      "tier", ("ram", "disk")),
+    "recommendations_": ("vllm:kvci_recommendations", "Recommendations by recommended tier.",
+                         "tier", ("none", "ram", "disk")),
+    _REFUSAL_PREFIX: ("vllm:kvci_gate_refusals", "Persists the eligibility gate refused, by check.",
+                       "check", CHECKS),
+}
+_LATENCY = {
+    "load_": ("vllm:kvci_load_seconds", "kvci load latency by tier."),
+    "store_": ("vllm:kvci_store_seconds", "kvci store and persist latency by tier."),
+}
+
+
+class KVCIPromMetrics(KVConnectorPromMetrics):
+    def __init__(self, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        labels = list(self._labelnames)
+        # (stats name, extra label value or None, metric): every series is created up front, so
+        # /metrics shows zeros before any traffic.
+        counters: list[tuple[str, str | None, Any]] = []
+        for name, (metric_name, doc) in _PLAIN.items():
+            counters.append((name, None, self._counter_cls(name=metric_name, documentation=doc,
+                                                           labelnames=labels)))
+        for prefix, (metric_name, doc, label, values) in _LABELLED.items():
+            counter = self._counter_cls(name=metric_name, documentation=doc, labelnames=labels + [label])
+            counters += [(prefix + value, value, counter) for value in values]
+        histograms: list[tuple[str, str | None, Any]] = []
+        for prefix, (metric_name, doc) in _LATENCY.items():
+            histogram = self._histogram_cls(name=metric_name, documentation=doc, buckets=LATENCY_BUCKETS,
+                                            labelnames=labels + ["tier"])
+            histograms += [(prefix + tier, tier, histogram) for tier in ("ram", "disk")]
+        self._counters = self._bind(counters)
+        self._histograms = self._bind(histograms)
+
+    def _bind(self, series: list[tuple[str, str | None, Any]]) -> dict[tuple[int, str], Any]:
+        bound: dict[tuple[int, str], Any] = {}
+        for engine_idx, engine_labels in self.per_engine_labelvalues.items():
+            for name, extra, metric in series:
+                extra_values = [extra] if extra is not None else []
+                bound[(engine_idx, name)] = metric.labels(*engine_labels, *extra_values)
+        return bound
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.get("counters", {}).items():
+            counter = self._counters.get((engine_idx, name))
+            if counter is None and name.startswith(_REFUSAL_PREFIX):
+                counter = self._counters[(engine_idx, _REFUSAL_PREFIX + "other")]
+            if counter is None:
+                logger.warning_once("kvci: no Prometheus series for stats counter %r", name)
+            elif value:
+                counter.inc(value)
+        for name, samples in transfer_stats_data.get("latency", {}).items():
+            histogram = self._histograms.get((engine_idx, name))
+            if histogram is None:
+                logger.warning_once("kvci: no Prometheus series for latency %r", name)
+                continue
+            for seconds in samples:
+                histogram.observe(seconds)
