@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from kvci_plugin.api.access import check_bind
 from kvci_plugin.api.client import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_URL, ControlCallError, ControlClient
@@ -53,12 +55,13 @@ def _parser() -> argparse.ArgumentParser:
 
     _serve_parser(sub)
 
-    def control(name: str, help_text: str) -> argparse.ArgumentParser:
+    def control(name: str, help_text: str, *, prints: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, allow_abbrev=False)
         p.add_argument("--control-url", default=DEFAULT_CONTROL_URL,
                        help=f"the engine's control endpoint (default {DEFAULT_CONTROL_URL})")
         p.add_argument("--token-file", type=Path, help="bearer token file of the control endpoint")
-        p.add_argument("--json", action="store_true", help="print the response body as JSON")
+        if prints:
+            p.add_argument("--json", action="store_true", help="print the response body as JSON")
         return p
 
     def scoring(p: argparse.ArgumentParser) -> None:
@@ -89,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     credentials(explain, delegations=False)
     control("stats", "RAM-tier occupancy, the gate in force, the registered scorers")
 
-    mcp = control("mcp", "serve the MCP tool graph_kv_checkpoint")
+    mcp = control("mcp", "serve the MCP tool graph_kv_checkpoint", prints=False)
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="streamable HTTP address (loopback only)")
     mcp.add_argument("--port", type=int, default=DEFAULT_CONTROL_PORT + 1, help="streamable HTTP port")
@@ -246,7 +249,8 @@ def _run_control(args: argparse.Namespace, console: Console) -> int:
         if args.json:
             print(json.dumps(exc.body or {"error": {"code": exc.code, "message": exc.message}}, indent=2))
         else:
-            Console(stderr=True).print(f"[bold red]error[/] {exc.code}: {exc.message}", highlight=False)
+            Console(stderr=True).print(f"[bold red]error[/] {escape(exc.code)}: {escape(exc.message)}",
+                                       highlight=False)
         return EXIT_REFUSED
     if args.json:
         print(json.dumps(body, indent=2))
@@ -263,7 +267,7 @@ def _kv_table(title: str, rows: Sequence[tuple[str, Any]]) -> Table:
     table.add_column(style="bold")
     table.add_column()
     for key, value in rows:
-        table.add_row(key, "-" if value is None else str(value))
+        table.add_row(key, Text("-" if value is None else str(value)))
     return table
 
 
@@ -278,46 +282,47 @@ def _render_recommendation(rec: dict[str, Any], console: Console) -> None:
     weights = rec.get("weights", {})
     for s in rec.get("signals", []):
         value = "abstained" if s.get("value") is None else f"{s['value']:.2f}"
-        signals.add_row(s["name"], value + (" VETO" if s.get("veto") else ""),
-                        f"{weights.get(s['name'], 0):.2f}", s.get("reason", ""))
+        signals.add_row(Text(s["name"]), value + (" VETO" if s.get("veto") else ""),
+                        f"{weights.get(s['name'], 0):.2f}", Text(s.get("reason", "")))
     console.print(signals)
     for blocker in rec.get("blockers", []):
-        console.print(f"  blocker: {blocker}", highlight=False)
+        console.print(Text(f"  blocker: {blocker}"))
 
 
 def _render_decision(decision: dict[str, Any] | None, console: Console) -> None:
     if not decision:
         return
-    checks = Table(title=f"eligibility gate {decision['gate']}: "
-                   f"{'permitted' if decision['permitted'] else 'refused'}", title_justify="left")
+    checks = Table(title=escape(f"eligibility gate {decision['gate']}: "
+                                f"{'permitted' if decision['permitted'] else 'refused'}"),
+                   title_justify="left")
     for column in ("check", "verdict", "detail"):
         checks.add_column(column)
     for check in decision["derivation"]["checks"]:
-        checks.add_row(check["name"], check["verdict"], check["detail"])
+        checks.add_row(check["name"], check["verdict"], Text(check["detail"]))
     console.print(checks)
 
 
 def _render_recommend(body: dict[str, Any], console: Console) -> None:
     _render_recommendation(body["recommendation"], console)
     if body["advisory"]:
-        console.print(body["advisory"], highlight=False)
+        console.print(Text(body["advisory"]))
 
 
 def _render_checkpoint_now(body: dict[str, Any], console: Console) -> None:
-    console.print(f"[bold]{body['detail']}[/] (tenant {body['tenant']}, trigger {body['trigger']})",
-                  highlight=False)
+    console.print(f"[bold]{escape(body['detail'])}[/] (tenant {escape(body['tenant'])}, "
+                  f"trigger {body['trigger']})", highlight=False)
     _render_recommendation(body["recommendation"], console)
 
 
 def _render_promote(body: dict[str, Any], console: Console) -> None:
-    console.print(f"checkpoint {body['checkpoint_id']}: [bold]{body['status']}[/] - {body['reason']}",
-                  highlight=False)
+    console.print(f"checkpoint {body['checkpoint_id']}: [bold]{body['status']}[/] - "
+                  f"{escape(body['reason'])}", highlight=False)
     _render_decision(body.get("decision"), console)
 
 
 def _render_explain(body: dict[str, Any], console: Console) -> None:
     e = body["explanation"]
-    console.print(_kv_table(f"checkpoint {e['checkpoint_id']}", [
+    console.print(_kv_table(escape(f"checkpoint {e['checkpoint_id']}"), [
         ("tier", e["tier"]), ("tenant", e["tenant"]), ("trigger", e["trigger"]),
         ("pages", e["pages"]), ("bytes", e["bytes"]), ("pending", e["pending"]),
         ("gate in force", e["gate_in_force"]), ("refusal", e.get("refusal")),
@@ -341,7 +346,7 @@ def _render_stats(body: dict[str, Any], console: Console) -> None:
     scorers.add_column("scorer")
     scorers.add_column("weight")
     for name, weight in s["scorers"].items():
-        scorers.add_row(name, f"{weight:.2f}")
+        scorers.add_row(Text(name), f"{weight:.2f}")
     console.print(scorers)
     disk = s.get("disk")
     if disk:
@@ -384,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         return _run_control(args, Console())
     except (UsageError, ValueError) as exc:
-        Console(stderr=True).print(f"[bold red]kvci {args.command}:[/] {exc}", highlight=False)
+        Console(stderr=True).print(f"[bold red]kvci {args.command}:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
 
 

@@ -1,6 +1,5 @@
-// The kvci operator schemas (torch.ops.kvci.*) and the Python module kvci_plugin._C that loads
-// them. Device kernels register themselves per dispatch key next to their code.
-#include <Python.h>
+// The kvci operator schemas (torch.ops.kvci.*). Device kernels register themselves per dispatch
+// key next to their code.
 #include <torch/library.h>
 
 TORCH_LIBRARY(kvci, m) {
@@ -15,16 +14,4 @@ TORCH_LIBRARY(kvci, m) {
   // The reverse copy: layers[l][block_ids[i]] = pool[slot_ids[i], off_l : off_l + page_bytes_l].
   m.def(
       "scatter_pages(Tensor pool, Tensor slot_ids, Tensor(a!)[] layers, Tensor block_ids) -> ()");
-}
-
-// Importing kvci_plugin._C loads this library, which registers the operators above.
-#define KVCI_CONCAT(a, b) a##b
-#define KVCI_PYINIT(name) KVCI_CONCAT(PyInit_, name)
-#define KVCI_STR2(x) #x
-#define KVCI_STR(x) KVCI_STR2(x)
-
-PyMODINIT_FUNC KVCI_PYINIT(TORCH_EXTENSION_NAME)(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, KVCI_STR(TORCH_EXTENSION_NAME), nullptr, 0,
-                               nullptr};
-  return PyModule_Create(&module);
 }

@@ -14,10 +14,13 @@ from kvci_plugin.api.schema import ENDPOINT
 
 DEFAULT_CONTROL_PORT = 8477
 DEFAULT_CONTROL_URL = f"http://127.0.0.1:{DEFAULT_CONTROL_PORT}"
+# The client's own code, beside the server's ErrorCode values: the endpoint did not answer.
+UNREACHABLE = "unreachable"
 
 
 class ControlCallError(Exception):
-    """The control endpoint refused a call, or did not answer (`status` None)."""
+    """The control endpoint refused a call (`code` is its ErrorCode), or did not answer
+    (`status` None, `code` UNREACHABLE)."""
 
     def __init__(self, status: int | None, code: str, message: str, body: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"{code}: {message}")
@@ -43,7 +46,7 @@ class ControlClient:
         try:
             response = self._http.post(ENDPOINT, json=dict(request))
         except httpx.HTTPError as exc:
-            raise ControlCallError(None, ErrorCode.UNREACHABLE.value,
+            raise ControlCallError(None, UNREACHABLE,
                                    f"no answer from {self.url}: {type(exc).__name__}: {exc}") from None
         try:
             body = response.json()

@@ -22,7 +22,6 @@ class ErrorCode(str, Enum):
     NOT_FOUND = "not_found"  # 404: no such path
     METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
     INTERNAL_ERROR = "internal_error"  # 500
-    UNREACHABLE = "unreachable"  # client side only: the control endpoint did not answer
 
 
 HTTP_STATUS: dict[ErrorCode, int] = {

@@ -33,12 +33,18 @@ _IN = ConfigDict(extra="forbid", frozen=True)
 TenantName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
 SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
 Credential = Annotated[str, Field(min_length=1, max_length=8192)]
-CheckpointId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
-Trigger = Literal["user", "agent"]
+CheckpointId = Annotated[str, Field(
+    min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+    description="as returned in a response's kv_transfer_params.kvci.checkpoint_id")]
+Trigger = Annotated[Literal["user", "agent"], Field(
+    description="who asked (provenance, not authority: every trigger is gated alike)")]
 
 _OBSERVATION_DOC = "what the caller measured; its non-null fields win over bundle-derived ones"
 _EVIDENCE_DOC = "a retrieval result (items, claims, contradictions) to derive observation fields from"
 _CONTEXT_DOC = "a context-compile result (items, claims, contradictions, dropped_items)"
+_TENANT_DOC = "declared tenant; a verified session_token's tenant wins and must agree with it"
+_SESSION_DOC = "the caller's own session credential (signed); authority is derived from it at the write"
+_DELEGATION_DOC = "delegation credentials whose ceilings cap the session's authority"
 
 
 class _Scoring(BaseModel):
@@ -61,12 +67,11 @@ class CheckpointNowRequest(_Scoring):
     from the verified `session_token`, else from `tenant`, else the default tenant."""
 
     action: Literal["checkpoint_now"]
-    session_id: SessionId
-    tenant: TenantName | None = None
-    session_token: Credential | None = Field(
-        None, description="the caller's session credential; with persist=true the gate derives "
-        "authority from it at the write")
-    delegation_tokens: list[Credential] = Field(default_factory=list, max_length=8)
+    session_id: SessionId = Field(description="the session whose next finished request is kept")
+    tenant: TenantName | None = Field(None, description=_TENANT_DOC)
+    session_token: Credential | None = Field(None, description=_SESSION_DOC)
+    delegation_tokens: list[Credential] = Field(default_factory=list, max_length=8,
+                                                description=_DELEGATION_DOC)
     trigger: Trigger = "user"
     persist: bool = Field(False, description="also ask the eligibility gate for a disk copy")
 
@@ -80,10 +85,10 @@ class PromoteRequest(BaseModel):
 
     action: Literal["promote"]
     checkpoint_id: CheckpointId
-    session_token: Credential | None = None
-    delegation_tokens: list[Credential] = Field(default_factory=list, max_length=8)
-    tenant: TenantName | None = Field(
-        None, description="locates the checkpoint when the session credential does not verify")
+    session_token: Credential | None = Field(None, description=_SESSION_DOC)
+    delegation_tokens: list[Credential] = Field(default_factory=list, max_length=8,
+                                                description=_DELEGATION_DOC)
+    tenant: TenantName | None = Field(None, description=_TENANT_DOC)
     trigger: Trigger = "user"
 
 
@@ -95,8 +100,8 @@ class ExplainRequest(BaseModel):
 
     action: Literal["explain"]
     checkpoint_id: CheckpointId
-    tenant: TenantName | None = None
-    session_token: Credential | None = None
+    tenant: TenantName | None = Field(None, description=_TENANT_DOC)
+    session_token: Credential | None = Field(None, description=_SESSION_DOC)
 
 
 class RamStatsRequest(BaseModel):
@@ -223,8 +228,31 @@ RESPONSE_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointResponse)
 
 
 def tool_input_schema() -> dict[str, Any]:
-    """The request schema as one JSON object schema (MCP wants `type: object` at the root)."""
-    return {"type": "object", **REQUEST_ADAPTER.json_schema()}
+    """The request schema flattened for the MCP tool: one object whose `action` picks the action
+    and whose other properties say which actions take them (agents' tool-use APIs refuse a
+    union at the root of a tool schema). The endpoint still enforces each action's own model."""
+    full = REQUEST_ADAPTER.json_schema()
+    defs = dict(full["$defs"])
+    properties: dict[str, Any] = {}
+    takers: dict[str, list[str]] = {}
+    actions: list[str] = []
+    for ref in full["oneOf"]:
+        variant = defs.pop(ref["$ref"].rsplit("/", 1)[1])
+        action = variant["properties"]["action"]["const"]
+        actions.append(action)
+        for name, prop in variant["properties"].items():
+            if name != "action":
+                properties.setdefault(name, dict(prop))
+                required = " (required)" if name in variant.get("required", ()) else ""
+                takers.setdefault(name, []).append(action + required)
+    for name, prop in properties.items():
+        note = "action " + ", ".join(takers[name])
+        prop["description"] = f"{prop['description']}; {note}" if "description" in prop else note
+    action_doc = "recommend | checkpoint_now | promote | explain | ram_stats"
+    return {"type": "object", "additionalProperties": False, "required": ["action"],
+            "properties": {"action": {"type": "string", "enum": actions, "description": action_doc},
+                           **properties},
+            "$defs": defs}
 
 
 def tool_output_schema() -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 try:
-    import kvci_plugin._C  # noqa: F401  (importing it registers the operators)
+    from kvci_plugin import _C
 except ImportError as error:
     raise ImportError(
         "kvci_plugin._C, the native extension, is not built: install the package "
@@ -13,3 +15,8 @@ except ImportError as error:
     ) from error
 
 kvci_ops = torch.ops.kvci
+
+
+def pack_token_ids(token_ids: Sequence[int], out: bytearray, name: str) -> None:
+    """Write ``token_ids`` into ``out`` (4 bytes each) as int32, each checked in [0, 2^31)."""
+    _C.pack_token_ids(token_ids, out, name)

@@ -17,14 +17,13 @@ gets no key. Any change here is a new ``KEY_FORMAT``. The secret is the deployme
 
 from __future__ import annotations
 
-import array
 import functools
 import hmac
 from collections.abc import Sequence
 
 import torch
 
-from kvci_plugin.ops._native import kvci_ops
+from kvci_plugin.ops._native import kvci_ops, pack_token_ids
 
 KEY_FORMAT = "kvci-key-v1"
 """Names the key construction above; it is part of every namespace fingerprint."""
@@ -55,7 +54,10 @@ def derive_subkeys(namespace: bytes, tenant: str, secret: bytes) -> bytes:
 def prefix_block_keys(
     token_ids: TokenIds, block_size: int, namespace: bytes, tenant: str, secret: bytes
 ) -> torch.Tensor:
-    """Keys of the full blocks of ``token_ids``: a uint64 tensor ``[n_full_blocks, 2]``."""
+    """Keys of the full blocks of ``token_ids``: a uint64 tensor ``[n_full_blocks, 2]``.
+
+    ``token_ids``: a 1-D int32/int64 tensor or a sequence of int, each id in [0, 2^31).
+    """
     _check_block_size(block_size)
     _check_bytes("namespace", namespace, 1)
     _check_bytes("secret", secret, MIN_SECRET_BYTES)
@@ -144,10 +146,14 @@ def _cached_subkeys_tensor(namespace: bytes, tenant: str, secret: bytes) -> torc
 
 
 def _tokens_tensor(token_ids: object, name: str) -> torch.Tensor:
-    """A 1-D int32/int64 CPU tensor of the ids; lists are converted, never truncated."""
+    """A 1-D int32/int64 CPU tensor of the ids; sequences are checked and packed as int32."""
     if isinstance(token_ids, torch.Tensor):
-        if token_ids.device.type != "cpu":
-            raise ValueError(f"{name} must be on the CPU, got device {token_ids.device}")
+        # CPU kernels always; CUDA kernels where the extension was built with them (else the
+        # dispatcher refuses the CUDA tensor by name).
+        if token_ids.device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                f"{name} must be on the CPU or a CUDA device, got device {token_ids.device}"
+            )
         if token_ids.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name} must be int32 or int64, got {token_ids.dtype}")
         if token_ids.dim() != 1:
@@ -157,12 +163,8 @@ def _tokens_tensor(token_ids: object, name: str) -> torch.Tensor:
         raise TypeError(
             f"{name} must be a tensor or a sequence of int, not {type(token_ids).__name__}"
         )
-    try:
-        ids = array.array("q", token_ids)
-    except TypeError as error:
-        raise TypeError(f"{name} must hold only integers: {error}") from None
-    except OverflowError:
-        raise ValueError(f"{name} holds an id outside int64") from None
-    if not ids:
-        return torch.empty(0, dtype=torch.int64)
-    return torch.frombuffer(ids, dtype=torch.int64)
+    if not token_ids:
+        return torch.empty(0, dtype=torch.int32)
+    packed = bytearray(4 * len(token_ids))
+    pack_token_ids(token_ids, packed, name)
+    return torch.frombuffer(packed, dtype=torch.int32)

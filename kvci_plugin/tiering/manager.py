@@ -7,6 +7,12 @@ checkpoint that has been resident since the session began. Every decision is kep
 Bytes move through a `PageMover`: in one process (`LocalPageMover`) copies happen at once; inside
 vLLM the connector queues jobs for its workers and calls `on_stored` / `on_persisted` when they
 report back. The logic here is the same either way.
+
+A permitted persist starts once every page of its checkpoint is in the pool — its own copy may
+be queued, or a page it shares may still be being copied for another checkpoint — and holds the
+pages pinned (so the RAM entry cannot be evicted) until the blobs are written. Which tier holds
+a checkpoint is read from the tiers themselves, never remembered: the disk tier may evict or
+expire a record behind the manager's back.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,11 +32,16 @@ from kvci_plugin.governance import (
     EligibilityDecision,
     PersistenceEligibilityGate,
     PersistenceRequest,
+    Trigger,
     get_persistence_eligibility_gate,
 )
+from kvci_plugin.tiering.blob_store import BlobUnavailableError
+from kvci_plugin.tiering.catalog import KVCheckpointRecord
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import (
+    CheckpointEntry,
+    CheckpointExistsError,
     CheckpointNotFoundError,
     DoesNotFitError,
     PageKey,
@@ -45,11 +57,13 @@ from kvci_plugin.worthiness import (
 
 logger = logging.getLogger(__name__)
 
-TriggerName = Literal["system", "user", "agent"]
+_TRIGGERS = frozenset(get_args(Trigger))
+_NO_DISK = "refused: no disk tier is configured (disk_root)"
 
 
 class PageMover(Protocol):
-    """Copies pages for the manager. Each call returns True when the copy is already done."""
+    """Copies pages for the manager. Each call returns True when the copy is already done;
+    False means it was queued and the manager hears back through `on_stored` / `on_persisted`."""
 
     def store(self, reservation: Reservation, source: Any) -> bool: ...
 
@@ -79,6 +93,18 @@ class CheckpointOutcome(BaseModel):
     persist: PromotionOutcome | None = None
 
 
+@dataclass
+class _Persist:
+    """A permitted persist between the gate's decision and its catalog row."""
+
+    tenant: str
+    keys: tuple[PageKey, ...]
+    trigger: Trigger
+    recommendation_json: str
+    decision: EligibilityDecision
+    writing: bool = False  # pages pinned and blobs being written; False: waiting for the RAM copy
+
+
 class TieredCheckpointManager:
     def __init__(
         self,
@@ -97,10 +123,9 @@ class TieredCheckpointManager:
         self.disk = disk
         self._disk_region = disk_region
         self._gate = gate  # None: whatever the seam holds at each evaluation
-        self._clock = clock
+        self._clock = clock  # decides whether a disk record's retention has passed
         self.lock = threading.RLock()
-        # Persists waiting for their RAM copy to land: checkpoint id -> permitted decision.
-        self._persist_after_store: dict[str, EligibilityDecision] = {}
+        self._persists: dict[str, _Persist] = {}
 
     @property
     def gate(self) -> PersistenceEligibilityGate:
@@ -121,7 +146,7 @@ class TieredCheckpointManager:
         *,
         tenant: str,
         keys: Sequence[PageKey],
-        trigger: TriggerName,
+        trigger: Trigger,
         recommendation: CheckpointRecommendation | None,
         source: Any,
         source_ids: Sequence[str] = (),
@@ -129,7 +154,14 @@ class TieredCheckpointManager:
         session_token: str | None = None,
         delegation_tokens: Sequence[str] = (),
     ) -> CheckpointOutcome:
-        """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy."""
+        """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy.
+
+        `source` is whatever the mover copies the new pages from. Input that could only fail at
+        the gate (trigger, source ids) is checked first, so a bad call keeps nothing.
+        """
+        if trigger not in _TRIGGERS:
+            raise ValueError(f"trigger must be one of {sorted(_TRIGGERS)}, not {trigger!r}")
+        source_ids = _check_source_ids(source_ids)
         if not keys:
             return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
                                      reason="no full block to keep")
@@ -138,10 +170,9 @@ class TieredCheckpointManager:
             "trigger": trigger,
             "recommendation": recommendation.model_dump(mode="json") if recommendation else None,
             "source_ids": list(source_ids),
-            "tier": "ram",
             "refusal": None,
             "decision": None,
-            "persisted": False,
+            "persist_error": None,
         }
         with self.lock:
             try:
@@ -149,9 +180,18 @@ class TieredCheckpointManager:
             except (DoesNotFitError, TenantMismatchError) as exc:
                 return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
                                          reason=f"not kept in RAM: {exc}")
-            done = not res.new or self.mover.store(res, source)
+            done = True
+            if res.new:
+                try:
+                    done = self.mover.store(res, source)
+                except BaseException:
+                    # Never leave a reservation that nothing will commit: its slots would leak.
+                    self.index.abort(cid)
+                    raise
             if done:
                 self.index.commit(cid)
+                if res.new:
+                    self._start_ready_persists()
             persist_outcome = None
             if persist:
                 persist_outcome = self.promote(
@@ -163,17 +203,17 @@ class TieredCheckpointManager:
             evicted=tuple(e.checkpoint_id for e in res.evicted), persist=persist_outcome)
 
     def on_stored(self, checkpoint_id: str, ok: bool) -> PromotionOutcome | None:
-        """A queued RAM copy finished; starts a persist that was waiting for it."""
+        """A queued RAM copy finished (or failed); starts the persists it was holding up.
+
+        Returns the outcome of this checkpoint's own persist when one started now.
+        """
         with self.lock:
-            if not ok:
-                self._persist_after_store.pop(checkpoint_id, None)
+            if ok:
+                self.index.commit(checkpoint_id)
+            else:
                 self.index.abort(checkpoint_id)
-                return None
-            self.index.commit(checkpoint_id)
-            decision = self._persist_after_store.pop(checkpoint_id, None)
-            if decision is None:
-                return None
-            return self._start_persist(checkpoint_id, decision)
+                self._persists.pop(checkpoint_id, None)
+            return self._start_ready_persists().get(checkpoint_id)
 
     # ---- disk -----------------------------------------------------------------------------------
 
@@ -182,125 +222,241 @@ class TieredCheckpointManager:
         checkpoint_id: str,
         *,
         tenant: str,
-        trigger: TriggerName,
+        trigger: Trigger,
         session_token: str | None,
         delegation_tokens: Sequence[str] = (),
     ) -> PromotionOutcome:
-        """RAM -> disk through the gate, with authority derived now from these credentials."""
+        """RAM -> disk through the gate, with authority derived now from these credentials.
+
+        Another tenant's checkpoint raises `TenantMismatchError`, an unknown one
+        `CheckpointNotFoundError`. A checkpoint that is already durable, or whose permitted
+        write is under way, is not written again.
+        """
         with self.lock:
-            entry = self.index.get(checkpoint_id, tenant)  # fails closed across tenants
-            if entry.meta.get("persisted"):
+            entry = self._ram_entry(checkpoint_id, tenant)
+            record = self._durable_record(checkpoint_id, tenant)
+            if record is not None:
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisted",
                                         reason="already durable")
+            if entry is None:
+                raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held")
+            in_flight = self._persists.get(checkpoint_id)
+            if in_flight is not None:
+                return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisting",
+                                        reason="a permitted write of this checkpoint is under way",
+                                        decision=in_flight.decision)
+            if self.disk is None:
+                # Nothing could be written whatever the gate said: no decision is recorded.
+                self.index.set_meta(checkpoint_id, refusal=_NO_DISK, decision=None)
+                return PromotionOutcome(checkpoint_id=checkpoint_id, status="refused",
+                                        reason=_NO_DISK)
             request = PersistenceRequest(
                 checkpoint_id=checkpoint_id, tenant=tenant, trigger=trigger,
                 session_token=session_token, delegation_tokens=tuple(delegation_tokens),
                 source_ids=tuple(entry.meta.get("source_ids", ())),
                 durable_store_region=self._disk_region)
             decision = self.gate.evaluate(request)
-            if decision.permitted and self.disk is None:
-                decision = None
-                reason = "refused: no disk tier is configured (disk_root)"
-                self.index.set_meta(checkpoint_id, refusal=reason, decision=None)
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="refused",
-                                        reason=reason)
+            dumped = decision.model_dump(mode="json")
             if not decision.permitted:
-                self.index.set_meta(checkpoint_id, refusal=decision.reason,
-                                    decision=decision.model_dump(mode="json"))
+                self.index.set_meta(checkpoint_id, refusal=decision.reason, decision=dumped)
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="refused",
                                         reason=decision.reason, decision=decision)
-            self.index.set_meta(checkpoint_id, refusal=None, decision=decision.model_dump(mode="json"),
-                                persist_trigger=trigger)
-            if entry.pending:
-                self._persist_after_store[checkpoint_id] = decision
+            self.index.set_meta(checkpoint_id, refusal=None, decision=dumped, persist_error=None)
+            self._clear_expired(checkpoint_id)
+            job = _Persist(tenant=entry.tenant, keys=entry.keys, trigger=trigger,
+                           recommendation_json=json.dumps(entry.meta.get("recommendation")),
+                           decision=decision)
+            self._persists[checkpoint_id] = job
+            if not entry.complete:
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisting",
                                         reason="permitted; waiting for the RAM copy",
                                         decision=decision)
-            return self._start_persist(checkpoint_id, decision)
-
-    def _start_persist(self, checkpoint_id: str, decision: EligibilityDecision) -> PromotionOutcome:
-        entry = self.index.get(checkpoint_id, decision_tenant(self.index, checkpoint_id))
-        slots = self.index.pin(entry.keys, entry.tenant)  # held until the blobs are written
-        self.index.set_meta(checkpoint_id, persisting=True)
-        if self.mover.persist(checkpoint_id, entry.tenant, entry.keys, slots):
-            return self.on_persisted(checkpoint_id, ok=True)
-        return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisting",
-                                reason="permitted; writing blobs", decision=decision)
+            return self._start_persist(checkpoint_id, job)
 
     def on_persisted(self, checkpoint_id: str, ok: bool, error: str = "") -> PromotionOutcome:
-        """Every shard's blobs are durable (or one failed): record the catalog row, or the error."""
+        """Every shard's blobs are durable (or one failed): record the catalog row, or the error.
+
+        A report for a checkpoint with no write under way (a duplicate report) changes nothing.
+        """
         with self.lock:
-            tenant = decision_tenant(self.index, checkpoint_id)
-            entry = self.index.get(checkpoint_id, tenant)
-            self.index.unpin(entry.keys)
-            decision = EligibilityDecision.model_validate(entry.meta["decision"])
-            if not ok:
-                self.index.set_meta(checkpoint_id, persisting=False, persist_error=error)
+            job = self._persists.get(checkpoint_id)
+            if job is None or not job.writing:
+                logger.warning("kvci: persist report for %s, which has no write under way",
+                               checkpoint_id)
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed",
-                                        reason=f"blob write failed: {error}", decision=decision)
-            assert self.disk is not None
-            rec = entry.meta.get("recommendation")
-            self.disk.record_written(
-                checkpoint_id=checkpoint_id, tenant=tenant, keys=entry.keys,
-                slot_bytes=self.index.slot_bytes,
-                trigger=entry.meta.get("persist_trigger", entry.meta["trigger"]),
-                recommendation_json=json.dumps(rec), decision_json=decision.model_dump_json(),
-                retention_expiry=decision.retention_expiry)
-            self.index.set_meta(checkpoint_id, persisting=False, persisted=True, tier="ram+disk")
+                                        reason="no write of this checkpoint is under way")
+            del self._persists[checkpoint_id]
+            self.index.unpin(job.keys)
+            problem = self._record(checkpoint_id, job) if ok else (
+                error or "the blob write reported a failure")
+            if problem:
+                reason = f"persist failed: {problem}"
+                self._set_meta_if_held(checkpoint_id, persist_error=reason)
+                return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed",
+                                        reason=reason, decision=job.decision)
             return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisted",
-                                    reason=decision.reason, decision=decision)
+                                    reason=job.decision.reason, decision=job.decision)
+
+    def _start_persist(self, checkpoint_id: str, job: _Persist) -> PromotionOutcome:
+        # Pinned until the blobs are written: the slots cannot be reused, nor the entry evicted.
+        slots = self.index.pin(job.keys, job.tenant)
+        job.writing = True
+        try:
+            done = self.mover.persist(checkpoint_id, job.tenant, job.keys, slots)
+        except Exception as exc:  # whatever failed, the pins must go and the failure be recorded
+            return self.on_persisted(checkpoint_id, ok=False, error=f"{type(exc).__name__}: {exc}")
+        if done:
+            return self.on_persisted(checkpoint_id, ok=True)
+        return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisting",
+                                reason="permitted; writing blobs", decision=job.decision)
+
+    def _start_ready_persists(self) -> dict[str, PromotionOutcome]:
+        """Start the waiting persists whose pages are all in the pool now; drop those that never
+        can be (their entry is gone, or a page they share was left uncopied by a failed store)."""
+        started: dict[str, PromotionOutcome] = {}
+        for cid, job in list(self._persists.items()):
+            if job.writing:
+                continue
+            try:
+                entry = self.index.get(cid, job.tenant)
+            except CheckpointNotFoundError:
+                del self._persists[cid]
+                continue
+            if entry.complete:
+                started[cid] = self._start_persist(cid, job)
+            elif not entry.pending and not self._copy_pending_for(entry):
+                del self._persists[cid]
+                self.index.set_meta(cid, persist_error=(
+                    "persist failed: a page shared with another checkpoint was never copied in "
+                    "(that checkpoint's store failed)"))
+        return started
+
+    def _copy_pending_for(self, entry: CheckpointEntry) -> bool:
+        """Whether a pending store could still bring in `entry`'s missing pages: only a pending
+        checkpoint naming one of them can. Runs only for a persist stuck behind a failed store."""
+        keys = set(entry.keys)
+        return any(other.pending and not keys.isdisjoint(other.keys)
+                   for other in self.index.entries(entry.tenant))
+
+    def _record(self, checkpoint_id: str, job: _Persist) -> str:
+        """Add the catalog row of written blobs; returns why it could not, or "" once it is."""
+        assert self.disk is not None  # a persist is only started with a disk tier
+        try:
+            self.disk.record_written(
+                checkpoint_id=checkpoint_id, tenant=job.tenant, keys=job.keys,
+                slot_bytes=self.index.slot_bytes, trigger=job.trigger,
+                recommendation_json=job.recommendation_json,
+                decision_json=job.decision.model_dump_json(),
+                retention_expiry=job.decision.retention_expiry)
+        except (BlobUnavailableError, DoesNotFitError, CheckpointExistsError, TenantMismatchError,
+                ValueError) as exc:
+            # The blobs without a row are orphans that the disk tier's start-up removes.
+            return f"catalog row not written: {exc}"
+        return ""
 
     # ---- inspection -----------------------------------------------------------------------------
 
     def explain(self, checkpoint_id: str, tenant: str | None = None) -> dict[str, Any]:
-        """Why this checkpoint exists and why it is where it is (tenant-checked when given)."""
-        gate = self.gate
-        out: dict[str, Any] = {"checkpoint_id": checkpoint_id, "gate_in_force": gate.name}
+        """Why this checkpoint exists and why it is where it is (tenant-checked when given).
+
+        Another tenant's checkpoint raises `TenantMismatchError` on either tier.
+        """
+        out: dict[str, Any] = {"checkpoint_id": checkpoint_id, "gate_in_force": self.gate.name}
         with self.lock:
-            try:
-                entry = self.index.get(checkpoint_id, tenant or decision_tenant(self.index, checkpoint_id))
-            except CheckpointNotFoundError:
-                entry = None
+            entry = self._ram_entry(checkpoint_id, tenant)
+            record = self._durable_record(checkpoint_id, tenant)
             if entry is not None:
+                job = self._persists.get(checkpoint_id)
                 out.update(
-                    tier=entry.meta.get("tier", "ram"), tenant=entry.tenant,
+                    tier="ram+disk" if record is not None else "ram", tenant=entry.tenant,
                     trigger=entry.meta.get("trigger"), pages=len(entry.keys),
                     bytes=entry.nbytes, created=entry.created, pending=entry.pending,
+                    persisting=None if job is None else ("writing" if job.writing else "waiting"),
+                    source_ids=list(entry.meta.get("source_ids", ())),
                     recommendation=entry.meta.get("recommendation"),
                     eligibility_decision=entry.meta.get("decision"),
                     refusal=entry.meta.get("refusal"),
-                    persist_error=entry.meta.get("persist_error"))
+                    persist_error=entry.meta.get("persist_error"),
+                    retention_expiry=None if record is None else record.retention_expiry)
                 return out
-        record = self.disk.explain(checkpoint_id) if self.disk is not None else None
-        if record is None or (tenant is not None and record.tenant != tenant):
+        if record is None:
             raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held")
         out.update(
             tier="disk", tenant=record.tenant, trigger=record.trigger, pages=len(record.pages),
-            bytes=record.nbytes, created=record.created, pending=False,
+            bytes=record.nbytes, created=record.created, pending=False, persisting=None,
             retention_expiry=record.retention_expiry,
             recommendation=json.loads(record.recommendation_json),
-            eligibility_decision=json.loads(record.decision_json), refusal=None)
+            eligibility_decision=json.loads(record.decision_json), refusal=None,
+            persist_error=None)
         return out
 
     def ram_stats(self) -> dict[str, Any]:
         """Occupancy, the gate in force and the registered scorers (a score means nothing
         without knowing what produced it)."""
         s = self.index.stats()
+        with self.lock:
+            persists = len(self._persists)
         return {
             "entries": s.entries, "pending_entries": s.pending_entries, "pages": s.pages,
             "pinned_pages": s.pinned_pages, "bytes_used": s.bytes_used,
             "capacity_bytes": s.capacity_bytes, "max_entries": s.max_entries,
             "slot_bytes": s.slot_bytes, "evictions": s.evictions,
             "tenant_bytes": dict(s.tenant_bytes), "tenant_quota_bytes": s.tenant_quota_bytes,
+            "persists_in_flight": persists,
             "gate_in_force": self.gate.name,
             "scorers": {e.name: e.weight for e in self.advisor.registry.entries()},
-            "disk": None if self.disk is None else self.disk.stats().__dict__,
+            "disk": None if self.disk is None else asdict(self.disk.stats()),
         }
 
+    # ---- helpers (caller holds the lock) --------------------------------------------------------
 
-def decision_tenant(index: RAMIndex, checkpoint_id: str) -> str:
-    """The tenant a held checkpoint belongs to (internal: callers from outside pass their own)."""
-    for entry in index.entries():
-        if entry.checkpoint_id == checkpoint_id:
-            return entry.tenant
-    raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held in RAM")
+    def _ram_entry(self, checkpoint_id: str, tenant: str | None) -> CheckpointEntry | None:
+        """The RAM record, None when RAM does not hold it; another tenant's raises."""
+        if tenant is not None:
+            try:
+                return self.index.get(checkpoint_id, tenant)
+            except CheckpointNotFoundError:
+                return None
+        # Only explain without a tenant (operator tools) gets here: RAMIndex looks ids up by
+        # tenant, so this scans.
+        return next((e for e in self.index.entries() if e.checkpoint_id == checkpoint_id), None)
+
+    def _durable_record(self, checkpoint_id: str, tenant: str | None) -> KVCheckpointRecord | None:
+        """The live disk record, None when there is none or its retention has passed; another
+        tenant's raises (the message does not name its owner)."""
+        if self.disk is None:
+            return None
+        record = self.disk.explain(checkpoint_id)
+        if record is None or _expired(record, self._clock()):
+            return None
+        if tenant is not None and record.tenant != tenant:
+            raise TenantMismatchError(
+                f"checkpoint {checkpoint_id!r} belongs to another tenant: refused")
+        return record
+
+    def _clear_expired(self, checkpoint_id: str) -> None:
+        """An expired record not yet collected would block the row of a new write of the id."""
+        assert self.disk is not None
+        record = self.disk.explain(checkpoint_id)
+        if record is not None and _expired(record, self._clock()):
+            self.disk.gc_expired(self._clock())
+
+    def _set_meta_if_held(self, checkpoint_id: str, **values: Any) -> None:
+        try:
+            self.index.set_meta(checkpoint_id, **values)
+        except CheckpointNotFoundError:
+            pass  # removed from RAM meanwhile; the disk tier's row (if any) is the record now
+
+
+def _expired(record: KVCheckpointRecord, now: float) -> bool:
+    return record.retention_expiry is not None and record.retention_expiry <= now
+
+
+def _check_source_ids(source_ids: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(source_ids, (str, bytes)):
+        raise TypeError("source_ids must be a sequence of source ids, not a single str/bytes")
+    ids = tuple(source_ids)
+    for i, source_id in enumerate(ids):
+        if not isinstance(source_id, str) or not source_id:
+            raise ValueError(f"source_ids[{i}] must be a non-empty string, not {source_id!r}")
+    return ids

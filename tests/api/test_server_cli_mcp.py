@@ -15,12 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import jsonschema
 import pytest
 from mcp import Client, StdioServerParameters
 
 from kvci_plugin.api.client import ControlCallError, ControlClient
 from kvci_plugin.api.mcp_server import TOOL_NAME
-from kvci_plugin.api.schema import tool_input_schema
+from kvci_plugin.api.schema import (
+    REQUEST_ADAPTER,
+    CheckpointNowRequest,
+    ExplainRequest,
+    PromoteRequest,
+    RamStatsRequest,
+    RecommendRequest,
+    tool_input_schema,
+)
 from kvci_plugin.api.server import ControlServer, serve_control_plane
 from kvci_plugin.cli import main
 
@@ -165,6 +174,24 @@ def test_cli_serve_builds_the_vllm_command(capsys: pytest.CaptureFixture[str], t
 
 
 # ---- MCP ------------------------------------------------------------------------------------------
+
+def test_mcp_tool_schema_is_one_flat_object() -> None:
+    schema = tool_input_schema()
+    assert schema["type"] == "object" and "oneOf" not in schema and schema["required"] == ["action"]
+    assert schema["properties"]["action"]["enum"] == [
+        "recommend", "checkpoint_now", "promote", "explain", "ram_stats"]
+    models = (RecommendRequest, CheckpointNowRequest, PromoteRequest, ExplainRequest, RamStatsRequest)
+    assert set(schema["properties"]) == set().union(*(m.model_fields for m in models))
+    validator = jsonschema.Draft202012Validator(schema)
+    for request in ({"action": "recommend", "evidence_bundle_json": {"claims": []}},
+                    {"action": "checkpoint_now", "session_id": "s", "persist": True},
+                    {"action": "promote", "checkpoint_id": "ab12", "delegation_tokens": ["t"]},
+                    {"action": "explain", "checkpoint_id": "ab12", "tenant": "acme"},
+                    {"action": "ram_stats"}):
+        assert not list(validator.iter_errors(request)), request
+        REQUEST_ADAPTER.validate_python(request)
+    assert list(validator.iter_errors({"action": "recommend", "surprise": 1}))
+
 
 async def _exercise_mcp(server: Any, checkpoint_id: str) -> dict[str, Any]:
     async with Client(server, read_timeout_seconds=60) as client:

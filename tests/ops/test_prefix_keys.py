@@ -7,6 +7,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -131,6 +132,39 @@ def test_partial_block_gets_no_key() -> None:
     keys = ops.prefix_block_keys(tokens, 16, NAMESPACE, "t", SECRET)
     assert keys.shape == (3, 2) and keys.dtype == torch.uint64
     assert torch.equal(keys, ops.prefix_block_keys(tokens[:48], 16, NAMESPACE, "t", SECRET))
+
+
+def test_any_sequence_of_integers() -> None:
+    tokens = random_tokens(40, seed=8)
+    expected = native_hex(tokens, 8, NAMESPACE, "t", SECRET)
+    assert native_hex(tuple(tokens), 8, NAMESPACE, "t", SECRET) == expected
+    assert native_hex(np.array(tokens, dtype=np.int64).tolist(), 8, NAMESPACE, "t", SECRET) == (
+        expected
+    )
+    assert native_hex([np.int64(t) for t in tokens], 8, NAMESPACE, "t", SECRET) == expected
+    assert native_hex(range(0, 40), 8, NAMESPACE, "t", SECRET) == native_hex(
+        list(range(40)), 8, NAMESPACE, "t", SECRET
+    )
+
+
+class ClearsItsList:
+    """An integer whose __index__ empties the list holding it."""
+
+    def __init__(self, owner: list[object], value: int) -> None:
+        self.owner = owner
+        self.value = value
+
+    def __index__(self) -> int:
+        self.owner.clear()
+        return self.value
+
+
+def test_a_list_changed_while_read_is_read_as_it_was() -> None:
+    tokens: list[object] = [1, 2, 3]
+    tokens += [ClearsItsList(tokens, 7)] + list(range(100, 112))
+    expected = native_hex([1, 2, 3, 7, *range(100, 112)], 4, NAMESPACE, "t", SECRET)
+    assert native_hex(tokens, 4, NAMESPACE, "t", SECRET) == expected
+    assert tokens == []
 
 
 def test_non_contiguous_tensor() -> None:
@@ -263,18 +297,24 @@ def valid_args() -> dict[str, object]:
 @pytest.mark.parametrize(
     ("change", "error", "match"),
     [
-        ({"token_ids": [1, 2.0, 3]}, TypeError, "token_ids must hold only integers"),
-        ({"token_ids": ["1"]}, TypeError, "token_ids must hold only integers"),
+        ({"token_ids": [1, 2.0, 3]}, TypeError, r"token_ids\[1\] must be an int, not float"),
+        ({"token_ids": ["1"]}, TypeError, r"token_ids\[0\] must be an int, not str"),
+        ({"token_ids": [None]}, TypeError, r"token_ids\[0\] must be an int, not NoneType"),
         ({"token_ids": "123"}, TypeError, "token_ids must be a tensor or a sequence"),
         ({"token_ids": 5}, TypeError, "token_ids must be a tensor or a sequence"),
         ({"token_ids": [1, -1]}, ValueError, r"token_ids\[1\] = -1 is outside"),
         ({"token_ids": [2**31]}, ValueError, r"token_ids\[0\] = 2147483648 is outside"),
-        ({"token_ids": [2**63]}, ValueError, "outside int64"),
+        ({"token_ids": [2**63]}, ValueError, r"token_ids\[0\] = 9223372036854775808 is outside"),
+        ({"token_ids": [5, -(2**70)]}, ValueError, r"token_ids\[1\] = -1180591620717411303424"),
         ({"token_ids": torch.ones(4)}, TypeError, "int32 or int64"),
         ({"token_ids": torch.ones(4, dtype=torch.bool)}, TypeError, "int32 or int64"),
         ({"token_ids": torch.ones(4, dtype=torch.int16)}, TypeError, "int32 or int64"),
         ({"token_ids": torch.ones(2, 16, dtype=torch.int64)}, ValueError, "must be 1-D"),
-        ({"token_ids": torch.ones(32, dtype=torch.int64, device="meta")}, ValueError, "CPU"),
+        (
+            {"token_ids": torch.ones(32, dtype=torch.int64, device="meta")},
+            ValueError,
+            "token_ids must be on the CPU or a CUDA device, got device meta",
+        ),
         ({"token_ids": torch.tensor([5, -7], dtype=torch.int32)}, ValueError, r"\[1\] = -7"),
         ({"block_size": 0}, ValueError, "block_size must be positive"),
         ({"block_size": -16}, ValueError, "block_size must be positive"),
@@ -331,6 +371,8 @@ def test_batched_bad_input_is_refused() -> None:
         ops.prefix_block_keys_batched(
             [[1], torch.ones(2, 2, dtype=torch.int64)], 16, NAMESPACE, ["t", "u"], SECRET
         )
+    with pytest.raises(ValueError, match=r"token_ids\[1\]\[2\] = -3 is outside"):
+        ops.prefix_block_keys_batched([[1], [1, 2, -3]], 16, NAMESPACE, ["t", "u"], SECRET)
     with pytest.raises(ValueError, match="secret must be at least 16 bytes"):
         ops.prefix_block_keys_batched([], 16, NAMESPACE, [], b"short")
     assert ops.prefix_block_keys_batched([], 16, NAMESPACE, [], SECRET) == []
