@@ -325,6 +325,7 @@ def _render_explain(body: dict[str, Any], console: Console) -> None:
     console.print(_kv_table(escape(f"checkpoint {e['checkpoint_id']}"), [
         ("tier", e["tier"]), ("tenant", e["tenant"]), ("trigger", e["trigger"]),
         ("pages", e["pages"]), ("bytes", e["bytes"]), ("pending", e["pending"]),
+        ("persisting", e.get("persisting")), ("sources", ", ".join(e.get("source_ids", [])) or None),
         ("gate in force", e["gate_in_force"]), ("refusal", e.get("refusal")),
         ("persist error", e.get("persist_error")), ("retention expiry", e.get("retention_expiry")),
     ]))
@@ -340,7 +341,7 @@ def _render_stats(body: dict[str, Any], console: Console) -> None:
         ("bytes", f"{s['bytes_used']} / {s['capacity_bytes']}"),
         ("pages", f"{s['pages']} ({s['pinned_pages']} pinned, {s['slot_bytes']} bytes each)"),
         ("evictions", s["evictions"]), ("tenant quota bytes", s["tenant_quota_bytes"]),
-        ("gate in force", s["gate_in_force"]),
+        ("persists in flight", s["persists_in_flight"]), ("gate in force", s["gate_in_force"]),
     ]))
     scorers = Table(title="registered scorers", title_justify="left")
     scorers.add_column("scorer")

@@ -168,7 +168,10 @@ class CheckpointExplanation(BaseModel):
     pages: int
     bytes: int
     created: float
-    pending: bool
+    pending: bool = Field(description="the RAM copy is still being made")
+    persisting: Literal["waiting", "writing"] | None = Field(
+        None, description="a permitted persist waiting for the RAM copy, or writing blobs")
+    source_ids: list[str] = Field(default_factory=list, description="the sources whose labels gate it")
     recommendation: CheckpointRecommendation | None = None
     eligibility_decision: EligibilityDecision | None = None
     refusal: str | None = Field(None, description="why the last promotion was refused")
@@ -208,6 +211,7 @@ class RAMTierStats(BaseModel):
     evictions: int
     tenant_bytes: dict[str, int]
     tenant_quota_bytes: int | None
+    persists_in_flight: int
     gate_in_force: str
     scorers: dict[str, float] = Field(description="registered scorers and their weights")
     disk: DiskTierStats | None

@@ -8,7 +8,7 @@ itself still completes and its response params carry the error.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -25,9 +25,9 @@ class KVCIRequestParams(BaseModel):
         description="declared tenant (ignored in favour of a verified session's; must agree)")
     session_token: str | None = Field(
         None, min_length=1, max_length=8192, description="signed session credential (JWT)")
-    delegation_tokens: list[str] = Field(
+    delegation_tokens: list[Annotated[str, Field(min_length=1, max_length=8192)]] = Field(
         default_factory=list, max_length=8, description="delegation credentials, root to leaf")
-    source_ids: list[str] = Field(
+    source_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list, max_length=256, description="sources the context was built from")
     session_id: str | None = Field(
         None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$",

@@ -229,9 +229,9 @@ class KVCIScheduler:
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self._reqs.get(request.request_id)
+        # After an async load vLLM calls again with 0; after a preemption the request was
+        # looked up afresh and its blocks are new, so every non-zero call plans a load.
         if st is None or num_external_tokens == 0 or st.keys is None:
-            return
-        if st.ext_tokens:  # the second call of an async load: the blocks are already planned
             return
         bs = self.block_size
         first, last = st.local_tokens // bs, (st.local_tokens + num_external_tokens) // bs

@@ -1,7 +1,7 @@
 """Fixtures: a control plane over a real checkpoint manager, without vLLM.
 
-The manager is the real `TieredCheckpointManager` over a real `RAMIndex`, `PagePool`,
-`KVCheckpointStore` and `DerivedAuthorityGate` with a real HS256 verifier and SQLite label
+The manager is the real `TieredCheckpointManager` over a real `RAMIndex`, `PagePool` (with
+`LocalPageMover`), `KVCheckpointStore` and `DerivedAuthorityGate` with a real HS256 verifier and SQLite label
 catalog. `EngineSide` plays the scheduler's part of `ControlTarget`: the tenant rule of the
 connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused)
 and a record of armed sessions.
@@ -10,7 +10,8 @@ and a record of armed sessions.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,34 +32,15 @@ from kvci_plugin.governance import (
 )
 from kvci_plugin.tiering.blob_store import BlobStore
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.local_mover import LocalPageMover
 from kvci_plugin.tiering.manager import TieredCheckpointManager
 from kvci_plugin.tiering.page_pool import PagePool
 from kvci_plugin.tiering.ram_index import RAMIndex
-from kvci_plugin.tiering.types import PageKey, Reservation
 
 TENANT = "acme"
 SLOT_BYTES = 256
 NAMESPACE = bytes(range(32))
 PUBLIC_SOURCE = "doc-public"
-UNLABELLED_SOURCE = "doc-unlabelled"
-
-
-class PoolMover:
-    """The manager's PageMover over a real page pool and blob store: copies happen at once."""
-
-    def __init__(self, pool: PagePool, blobs: BlobStore) -> None:
-        self.pool = pool
-        self.blobs = blobs
-
-    def store(self, reservation: Reservation, source: Mapping[PageKey, torch.Tensor]) -> bool:
-        pages = torch.stack([source[key] for key, _ in reservation.new])
-        self.pool.write_many([slot for _, slot in reservation.new], pages)
-        return True
-
-    def persist(self, checkpoint_id: str, tenant: str, keys: Sequence[PageKey],
-                slots: Sequence[int]) -> bool:
-        self.blobs.write_many(list(keys), tenant, self.pool.read_many(list(slots)))
-        return True
 
 
 @dataclass
@@ -105,8 +87,6 @@ class World:
         return self.issuer.issue_session(**claims)
 
     def expired_session(self) -> str:
-        import time
-
         return self.session(now=time.time() - 7200, ttl_s=60)
 
     def checkpoint(self, *, tenant: str = TENANT, pages: int = 3,
@@ -128,7 +108,7 @@ def make_world(root: Path) -> World:
     labels.set_labels(PUBLIC_SOURCE, SourceLabels(classification="PUBLIC", mandatory_markings=[]))
     gate = DerivedAuthorityGate(verifier, labels, durable_store_region="eu")
     disk = KVCheckpointStore(root / "disk", NAMESPACE, 1 << 24)
-    mover = PoolMover(PagePool(64, SLOT_BYTES, pin_memory=False), BlobStore(root / "disk", NAMESPACE))
+    mover = LocalPageMover(PagePool(64, SLOT_BYTES, pin_memory=False), BlobStore(root / "disk", NAMESPACE))
     manager = TieredCheckpointManager(index=RAMIndex(64, SLOT_BYTES, 16), mover=mover, disk=disk,
                                       disk_region="eu", gate=gate)
     side = EngineSide(manager, verifier)

@@ -149,7 +149,8 @@ def test_promote_with_the_callers_session_persists(client: TestClient, world: An
     assert body["status"] == "persisted" and body["decision"]["permitted"] is True
 
     explanation = explain(client, cid, session_token=world.session()).json()["explanation"]
-    assert explanation["tier"] == "ram+disk"
+    assert explanation["tier"] == "ram+disk" and explanation["persisting"] is None
+    assert explanation["source_ids"] == ["doc-public"]
     assert explanation["refusal"] is None  # the earlier refusal is superseded
     assert [c["verdict"] for c in explanation["eligibility_decision"]["derivation"]["checks"]] == ["pass"] * 9
     assert tuple(world.disk.load(cid, "acme").shape) == (4, 256)
@@ -184,7 +185,7 @@ def test_ram_stats_reports_occupancy_gate_and_scorers(client: TestClient, world:
     stats = post(client, action="ram_stats").json()["stats"]
     assert (stats["entries"], stats["pages"], stats["bytes_used"]) == (2, 5, 5 * 256)
     assert stats["tenant_bytes"] == {"acme": 5 * 256}
-    assert stats["gate_in_force"] == "derived_authority"
+    assert stats["gate_in_force"] == "derived_authority" and stats["persists_in_flight"] == 0
     assert stats["scorers"]["rebuild_cost"] == pytest.approx(0.30)
     assert set(stats["scorers"]) == {
         "rebuild_cost", "predicted_reuse", "retrieval_saturation", "grounding_density",

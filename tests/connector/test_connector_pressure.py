@@ -14,12 +14,13 @@ from engine import BLOCK_SIZE, greedy, kvci_params, make_llm, shutdown
 
 pytestmark = pytest.mark.engine
 
-PRESSURE = dict(max_num_batched_tokens=64, num_gpu_blocks_override=40, max_num_seqs=6,
-                max_model_len=1024, disable_log_stats=False)
+# 16 blocks of 32 tokens for 8 requests of ~350 tokens each: vLLM must preempt (8 times here).
+PRESSURE = dict(max_num_batched_tokens=64, num_gpu_blocks_override=16, max_num_seqs=8,
+                max_model_len=384, disable_log_stats=False)
 rng = random.Random(5)
-SHARED = [rng.randrange(2, 1000) for _ in range(6 * BLOCK_SIZE)]
-BATCH = [SHARED + [rng.randrange(2, 1000) for _ in range(BLOCK_SIZE + 11)] for _ in range(6)]
-OUT_TOKENS = 48
+SHARED = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE)]
+BATCH = [SHARED + [rng.randrange(2, 1000) for _ in range(20)] for _ in range(8)]
+OUT_TOKENS = 200
 
 
 def _gen(llm, prompts, sp):
@@ -29,7 +30,7 @@ def _gen(llm, prompts, sp):
 
 
 def _preemptions(llm) -> float:
-    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")  # a Counter
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,5 @@ def test_chunked_prefill_store_then_hit_under_preemption(llm, baseline):
     before = _preemptions(llm)
     outs = _gen(llm, BATCH, greedy(OUT_TOKENS, kv_transfer_params={"kvci": {"tenant": "t"}}))
     assert _preemptions(llm) > before  # the small cache forced preemptions
-    assert all(o.num_cached_tokens >= 6 * BLOCK_SIZE for o in outs[:1])
-    assert sum(o.kv_transfer_params["kvci"]["hit_tokens"] > 0 for o in outs) >= 4
+    assert sum(o.kv_transfer_params["kvci"]["hit_tokens"] >= 4 * BLOCK_SIZE for o in outs) >= 4
     assert [list(o.outputs[0].token_ids) for o in outs] == baseline
