@@ -43,7 +43,7 @@ from rich.table import Table
 
 from benchmarks.policysim.model_shape import MODEL_SHAPES
 from benchmarks.policysim.plot import plot_report
-from benchmarks.policysim.report import GB, TARGET_SAVED_RATIO, TARGET_WRITE_REDUCTION, SimulationReport
+from benchmarks.policysim.report import TARGET_SAVED_RATIO, TARGET_WRITE_REDUCTION, SimulationReport
 from benchmarks.policysim.sweep import (
     DEFAULT_BUDGET_FRACTIONS,
     DEFAULT_MODEL,

@@ -22,7 +22,6 @@ from starlette.types import ASGIApp
 from kvci_plugin.api.access import check_bind, load_bearer_token
 from kvci_plugin.api.app import DEFAULT_MAX_BODY_BYTES, build_app
 from kvci_plugin.api.control import ControlPlane
-from kvci_plugin.tiering.manager import TieredCheckpointManager
 
 if TYPE_CHECKING:
     from kvci_plugin.connector.config import KVCIConfig
@@ -89,39 +88,8 @@ def start_control_server(scheduler: Any, config: KVCIConfig) -> ControlServer:
     if config.control_port is None:
         raise ValueError("control_port is not set")
     server = serve_control_plane(
-        ControlPlane(_SchedulerTarget(scheduler)), host=config.control_host,
+        ControlPlane(scheduler), host=config.control_host,
         port=config.control_port, token_file=config.control_token_file)
     logger.info("kvci: control surface on %s (bearer %s)", server.url,
                 "required" if config.control_token_file is not None else "off: loopback only")
     return server
-
-
-class _SchedulerTarget:
-    """`KVCIScheduler` seen as a `ControlTarget`.
-
-    Imports the connector lazily: this runs only inside the engine, where it is loaded, and the
-    rest of this package stays free of vLLM.
-    """
-
-    def __init__(self, scheduler: Any) -> None:
-        self._scheduler = scheduler
-
-    @property
-    def manager(self) -> TieredCheckpointManager:
-        manager: TieredCheckpointManager = self._scheduler.manager
-        return manager
-
-    def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
-        from kvci_plugin.connector.params import KVCIRequestParams
-
-        params = KVCIRequestParams(tenant=tenant, session_token=session_token)
-        tenant_name: str = self._scheduler._tenants.resolve(params)
-        return tenant_name
-
-    def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
-                       session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:
-        from kvci_plugin.connector.scheduler import ArmedCheckpoint
-
-        self._scheduler.arm_checkpoint(tenant, session_id, ArmedCheckpoint(
-            trigger=trigger, persist=persist, session_token=session_token,
-            delegation_tokens=delegation_tokens))

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.metadata import (
@@ -437,10 +436,17 @@ class KVCIScheduler:
         stats, self._stats = self._stats, KVCIStats()
         return None if stats.is_empty() else stats
 
-    def arm_checkpoint(self, tenant: str, session_id: str, checkpoint: ArmedCheckpoint) -> None:
+    def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
+        """Control surface: the caller's tenant (a verified session wins); ParamsError if refused."""
+        return self._tenants.resolve(KVCIRequestParams(tenant=tenant, session_token=session_token))
+
+    def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
+                       session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:
         """Control surface: keep the KV of this session's next finished request."""
         with self.manager.lock:
-            self._armed[(tenant, session_id)] = checkpoint
+            self._armed[(tenant, session_id)] = ArmedCheckpoint(
+                trigger=trigger, persist=persist, session_token=session_token,
+                delegation_tokens=delegation_tokens)
             while len(self._armed) > _MAX_TRACKED:
                 self._armed.pop(next(iter(self._armed)))
 
