@@ -188,14 +188,14 @@ class Demo:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 info = self.control("explain", checkpoint_id=checkpoint_id, session_token=self.token)
-                if "disk" in str(info.get("result", info).get("tier", "")):
+                if "disk" in str(info.get("explanation", info).get("tier", "")):
                     return
                 self.ask([3, 4, 5], max_tokens=1)  # one engine step carries the persist job
         raise RuntimeError("the persisted checkpoint never reached disk")
 
 
 def _explain_summary(info: dict[str, Any]) -> dict[str, Any]:
-    info = info.get("result", info)
+    info = info.get("explanation", info)
     decision = info.get("eligibility_decision") or {}
     checks = (decision.get("derivation") or {}).get("checks", [])
     return {

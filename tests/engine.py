@@ -46,3 +46,20 @@ def greedy(n: int = 12, **extra_args: Any):
 
 def kvci_params(**kvci: Any):
     return greedy(kv_transfer_params={"kvci": kvci})
+
+
+def generate_one(llm: Any, tokens: list[int], sp: Any) -> Any:
+    """Generate for one prompt given as token ids; returns its RequestOutput."""
+    from vllm.inputs import TokensPrompt
+
+    (out,) = llm.generate([TokensPrompt(prompt_token_ids=tokens)], sp, use_tqdm=False)
+    return out
+
+
+def baseline_outputs(model: Path, prompts: dict[str, list[int]], **kwargs: Any) -> dict[str, list[int]]:
+    """Greedy output tokens of an engine without the connector: what every hit must reproduce."""
+    llm = make_llm(model, **kwargs)
+    outs = {name: list(generate_one(llm, toks, greedy()).outputs[0].token_ids)
+            for name, toks in prompts.items()}
+    shutdown(llm)
+    return outs

@@ -12,28 +12,31 @@ import time
 from pathlib import Path
 
 import pytest
-
-from durable_support import blob_paths, catalog_rows, checkpoint_blob_keys, prompts, setup_dirs
-from engine import BLOCK_SIZE, greedy, kvci_params, make_llm, shutdown
+from durable_support import (
+    blob_paths,
+    catalog_rows,
+    checkpoint_blob_keys,
+    prompts,
+    setup_dirs,
+)
+from engine import (
+    BLOCK_SIZE,
+    baseline_outputs,
+    generate_one,
+    kvci_params,
+    make_llm,
+    shutdown,
+)
 
 pytestmark = pytest.mark.engine
 
 WRITER = Path(__file__).with_name("durable_writer.py")
 
 
-def _run(llm, tokens, sp):
-    from vllm.inputs import TokensPrompt
-
-    (out,) = llm.generate([TokensPrompt(prompt_token_ids=tokens)], sp, use_tqdm=False)
-    return out
-
 
 @pytest.fixture(scope="module")
 def baseline(tiny_model):
-    llm = make_llm(tiny_model)
-    outs = {k: list(_run(llm, t, greedy()).outputs[0].token_ids) for k, t in prompts().items()}
-    shutdown(llm)
-    return outs
+    return baseline_outputs(tiny_model, prompts())
 
 
 @pytest.fixture(scope="module")
@@ -104,25 +107,25 @@ def test_catalog_is_consistent_after_kill(first_engine, second_engine):
 
 
 def test_persisted_checkpoint_hits_from_disk_after_restart(second_engine, baseline):
-    out = _run(second_engine, prompts()["persisted"], kvci_params(tenant="acme"))
+    out = generate_one(second_engine, prompts()["persisted"], kvci_params(tenant="acme"))
     assert out.num_cached_tokens == 5 * BLOCK_SIZE
     assert out.kv_transfer_params["kvci"]["hit_tier"] == "disk"
     assert list(out.outputs[0].token_ids) == baseline["persisted"]
 
 
 def test_refused_checkpoint_does_not_survive_restart(second_engine, baseline):
-    out = _run(second_engine, prompts()["refused"], kvci_params(tenant="acme"))
+    out = generate_one(second_engine, prompts()["refused"], kvci_params(tenant="acme"))
     assert out.num_cached_tokens == 0
     assert list(out.outputs[0].token_ids) == baseline["refused"]
 
 
 def test_flipped_byte_is_a_load_error_and_recomputes(second_engine, baseline, flipped_blob):
-    out = _run(second_engine, prompts()["flipped"], kvci_params(tenant="acme"))
+    out = generate_one(second_engine, prompts()["flipped"], kvci_params(tenant="acme"))
     assert list(out.outputs[0].token_ids) == baseline["flipped"]
     assert not flipped_blob.exists()  # quarantined, never to be loaded again
 
 
 def test_other_tenant_never_hits_disk(second_engine, baseline):
-    out = _run(second_engine, prompts()["persisted"], kvci_params(tenant="globex"))
+    out = generate_one(second_engine, prompts()["persisted"], kvci_params(tenant="globex"))
     assert out.num_cached_tokens == 0
     assert list(out.outputs[0].token_ids) == baseline["persisted"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from engine import BLOCK_SIZE, greedy, kvci_params, make_llm, shutdown
 
 pytestmark = pytest.mark.engine

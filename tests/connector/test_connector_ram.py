@@ -8,8 +8,15 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from engine import BLOCK_SIZE, greedy, kvci_params, make_llm, shutdown
+from engine import (
+    BLOCK_SIZE,
+    baseline_outputs,
+    generate_one,
+    greedy,
+    kvci_params,
+    make_llm,
+    shutdown,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -32,19 +39,10 @@ PROMPTS = {
 PROMPTS["plain_again"] = list(PROMPTS["plain"])
 
 
-def _run(llm, tokens, sp):
-    from vllm.inputs import TokensPrompt
-
-    (out,) = llm.generate([TokensPrompt(prompt_token_ids=tokens)], sp, use_tqdm=False)
-    return out
-
 
 @pytest.fixture(scope="module")
 def baseline(tiny_model):
-    llm = make_llm(tiny_model)
-    outs = {name: list(_run(llm, toks, greedy()).outputs[0].token_ids) for name, toks in PROMPTS.items()}
-    shutdown(llm)
-    return outs
+    return baseline_outputs(tiny_model, PROMPTS)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +55,13 @@ def llm(tiny_model, baseline, tmp_path_factory):
 
 
 def test_full_prefix_hit_equals_baseline(llm, baseline):
-    first = _run(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
+    first = generate_one(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
     kvci = first.kv_transfer_params["kvci"]
     assert kvci["tier"] == "ram" and kvci["checkpoint_id"]
     assert list(first.outputs[0].token_ids) == baseline["a"]
     assert first.num_cached_tokens == 0
 
-    again = _run(llm, PROMPTS["a_again"], kvci_params(tenant="acme"))
+    again = generate_one(llm, PROMPTS["a_again"], kvci_params(tenant="acme"))
     # Every full block of the prompt but never the last token: 6 blocks of 32.
     assert again.num_cached_tokens == 6 * BLOCK_SIZE
     assert again.kv_transfer_params["kvci"]["hit_tokens"] == 6 * BLOCK_SIZE
@@ -72,27 +70,27 @@ def test_full_prefix_hit_equals_baseline(llm, baseline):
 
 
 def test_partial_prefix_hit_equals_baseline(llm, baseline):
-    _run(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
-    out = _run(llm, PROMPTS["partial"], kvci_params(tenant="acme"))
+    generate_one(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
+    out = generate_one(llm, PROMPTS["partial"], kvci_params(tenant="acme"))
     assert out.num_cached_tokens == 3 * BLOCK_SIZE
     assert list(out.outputs[0].token_ids) == baseline["partial"]
 
 
 def test_other_tenant_never_hits(llm, baseline):
-    _run(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
-    out = _run(llm, PROMPTS["tenant_b"], kvci_params(tenant="globex"))
+    generate_one(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
+    out = generate_one(llm, PROMPTS["tenant_b"], kvci_params(tenant="globex"))
     assert out.num_cached_tokens == 0
     assert out.kv_transfer_params["kvci"]["hit_tokens"] == 0
     assert list(out.outputs[0].token_ids) == baseline["tenant_b"]
 
 
 def test_request_without_params_is_untouched(llm, baseline):
-    out = _run(llm, PROMPTS["plain"], greedy())
+    out = generate_one(llm, PROMPTS["plain"], greedy())
     assert list(out.outputs[0].token_ids) == baseline["plain"]
     assert not (out.kv_transfer_params or {}).get("kvci")
 
 
 def test_bad_params_fail_only_kvci(llm, baseline):
-    out = _run(llm, PROMPTS["plain_again"], kvci_params(tenant="acme", bogus=1))
+    out = generate_one(llm, PROMPTS["plain_again"], kvci_params(tenant="acme", bogus=1))
     assert list(out.outputs[0].token_ids) == baseline["plain_again"]
     assert "bogus" in out.kv_transfer_params["kvci"]["error"]

@@ -8,7 +8,6 @@ import random
 
 import httpx
 import pytest
-
 from engine import BLOCK_SIZE
 from server import Server
 

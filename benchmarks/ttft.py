@@ -1,0 +1,504 @@
+"""Time to first token on vLLM (CPU) with kvci, next to recompute, vLLM's own prefix cache and
+vLLM's ExampleConnector, on the same prompts in one run; and decode speed with kvci on vs off.
+
+Engines start one after another (each is shut down before the next) on a random-weight Llama
+generated here (``kvci_plugin.tinymodel``). TTFT is the wall time of ``LLM.generate`` with
+``max_tokens=1``. Paths, in the order they run:
+
+- ``recompute``: no connector, no prefix caching; a new prompt per sample.
+- ``kvci_miss``: kvci on (RAM and disk tiers configured) and nothing to hit: the same prompts.
+- ``kvci_ram_hit``: one prompt kept with a gated persist (``persist: true``, valid credential),
+  then the same prompt again: kvci loads its KV from the RAM tier.
+- ``prefix_cache_hit``: vLLM's own prefix cache on the same prompt: the KV is already in place,
+  the floor any connector can approach.
+- ``example_connector_hit``: vLLM's ExampleConnector (one safetensors file per layer, no
+  checksum, no gate) on the same prompt, after one request that wrote it.
+- ``kvci_disk_hit``: a new kvci engine on the same folders (RAM tier empty): the persisted
+  checkpoint loads from disk, every blob's checksum verified, tenancy enforced.
+- ``chunked_*``: kvci again with ``max_num_batched_tokens`` below the prompt length, so prefill
+  spans several chunks: a miss, a disk hit, then (after ``checkpoint: "now"``) a RAM hit.
+  ExampleConnector cannot run like this (a prompt spanning several chunks kills the engine:
+  shape mismatch, EngineDeadError), so every other engine takes the whole prompt in one step.
+
+Both disk paths read files written minutes earlier, so the page cache holds them for both.
+Decode speed is ``--decode-tokens`` greedy tokens after a short prompt, tokens per second of
+the whole request, without a connector (``decode_off``) and on the kvci engine with kvci
+parameters on every request and no hit (``decode_on``). Every timed hit is checked (cached
+tokens > 0, and kvci's reported tier): a hit that did not happen aborts the run.
+
+The machine may be shared: report ratios. vLLM on CPU binds each engine's worker to a core
+(``VLLM_CPU_OMP_THREADS_BIND``, "auto" by default); on a shared machine pick a quiet core, e.g.
+``VLLM_CPU_OMP_THREADS_BIND=1``; the report records the binding and the load average.
+
+    .venv/bin/python -m benchmarks.ttft [--prompt-tokens N] [--samples S] [--hit-samples H]
+                                        [--decode-tokens D] [--chunk-tokens C] [--quick]
+                                        [--json PATH]
+
+The full run writes ``benchmarks/results/ttft.json``; ``python -m benchmarks.render_results``
+turns it into the results README. ``--quick`` runs every path on the smallest model with short
+prompts and few samples (a smoke run; it writes JSON only with ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import shlex
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA = "kvci-ttft/1"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DEFAULT_JSON = RESULTS_DIR / "ttft.json"
+BLOCK_SIZE = 32  # vLLM on CPU needs a multiple of 32
+DECODE_PROMPT_TOKENS = 2 * BLOCK_SIZE
+TENANT = "acme"
+SOURCE = "doc:handbook"
+SOURCES = {SOURCE: {"classification": "INTERNAL", "residency_regions": ["eu"],
+                    "retention_days": 30, "mandatory_markings": []}}
+# vLLM's CPU settings this benchmark reads back into its report (the command line names them).
+VLLM_CPU_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+
+# The issue's targets (at 4k-token prompts).
+TARGET_RAM_VS_PREFIX_CACHE = 1.25  # kvci RAM hit TTFT / vLLM prefix-cache hit TTFT, at most
+TARGET_RAM_SPEEDUP = 20.0  # recompute TTFT / kvci RAM hit TTFT, at least
+TARGET_DISK_VS_EXAMPLE = 1.25  # kvci disk hit TTFT / ExampleConnector hit TTFT, at most
+TARGET_DECODE_OVERHEAD = 0.03  # 1 - decode tokens/s with kvci / without, at most
+
+# path -> (what it is, the path its speed-up is measured against)
+PATHS: dict[str, tuple[str, str]] = {
+    "recompute": ("recompute, no connector", "recompute"),
+    "kvci_miss": ("kvci on, nothing to hit", "recompute"),
+    "kvci_ram_hit": ("kvci RAM hit", "recompute"),
+    "prefix_cache_hit": ("vLLM prefix-cache hit (floor)", "recompute"),
+    "example_connector_hit": ("ExampleConnector disk hit", "recompute"),
+    "kvci_disk_hit": ("kvci disk hit after restart (checksums, tenancy)", "recompute"),
+    "chunked_kvci_miss": ("chunked prefill: kvci on, nothing to hit", "chunked_kvci_miss"),
+    "chunked_kvci_disk_hit": ("chunked prefill: kvci disk hit", "chunked_kvci_miss"),
+    "chunked_kvci_ram_hit": ("chunked prefill: kvci RAM hit", "chunked_kvci_miss"),
+}
+DECODE_PATHS = {"decode_off": "no connector", "decode_on": "kvci on, no hits"}
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class ModelShape(BaseModel):
+    """The generated model (``kvci_plugin.tinymodel.TinyModelSpec`` fields this run sets)."""
+
+    model_config = _FROZEN
+
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    intermediate_size: PositiveInt
+    dtype: Literal["float32", "bfloat16", "float16"]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        itemsize = 4 if self.dtype == "float32" else 2
+        return self.num_layers * self.num_kv_heads * (self.hidden_size // self.num_heads) * 2 * itemsize
+
+
+# float32: this machine's CPUs have AVX2 but no bf16 matmul, where vLLM falls back to a slow path.
+FULL_MODEL = ModelShape(num_layers=8, hidden_size=1024, num_heads=16, num_kv_heads=4,
+                        intermediate_size=2816, dtype="float32")
+QUICK_MODEL = ModelShape(num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2,
+                         intermediate_size=256, dtype="float32")
+
+
+class PathTiming(BaseModel):
+    """TTFT samples of one path; ``cached_tokens`` is what every sample found cached (0 = miss)."""
+
+    model_config = _FROZEN
+
+    engine: str
+    cached_tokens: NonNegativeInt
+    seconds: tuple[float, ...] = Field(min_length=1)
+    median_s: float
+
+    @model_validator(mode="after")
+    def _median(self) -> PathTiming:
+        if self.median_s != statistics.median(self.seconds):
+            raise ValueError("median_s must be the median of seconds")
+        return self
+
+    @classmethod
+    def of(cls, engine: str, cached_tokens: int, seconds: Sequence[float]) -> PathTiming:
+        return cls(engine=engine, cached_tokens=cached_tokens, seconds=tuple(seconds),
+                   median_s=statistics.median(seconds))
+
+
+class DecodeRate(BaseModel):
+    model_config = _FROZEN
+
+    engine: str
+    tokens_per_s: tuple[float, ...] = Field(min_length=1)
+    median_tokens_per_s: float
+
+    @model_validator(mode="after")
+    def _median(self) -> DecodeRate:
+        if self.median_tokens_per_s != statistics.median(self.tokens_per_s):
+            raise ValueError("median_tokens_per_s must be the median of tokens_per_s")
+        return self
+
+    @classmethod
+    def of(cls, engine: str, tokens_per_s: Sequence[float]) -> DecodeRate:
+        return cls(engine=engine, tokens_per_s=tuple(tokens_per_s),
+                   median_tokens_per_s=statistics.median(tokens_per_s))
+
+
+class TargetCheck(BaseModel):
+    model_config = _FROZEN
+
+    name: str
+    claim: str
+    value: float
+    bound: float
+    at_most: bool
+    met: bool
+
+
+class TTFTReport(BaseModel):
+    """Everything the results README shows about one run."""
+
+    model_config = _FROZEN
+
+    report_format: Literal["kvci-ttft/1"] = SCHEMA
+    command: str
+    runtime_s: float
+    vllm_version: str
+    vllm_cpu_env: dict[str, str]
+    cpus: PositiveInt
+    load_average: tuple[float, float]  # 1-minute load average at the start and at the end
+    model: ModelShape
+    block_size: PositiveInt
+    prompt_tokens: PositiveInt
+    batched_tokens: PositiveInt  # max_num_batched_tokens of every engine but the chunked one
+    chunk_tokens: PositiveInt
+    samples: PositiveInt
+    hit_samples: PositiveInt
+    decode_tokens: PositiveInt
+    ttft: dict[str, PathTiming]
+    decode: dict[str, DecodeRate]
+    targets: tuple[TargetCheck, ...]
+
+
+def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate]) -> tuple[TargetCheck, ...]:
+    def med(path: str) -> float:
+        return ttft[path].median_s
+
+    overhead = 1.0 - decode["decode_on"].median_tokens_per_s / decode["decode_off"].median_tokens_per_s
+    rows = (
+        ("ram_vs_prefix_cache", "kvci RAM hit TTFT / vLLM prefix-cache hit TTFT",
+         med("kvci_ram_hit") / med("prefix_cache_hit"), TARGET_RAM_VS_PREFIX_CACHE, True),
+        ("ram_speedup", "recompute TTFT / kvci RAM hit TTFT",
+         med("recompute") / med("kvci_ram_hit"), TARGET_RAM_SPEEDUP, False),
+        ("disk_vs_example_connector", "kvci disk hit TTFT / ExampleConnector disk hit TTFT",
+         med("kvci_disk_hit") / med("example_connector_hit"), TARGET_DISK_VS_EXAMPLE, True),
+        ("decode_overhead", "1 - decode tokens/s with kvci / without", overhead,
+         TARGET_DECODE_OVERHEAD, True),
+    )
+    return tuple(
+        TargetCheck(name=name, claim=claim, value=value, bound=bound, at_most=at_most,
+                    met=value <= bound if at_most else value >= bound)
+        for name, claim, value, bound, at_most in rows
+    )
+
+
+class MissedHit(RuntimeError):
+    """A sample that should have hit a cache did not (or one that should have missed hit)."""
+
+
+@dataclass(frozen=True)
+class Prompts:
+    hit: list[int]
+    cold: list[list[int]]
+    decode: list[list[int]]
+    warmup: list[int]
+    step: list[int]  # a one-token-output request that steps the engine while a persist drains
+
+
+def make_prompts(prompt_tokens: int, samples: int, vocab_size: int, seed: int = 2026) -> Prompts:
+    rng = random.Random(seed)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(2, vocab_size) for _ in range(n)]  # 0 and 1 are BOS and EOS
+
+    return Prompts(hit=toks(prompt_tokens), cold=[toks(prompt_tokens) for _ in range(samples)],
+                   decode=[toks(DECODE_PROMPT_TOKENS) for _ in range(samples)],
+                   warmup=toks(BLOCK_SIZE + 3), step=toks(3))
+
+
+def _say(message: str) -> None:
+    print(f"[ttft] {message}", file=sys.stderr, flush=True)
+
+
+class Bench:
+    """One run: the model, the prompts, the folders, and the engines in turn."""
+
+    def __init__(self, args: argparse.Namespace, shape: ModelShape, workdir: Path) -> None:
+        from kvci_plugin.governance import CredentialIssuer, write_hmac_key_file
+        from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
+
+        self.args = args
+        self.shape = shape
+        spec = TinyModelSpec(**shape.model_dump())
+        self.model = make_tiny_model(spec)
+        self.prompts = make_prompts(args.prompt_tokens, args.samples, spec.vocab_size)
+        self.max_model_len = max(args.prompt_tokens, DECODE_PROMPT_TOKENS + args.decode_tokens) + BLOCK_SIZE
+        key = write_hmac_key_file(workdir / "hs256.key")
+        (workdir / "labels.json").write_text(json.dumps(SOURCES))
+        self.disk_root = workdir / "disk"
+        self.example_dir = workdir / "example_connector"
+        self.example_dir.mkdir()
+        kv_mib = max(64, 4 * args.prompt_tokens * shape.kv_bytes_per_token >> 20)
+        self.kvci_extra = {
+            "ram_bytes": f"{kv_mib}MiB", "state_dir": str(workdir / "state"), "system_trigger": False,
+            "disk_root": str(self.disk_root), "disk_bytes": f"{kv_mib}MiB", "disk_region": "eu",
+            "credentials": {"algorithm": "HS256", "key_file": str(key)},
+            "label_catalog": str(workdir / "labels.sqlite3"), "label_catalog_json": str(workdir / "labels.json"),
+        }
+        self.session_token = CredentialIssuer.from_key_file("HS256", key).issue_session(
+            actor="bench", tenant=TENANT, scopes=["kv:persist"], clearance="CONFIDENTIAL",
+            markings=[], regions=["eu"], policy_version=1)
+        self.ttft: dict[str, PathTiming] = {}
+        self.decode: dict[str, DecodeRate] = {}
+
+    # ---- engines -------------------------------------------------------------------------------
+
+    def _kvci_config(self) -> dict[str, Any]:
+        return {"kv_connector": "KVCheckpointConnector", "kv_connector_module_path": "kvci_plugin.connector",
+                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": self.kvci_extra}
+
+    def _example_config(self) -> dict[str, Any]:
+        return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"shared_storage_path": str(self.example_dir)}}
+
+    @contextmanager
+    def engine(self, name: str, *, kv_transfer_config: dict[str, Any] | None = None,
+               prefix_caching: bool = False, batched_tokens: int | None = None) -> Iterator[Any]:
+        from vllm import LLM
+
+        start = time.perf_counter()
+        llm = LLM(model=str(self.model), dtype=self.shape.dtype, block_size=BLOCK_SIZE,
+                  gpu_memory_utilization=0.2, max_model_len=self.max_model_len,
+                  max_num_batched_tokens=batched_tokens or self.max_model_len,
+                  enable_prefix_caching=prefix_caching, enforce_eager=True, seed=0,
+                  kv_transfer_config=kv_transfer_config)
+        _say(f"engine {name}: started in {time.perf_counter() - start:.1f} s")
+        try:
+            self._request(llm, self.prompts.warmup)  # first-request costs stay out of the samples
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _request(llm: Any, tokens: list[int], max_tokens: int = 1,
+                 kvci: dict[str, Any] | None = None) -> tuple[float, Any]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        extra = {"kv_transfer_params": {"kvci": kvci}} if kvci is not None else None
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra)
+        start = time.perf_counter()
+        (out,) = llm.generate([TokensPrompt(prompt_token_ids=tokens)], sp, use_tqdm=False)
+        return time.perf_counter() - start, out
+
+    def _time(self, llm: Any, engine: str, path: str, prompts: Sequence[list[int]], *, hit: bool,
+              kvci: dict[str, Any] | None = None, tier: str | None = None) -> None:
+        seconds, cached = [], set()
+        for i, tokens in enumerate(prompts):
+            elapsed, out = self._request(llm, tokens, kvci=kvci)
+            n = out.num_cached_tokens or 0
+            if (n > 0) != hit:
+                raise MissedHit(f"{path}: sample {i} found {n} cached tokens, expected "
+                                f"{'a hit' if hit else 'none'}")
+            if tier is not None:
+                got = (out.kv_transfer_params or {}).get("kvci", {}).get("hit_tier")
+                if got != tier:
+                    raise MissedHit(f"{path}: sample {i} hit tier {got!r}, expected {tier!r}")
+            seconds.append(elapsed)
+            cached.add(n)
+        if len(cached) != 1:
+            raise MissedHit(f"{path}: samples found different cached token counts {sorted(cached)}")
+        self.ttft[path] = PathTiming.of(engine, cached.pop(), seconds)
+        _say(f"{path}: median {self.ttft[path].median_s:.3f} s over {len(seconds)} samples")
+
+    def _hits(self, llm: Any, engine: str, path: str, **kw: Any) -> None:
+        self._time(llm, engine, path, [self.prompts.hit] * self.args.hit_samples, hit=True, **kw)
+
+    def _decode(self, llm: Any, engine: str, path: str, kvci: dict[str, Any] | None = None) -> None:
+        rates = []
+        for tokens in self.prompts.decode:
+            elapsed, out = self._request(llm, tokens, max_tokens=self.args.decode_tokens, kvci=kvci)
+            if (out.num_cached_tokens or 0) > 0 or len(out.outputs[0].token_ids) != self.args.decode_tokens:
+                raise MissedHit(f"{path}: expected {self.args.decode_tokens} tokens and no hit")
+            rates.append(self.args.decode_tokens / elapsed)
+        self.decode[path] = DecodeRate.of(engine, rates)
+        _say(f"{path}: median {self.decode[path].median_tokens_per_s:.1f} tokens/s")
+
+    def _persisted(self, checkpoint_id: str) -> bool:
+        # Read-only: the engine owns the catalog and may be writing it.
+        path = self.disk_root / "catalog.sqlite3"
+        if not path.exists():
+            return False
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            row = conn.execute("SELECT 1 FROM checkpoints WHERE checkpoint_id = ?", (checkpoint_id,)).fetchone()
+        finally:
+            conn.close()
+        return row is not None
+
+    def _keep(self, llm: Any, path: str, **kvci: Any) -> dict[str, Any]:
+        _, out = self._request(llm, self.prompts.hit, kvci={"tenant": TENANT, **kvci})
+        reply = (out.kv_transfer_params or {}).get("kvci", {})
+        if reply.get("tier") != "ram":
+            raise MissedHit(f"{path}: the prompt was not kept in RAM: {reply.get('not_kept')!r}")
+        return reply
+
+    # ---- the run -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        kvci = {"tenant": TENANT}
+        p = self.prompts
+        with self.engine("plain") as llm:
+            self._time(llm, "plain", "recompute", p.cold, hit=False)
+            self._decode(llm, "plain", "decode_off")
+        with self.engine("kvci", kv_transfer_config=self._kvci_config()) as llm:
+            self._time(llm, "kvci", "kvci_miss", p.cold, hit=False, kvci=kvci)
+            reply = self._keep(llm, "kvci_ram_hit", session_token=self.session_token, persist=True,
+                               source_ids=[SOURCE])
+            persist = reply.get("persist") or {}
+            if persist.get("status") not in ("persisting", "persisted"):
+                raise MissedHit(f"kvci_disk_hit: the gate did not permit the persist: {persist!r}")
+            self._hits(llm, "kvci", "kvci_ram_hit", kvci=kvci, tier="ram")
+            self._decode(llm, "kvci", "decode_on", kvci=kvci)
+            deadline = time.monotonic() + 300
+            while not self._persisted(reply["checkpoint_id"]):
+                if time.monotonic() > deadline:
+                    raise MissedHit("kvci_disk_hit: the persisted checkpoint never reached the catalog")
+                self._request(llm, p.step)  # steps the engine so the persist job reaches the worker
+        with self.engine("prefix_cache", prefix_caching=True) as llm:
+            self._request(llm, p.hit)
+            self._hits(llm, "prefix_cache", "prefix_cache_hit")
+        with self.engine("example_connector", kv_transfer_config=self._example_config()) as llm:
+            self._request(llm, p.hit)  # writes the prompt's KV files
+            self._hits(llm, "example_connector", "example_connector_hit")
+        with self.engine("kvci_restarted", kv_transfer_config=self._kvci_config()) as llm:
+            self._hits(llm, "kvci_restarted", "kvci_disk_hit", kvci=kvci, tier="disk")
+        chunked = "kvci_chunked"
+        with self.engine(chunked, kv_transfer_config=self._kvci_config(),
+                         batched_tokens=self.args.chunk_tokens) as llm:
+            self._time(llm, chunked, "chunked_kvci_miss", p.cold, hit=False, kvci=kvci)
+            self._hits(llm, chunked, "chunked_kvci_disk_hit", kvci=kvci, tier="disk")
+            self._keep(llm, "chunked_kvci_ram_hit", checkpoint="now")
+            self._hits(llm, chunked, "chunked_kvci_ram_hit", kvci=kvci, tier="ram")
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ttft", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt-tokens", type=int, help="prompt length (default 4096; --quick 512)")
+    parser.add_argument("--samples", type=int, help="recompute and decode samples per path (default 5; --quick 2)")
+    parser.add_argument("--hit-samples", type=int, help="samples per hit path (default 15; --quick 3)")
+    parser.add_argument("--decode-tokens", type=int, help="tokens per decode sample (default 256; --quick 32)")
+    parser.add_argument("--chunk-tokens", type=int,
+                        help="max_num_batched_tokens of the chunked-prefill engine (default 1024; --quick 128)")
+    parser.add_argument("--quick", action="store_true", help="smallest model, short prompts, few samples")
+    parser.add_argument("--json", type=Path, help=f"report to write (default {DEFAULT_JSON}; --quick: none)")
+    args = parser.parse_args(argv)
+    defaults = (dict(prompt_tokens=512, samples=2, hit_samples=3, decode_tokens=32, chunk_tokens=128)
+                if args.quick else
+                dict(prompt_tokens=4096, samples=5, hit_samples=15, decode_tokens=256, chunk_tokens=1024))
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.prompt_tokens < 2 * BLOCK_SIZE:
+        parser.error(f"--prompt-tokens must be >= {2 * BLOCK_SIZE} (two {BLOCK_SIZE}-token blocks)")
+    if args.prompt_tokens > 8192 - BLOCK_SIZE:
+        parser.error(f"--prompt-tokens must be <= {8192 - BLOCK_SIZE} (the model's context)")
+    if args.chunk_tokens >= args.prompt_tokens:
+        parser.error("--chunk-tokens must be below --prompt-tokens, so that prefill is chunked")
+    if args.json is None and not args.quick:
+        args.json = DEFAULT_JSON
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parse(argv)
+    # vLLM on CPU reads its KV-cache size (GiB) from the environment; 1 GiB fits this machine.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import vllm
+
+    shape = QUICK_MODEL if args.quick else FULL_MODEL
+    kv_gib = shape.kv_bytes_per_token * (args.prompt_tokens + BLOCK_SIZE) * 2 / (1 << 30)
+    if kv_gib > float(os.environ["VLLM_CPU_KVCACHE_SPACE"]):
+        raise SystemExit(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB is too small "
+                         f"for two {args.prompt_tokens}-token prompts ({kv_gib:.2f} GiB)")
+    started, load_start = time.perf_counter(), os.getloadavg()[0]
+    workdir = Path(tempfile.mkdtemp(prefix="kvci-ttft-"))
+    try:
+        bench = Bench(args, shape, workdir)
+        bench.run()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    env = {name: os.environ.get(name, "") for name in VLLM_CPU_ENV if name in os.environ}
+    command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python -m benchmarks.ttft",
+                        *map(shlex.quote, argv)])
+    report = TTFTReport(
+        command=command, runtime_s=round(time.perf_counter() - started, 1), vllm_version=vllm.__version__,
+        vllm_cpu_env=env, cpus=os.cpu_count() or 1, load_average=(load_start, os.getloadavg()[0]),
+        model=shape, block_size=BLOCK_SIZE, prompt_tokens=args.prompt_tokens,
+        batched_tokens=bench.max_model_len, chunk_tokens=args.chunk_tokens, samples=args.samples,
+        hit_samples=args.hit_samples, decode_tokens=args.decode_tokens,
+        ttft=bench.ttft, decode=bench.decode, targets=evaluate_targets(bench.ttft, bench.decode))
+    print(summary(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def summary(report: TTFTReport) -> str:
+    lines = [f"TTFT, {report.prompt_tokens}-token prompts (median):"]
+    for path, timing in report.ttft.items():
+        base = report.ttft[PATHS[path][1]].median_s
+        lines.append(f"  {path:24s} {timing.median_s:8.3f} s  {base / timing.median_s:7.1f}x  "
+                     f"cached {timing.cached_tokens}")
+    for path, rate in report.decode.items():
+        lines.append(f"  {path:24s} {rate.median_tokens_per_s:8.1f} tokens/s")
+    for t in report.targets:
+        lines.append(f"  target {t.name}: {t.value:.3f} {'<=' if t.at_most else '>='} {t.bound} "
+                     f"{'met' if t.met else 'NOT met'}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
