@@ -1,7 +1,8 @@
-"""Regenerate ``benchmarks/results/README.md`` from the policy-simulation JSON files beside it.
+"""Regenerate ``benchmarks/results/README.md`` from the JSON reports beside it.
 
-Every figure in the README comes from a JSON report written by ``benchmarks/policy_sim.py``;
-nothing is typed by hand. JSON files of another format are skipped (and named on stderr).
+Every figure in the README comes from a JSON report written by ``benchmarks/policy_sim.py`` or
+``benchmarks/ttft.py``; nothing is typed by hand. JSON files of another format are skipped (and
+named on stderr).
 
     .venv/bin/python -m benchmarks.render_results [--results DIR] [--output FILE]
 """
@@ -22,24 +23,33 @@ from benchmarks.policysim.report import (
     BudgetRun,
     SimulationReport,
 )
+from benchmarks.ttft import DECODE_PATHS, PATHS, TTFTReport
+from benchmarks.ttft import SCHEMA as TTFT_SCHEMA
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 GIB = 1 << 30
 TIB = 1 << 40
 
 
-def load_reports(results: Path) -> list[tuple[Path, SimulationReport]]:
-    reports = []
+def load_reports(results: Path) -> tuple[list[tuple[Path, SimulationReport]], list[tuple[Path, TTFTReport]]]:
+    """The policy-simulation reports and the TTFT reports in ``results``, by file name."""
+    reports: list[tuple[Path, SimulationReport]] = []
+    ttft: list[tuple[Path, TTFTReport]] = []
     for path in sorted(results.glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or data.get("report_format") != SCHEMA:
-            print(f"render_results: skipping {path.name}: not a {SCHEMA} report", file=sys.stderr)
-            continue
-        reports.append((path, SimulationReport.model_validate(data)))
-    return reports
+        kind = data.get("report_format") if isinstance(data, dict) else None
+        if kind == SCHEMA:
+            reports.append((path, SimulationReport.model_validate(data)))
+        elif kind == TTFT_SCHEMA:
+            ttft.append((path, TTFTReport.model_validate(data)))
+        else:
+            print(f"render_results: skipping {path.name}: not a {SCHEMA} or {TTFT_SCHEMA} report", file=sys.stderr)
+    return reports, ttft
 
 
-def render(reports: Sequence[tuple[Path, SimulationReport]]) -> str:
+def render(
+    reports: Sequence[tuple[Path, SimulationReport]], ttft: Sequence[tuple[Path, TTFTReport]] = ()
+) -> str:
     lines = [
         "# Benchmark results",
         "",
@@ -47,11 +57,82 @@ def render(reports: Sequence[tuple[Path, SimulationReport]]) -> str:
         "rerun the command recorded in each section, then this script. The PNG figures are not committed:",
         "the same command writes them.",
     ]
-    if not reports:
-        lines += ["", f"No {SCHEMA} report found."]
+    if not reports and not ttft:
+        lines += ["", f"No {SCHEMA} or {TTFT_SCHEMA} report found."]
+    for path, report in ttft:
+        lines += ["", *_ttft_section(path, report)]
     for path, report in reports:
         lines += ["", *_section(path, report)]
     return "\n".join(lines) + "\n"
+
+
+def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
+    model = report.model
+    env = ", ".join(f"{name}={value}" for name, value in report.vllm_cpu_env.items()) or "vLLM's CPU defaults"
+    start_load, end_load = report.load_average
+    prompt_mib = report.prompt_tokens * model.kv_bytes_per_token / (1 << 20)
+    lines = [
+        f"## {path.stem}",
+        "",
+        f"Command (from the repository root, {report.runtime_s:.0f} s): `{report.command}`",
+        "",
+        f"- vLLM {report.vllm_version} on CPU: {report.cpus} CPUs, shared (1-minute load average "
+        f"{start_load:.1f} at the start, {end_load:.1f} at the end); {env}. Engines ran one after another.",
+        f"- Random-weight Llama: {model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads, "
+        f"{model.num_kv_heads} KV heads, intermediate {model.intermediate_size}, {model.dtype}: "
+        f"{model.kv_bytes_per_token:,} B of KV per token, {prompt_mib:,.0f} MiB per prompt.",
+        f"- {report.prompt_tokens:,}-token prompts of random token ids, {report.block_size}-token blocks. Every "
+        f"engine takes a whole prompt in one step (max_num_batched_tokens {report.batched_tokens:,}) except the "
+        f"chunked one ({report.chunk_tokens:,}).",
+        f"- TTFT: wall time of `LLM.generate` with `max_tokens=1`; medians of {report.samples} misses (a new prompt "
+        f"each, the same prompts on every engine) and of {report.hit_samples} hits (one prompt). Decode: medians of "
+        f"{report.samples} requests of {report.decode_tokens} tokens after a {report.block_size * 2}-token prompt.",
+        "",
+        "### Targets",
+        "",
+        f"Met: {sum(t.met for t in report.targets)} of {len(report.targets)}.",
+        "",
+        "| target | measured | bound | met |",
+        "|---|--:|--:|---|",
+    ]
+    for target in report.targets:
+        bound = f"{'<=' if target.at_most else '>='} {_measure(target.bound, target.unit)}"
+        lines.append(f"| {target.claim} | {_measure(target.value, target.unit)} | {bound} "
+                     f"| {'yes' if target.met else 'no'} |")
+    lines += [
+        "",
+        "### Time to first token",
+        "",
+        "Speed-up: the miss TTFT of the same kind of engine (unchunked or chunked) over this path's.",
+        "",
+        "| path | engine | cached tokens | median TTFT (s) | min - max (s) | speed-up |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    for name, timing in report.ttft.items():
+        label, baseline = PATHS[name]
+        lines.append(
+            f"| {label} | {timing.engine} | {timing.cached_tokens:,} | {timing.median_s:.3f} "
+            f"| {min(timing.seconds):.3f} - {max(timing.seconds):.3f} "
+            f"| {_times(report.ttft[baseline].median_s / timing.median_s)} |"
+        )
+    off = report.decode["decode_off"].median_tokens_per_s
+    lines += [
+        "",
+        "### Decode",
+        "",
+        "| engine | median tokens/s | min - max | vs no connector |",
+        "|---|--:|--:|--:|",
+    ]
+    for name, rate in report.decode.items():
+        lines.append(
+            f"| {DECODE_PATHS[name]} | {rate.median_tokens_per_s:,.1f} | {min(rate.tokens_per_s):,.1f} - "
+            f"{max(rate.tokens_per_s):,.1f} | {_times(rate.median_tokens_per_s / off)} |"
+        )
+    return lines
+
+
+def _measure(value: float, unit: str) -> str:
+    return f"{value:.1%}" if unit == "fraction" else _times(value)
 
 
 def _section(path: Path, report: SimulationReport) -> list[str]:
@@ -178,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"render_results: {args.results} is not a folder", file=sys.stderr)
         return 2
     output = args.output if args.output is not None else args.results / "README.md"
-    output.write_text(render(load_reports(args.results)), encoding="utf-8")
+    output.write_text(render(*load_reports(args.results)), encoding="utf-8")
     print(f"wrote {output}")
     return 0
 
