@@ -2,7 +2,10 @@
 vLLM's ExampleConnector, on the same prompts in one run; and decode speed with kvci on vs off.
 
 Engines start one after another (each is shut down before the next) on a random-weight Llama
-generated here (``kvci_plugin.tinymodel``). TTFT is the wall time of ``LLM.generate`` with
+generated here (``kvci_plugin.tinymodel``): 4 layers, hidden 512, float32, whose 4k-token
+prefill takes ~5 s on one core here. float32, as this machine's CPUs have AVX2 but no bf16
+matmul and vLLM's bf16 fallback is slow (8 layers, hidden 1024: 134 s in bf16, 30 s in float32,
+either too long for a run of a few minutes). TTFT is the wall time of ``LLM.generate`` with
 ``max_tokens=1``. Paths, in the order they run:
 
 - ``recompute``: no connector, no prefix caching; a new prompt per sample.
@@ -24,8 +27,8 @@ Both disk paths read files written minutes earlier, so the page cache holds them
 Decode speed is ``--decode-tokens`` greedy tokens after a short prompt, tokens per second of
 the whole request, without a connector (``decode_off``), on the kvci engine with kvci
 parameters on every request and no hit (``decode_on``), and with ExampleConnector, which does
-nothing per decode step: what vLLM's connector plumbing alone costs. Every timed hit is checked (cached
-tokens > 0, and kvci's reported tier): a hit that did not happen aborts the run.
+nothing per decode step: what vLLM's connector plumbing alone costs. Every timed hit is
+checked (cached tokens > 0, and kvci's reported tier): a hit that did not happen aborts the run.
 
 The machine may be shared: report ratios. vLLM on CPU binds each engine's worker to a core
 (``VLLM_CPU_OMP_THREADS_BIND``, "auto" by default); on a shared machine pick a quiet core, e.g.
@@ -118,7 +121,6 @@ class ModelShape(BaseModel):
         return self.num_layers * self.num_kv_heads * (self.hidden_size // self.num_heads) * 2 * itemsize
 
 
-# float32: this machine's CPUs have AVX2 but no bf16 matmul, where vLLM falls back to a slow path.
 FULL_MODEL = ModelShape(num_layers=4, hidden_size=512, num_heads=8, num_kv_heads=4,
                         intermediate_size=1408, dtype="float32")
 QUICK_MODEL = ModelShape(num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2,
@@ -198,9 +200,20 @@ class TTFTReport(BaseModel):
     samples: PositiveInt
     hit_samples: PositiveInt
     decode_tokens: PositiveInt
+    decode_prompt_tokens: PositiveInt
     ttft: dict[str, PathTiming]
     decode: dict[str, DecodeRate]
     targets: tuple[TargetCheck, ...]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TTFTReport:
+        if set(self.ttft) != set(PATHS):
+            raise ValueError(f"ttft must time exactly the paths {sorted(PATHS)}")
+        if set(self.decode) != set(DECODE_PATHS):
+            raise ValueError(f"decode must measure exactly {sorted(DECODE_PATHS)}")
+        if self.targets != evaluate_targets(self.ttft, self.decode):
+            raise ValueError("targets must be the ones evaluate_targets derives from ttft and decode")
+        return self
 
 
 def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate]) -> tuple[TargetCheck, ...]:
@@ -271,7 +284,8 @@ class Bench:
         self.disk_root = workdir / "disk"
         self.example_dir = workdir / "example_connector"
         self.example_dir.mkdir()
-        kv_mib = max(64, 4 * args.prompt_tokens * shape.kv_bytes_per_token >> 20)
+        # Each tier holds the one kept prompt with room to spare; misses are never kept.
+        kv_mib = max(64, (4 * args.prompt_tokens * shape.kv_bytes_per_token) >> 20)
         self.kvci_extra = {
             "ram_bytes": f"{kv_mib}MiB", "state_dir": str(workdir / "state"), "system_trigger": False,
             "disk_root": str(self.disk_root), "disk_bytes": f"{kv_mib}MiB", "disk_region": "eu",
@@ -434,9 +448,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smallest model, short prompts, few samples")
     parser.add_argument("--json", type=Path, help=f"report to write (default {DEFAULT_JSON}; --quick: none)")
     args = parser.parse_args(argv)
-    defaults = (dict(prompt_tokens=512, samples=2, hit_samples=3, decode_tokens=32, chunk_tokens=128)
-                if args.quick else
-                dict(prompt_tokens=4096, samples=5, hit_samples=15, decode_tokens=256, chunk_tokens=1024))
+    defaults = (
+        {"prompt_tokens": 512, "samples": 2, "hit_samples": 3, "decode_tokens": 32, "chunk_tokens": 128}
+        if args.quick else
+        {"prompt_tokens": 4096, "samples": 5, "hit_samples": 15, "decode_tokens": 256, "chunk_tokens": 1024}
+    )
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -482,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model=shape, block_size=BLOCK_SIZE, prompt_tokens=args.prompt_tokens,
         batched_tokens=bench.max_model_len, chunk_tokens=args.chunk_tokens, samples=args.samples,
         hit_samples=args.hit_samples, decode_tokens=args.decode_tokens,
+        decode_prompt_tokens=DECODE_PROMPT_TOKENS,
         ttft=bench.ttft, decode=bench.decode, targets=evaluate_targets(bench.ttft, bench.decode))
     print(summary(report))
     if args.json is not None:

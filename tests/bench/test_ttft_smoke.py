@@ -1,0 +1,136 @@
+"""The TTFT benchmark's report and its README table, without an engine.
+
+Running ``benchmarks.ttft --quick`` starts six vLLM engines one after another (about 35 s each on
+this machine), so no test here runs it; these check what turns its samples into claims: the
+targets, the report's self-consistency, the CLI's input checks and the regenerated README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+import kvci_plugin
+from benchmarks.ttft import (
+    DECODE_PATHS,
+    FULL_MODEL,
+    PATHS,
+    SCHEMA,
+    DecodeRate,
+    PathTiming,
+    TTFTReport,
+    evaluate_targets,
+)
+
+REPO_ROOT = Path(kvci_plugin.__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+
+
+def timings(**medians: float) -> dict[str, PathTiming]:
+    """One sample per path: ``medians`` overrides the default second each path takes."""
+    return {
+        name: PathTiming.of("engine", 0 if "miss" in name or name == "recompute" else 4064,
+                            [medians.get(name, 1.0)])
+        for name in PATHS
+    }
+
+
+def rates(off: float = 100.0, on: float = 100.0) -> dict[str, DecodeRate]:
+    return {"decode_off": DecodeRate.of("plain", [off]), "decode_on": DecodeRate.of("kvci", [on]),
+            "decode_example_connector": DecodeRate.of("example_connector", [off])}
+
+
+def report(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], **overrides: object) -> TTFTReport:
+    fields: dict[str, object] = {
+        "command": "python -m benchmarks.ttft", "runtime_s": 400.0, "vllm_version": "0.0",
+        "vllm_cpu_env": {}, "cpus": 2, "load_average": (1.0, 2.0), "model": FULL_MODEL, "block_size": 32,
+        "prompt_tokens": 4096, "batched_tokens": 4128, "chunk_tokens": 1024, "samples": 1,
+        "hit_samples": 1, "decode_tokens": 256, "decode_prompt_tokens": 64, "ttft": ttft, "decode": decode,
+    }
+    fields.update(overrides)
+    if "targets" not in fields:
+        fields["targets"] = evaluate_targets(ttft, decode)
+    return TTFTReport.model_validate(fields)
+
+
+def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO_ROOT, env=env, check=False,
+                          capture_output=True, text=True, timeout=120)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    recompute=st.floats(0.5, 50.0), ram=st.floats(0.01, 1.0), floor=st.floats(0.01, 1.0),
+    disk=st.floats(0.01, 1.0), example=st.floats(0.01, 1.0),
+    off=st.floats(10.0, 200.0), on=st.floats(10.0, 200.0),
+)
+def test_targets_follow_the_issue_bounds(recompute: float, ram: float, floor: float, disk: float,
+                                         example: float, off: float, on: float) -> None:
+    checks = {t.name: t for t in evaluate_targets(
+        timings(recompute=recompute, kvci_ram_hit=ram, prefix_cache_hit=floor, kvci_disk_hit=disk,
+                example_connector_hit=example),
+        rates(off=off, on=on))}
+    assert checks["ram_vs_prefix_cache"].met == (ram / floor <= 1.25)
+    assert checks["ram_speedup"].met == (recompute / ram >= 20.0)
+    assert checks["disk_vs_example_connector"].met == (disk / example <= 1.25)
+    assert checks["decode_overhead"].value == pytest.approx(1 - on / off)
+    assert checks["decode_overhead"].met == (1 - on / off <= 0.03)
+
+
+def test_a_report_cannot_claim_targets_its_figures_do_not_give() -> None:
+    good = report(timings(kvci_ram_hit=0.05, prefix_cache_hit=0.05, recompute=5.0), rates())
+    assert all(t.met for t in good.targets)
+    forged = [t.model_copy(update={"met": not t.met}) if t.name == "decode_overhead" else t
+              for t in good.targets]
+    with pytest.raises(ValidationError, match="evaluate_targets"):
+        report(good.ttft, good.decode, targets=forged)
+
+
+def test_a_report_must_time_every_path_and_state_true_medians() -> None:
+    ttft = timings()
+    del ttft["kvci_disk_hit"]
+    with pytest.raises(ValidationError, match="exactly the paths"):
+        report(ttft, rates(), targets=())
+    with pytest.raises(ValidationError, match="median"):
+        PathTiming(engine="e", cached_tokens=0, seconds=(1.0, 2.0, 9.0), median_s=4.0)
+
+
+def test_the_cli_refuses_an_unchunked_chunk_size_before_starting_anything() -> None:
+    done = run_module("benchmarks.ttft", "--prompt-tokens", "512", "--chunk-tokens", "512")
+    assert done.returncode == 2
+    assert "--chunk-tokens must be below --prompt-tokens" in done.stderr
+
+
+def test_the_readme_table_is_rendered_from_the_json(tmp_path: Path) -> None:
+    ttft = timings(recompute=5.0, kvci_ram_hit=0.1, prefix_cache_hit=0.09, kvci_disk_hit=0.3,
+                   example_connector_hit=0.1, chunked_kvci_miss=6.0)
+    made = report(ttft, rates(off=60.0, on=57.0), command="python -m benchmarks.ttft --samples 1")
+    (tmp_path / "ttft.json").write_text(made.model_dump_json(indent=2))
+    (tmp_path / "other.json").write_text(json.dumps({"report_format": "something-else"}))
+    done = run_module("benchmarks.render_results", "--results", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "skipping other.json" in done.stderr
+    readme = (tmp_path / "README.md").read_text()
+    assert made.command in readme
+    assert "| kvci RAM hit | engine | 4,064 | 0.100 | 0.100 - 0.100 | 50.00x |" in readme
+    assert "| kvci disk hit TTFT / ExampleConnector disk hit TTFT | 3.00x | <= 1.25x | no |" in readme
+    assert "| decode tokens/s lost with kvci on (no hits) | 5.0% | <= 3.0% | no |" in readme
+    assert f"| {DECODE_PATHS['decode_on']} | 57.0 | 57.0 - 57.0 | 0.95x |" in readme
+    assert "Met: 2 of 4." in readme
+    assert "their medians differ by 80%" in readme  # kvci_miss 1.0 s against recompute 5.0 s
+
+
+def test_the_committed_results_match_the_code_and_the_readme() -> None:
+    path = RESULTS / "ttft.json"
+    committed = TTFTReport.model_validate_json(path.read_text())
+    assert committed.report_format == SCHEMA
+    assert committed.command in (RESULTS / "README.md").read_text()
