@@ -3,7 +3,8 @@ engine): every generated request, valid or not, gets a documented status and a J
 matches the schema documented for that status, never a server error, and invalid requests are
 refused.
 
-`positive_data_acceptance` is left out on purpose: JSON Schema cannot express the observation's
+`negative_data_rejection` is replaced by an explicit 400/413/422 check (schemathesis does not
+count 413 as a rejection). `positive_data_acceptance` is left out on purpose: JSON Schema cannot express the observation's
 cross-field rules (novel_items <= retrieved_items, ...) or its strict integers (7.0 is refused
 for a count), so some schema-valid bodies are rightly answered 422 invalid_request.
 
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 from starlette.testclient import TestClient
 
 from kvci_plugin.api.app import build_app
@@ -32,9 +33,14 @@ def test_fuzz_control_endpoint(module_world: Any, mode: schemathesis.GenerationM
     operation = schema[ENDPOINT]["POST"]
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     def check(case: schemathesis.Case) -> None:
-        case.call_and_validate(excluded_checks=[positive_data_acceptance])
+        response = case.call()
+        # schemathesis's own rejection check does not count 413 as a rejection; an invalid body
+        # that is also oversized is rightly refused for its size first.
+        case.validate_response(response, excluded_checks=[positive_data_acceptance, negative_data_rejection])
+        if mode is schemathesis.GenerationMode.NEGATIVE:
+            assert response.status_code in (400, 413, 422), response.status_code
 
     check()
 
