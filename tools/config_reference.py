@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -30,8 +30,17 @@ def _default(field: Any) -> str:
     return f"`{value!r}`" if value not in (None, [], ()) else "none"
 
 
+def _plain(tp: Any) -> Any:
+    """The type without Annotated constraints (they are enforced, just not shown here)."""
+    if get_origin(tp) is Annotated:
+        return _plain(get_args(tp)[0])
+    if get_origin(tp) is list:
+        return list[_plain(get_args(tp)[0])]
+    return tp
+
+
 def _type(field: Any) -> str:
-    text = str(field.annotation).replace("typing.", "").replace("pydantic.types.", "")
+    text = str(_plain(field.annotation)).replace("typing.", "").replace("pydantic.types.", "")
     text = re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
     text = text.replace("pathlib.", "").replace("kvci_plugin.governance.credential_config.", "")
     return text.replace(" | ", " or ").replace("Optional[", "").replace("]]", "]")
