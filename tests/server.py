@@ -22,6 +22,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600) -> None:
+    """Until vLLM's /health answers 200; the server's log tail in the error if it never does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"vLLM did not become healthy:\n{log.read_text()[-4000:]}")
+
+
 class Server:
     def __init__(self, model: Path, extra: dict[str, Any] | None, log: Path, *args: str) -> None:
         self.port = free_port()
@@ -39,17 +54,8 @@ class Server:
         self.model = str(model)
 
     def wait(self, timeout: float = 600) -> "Server":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self._log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError("server did not become healthy")
+        wait_healthy(self.proc, self.url, Path(self._log.name), timeout)
+        return self
 
     def stop(self) -> None:
         self.proc.terminate()

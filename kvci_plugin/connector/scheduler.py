@@ -155,6 +155,7 @@ class KVCIScheduler:
         self._reuse: OrderedDict[PageKey, int] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._stats = KVCIStats()
+        self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
 
     @property
     def num_slots(self) -> int:
@@ -316,7 +317,7 @@ class KVCIScheduler:
             self._stats.count("lookups")
             # Before anything was kept every lookup misses: that says nothing about whether
             # writes pay back, so the hit-rate floor only sees lookups once a tier holds data.
-            if self.manager.index.stats().entries or self.manager.disk is not None:
+            if self._kept_any or self.manager.disk is not None:
                 self.cache_gate.record_lookup(st.ext_tokens > 0)
         try:
             obs = self._observation(request, st)
@@ -387,6 +388,7 @@ class KVCIScheduler:
         if outcome.checkpoint_id is None:
             self._stats.count("store_declined")
             return
+        self._kept_any = True
         self._stats.count("checkpoints_ram")
         self._stats.count("evicted_checkpoints", len(outcome.evicted))
         if outcome.persist is not None:

@@ -26,6 +26,7 @@ from mcp import Client, StdioServerParameters
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import BLOCK_SIZE
+from server import wait_healthy
 from kvci_plugin.api.client import ControlClient
 from kvci_plugin.api.mcp_server import TOOL_NAME
 from kvci_plugin.governance import CredentialIssuer, write_hmac_key_file
@@ -74,17 +75,8 @@ class Engine:
         self.sent: Counter[str] = Counter()
 
     def wait(self, timeout_s: float = 600) -> Engine:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kvci serve exited {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"vLLM did not become healthy:\n{self.log.read_text()[-4000:]}")
+        wait_healthy(self.proc, self.url, self.log, timeout_s)
+        return self
 
     def stop(self) -> None:
         self.control.close()
