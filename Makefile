@@ -8,9 +8,17 @@ PIP := $(PY) -m pip --disable-pip-version-check
 VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo cpu)
 EXT_SOURCES := setup.py $(wildcard csrc/*/*.cpp csrc/*/*.h csrc/*/*.cu csrc/*/*.cuh)
 
-.PHONY: setup test demo model clean
+.PHONY: setup test demo model services clean
 
-setup: $(VENV)/.stamp-deps $(VENV)/.stamp-ext model
+setup: $(VENV)/.stamp-deps $(VENV)/.stamp-ext model services
+
+# The shared-tier tests start their own PostgreSQL and Redis servers on loopback (and stop them);
+# these are the Debian packages that provide the binaries.
+services:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v redis-server >/dev/null; then \
+		echo "installing postgresql and redis-server (apt)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server >/dev/null; \
+	fi
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +27,7 @@ $(VENV)/bin/python:
 # the native extension against that torch.
 $(VENV)/.stamp-deps: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q --upgrade pip "setuptools>=68,<80" wheel ninja
-	$(PIP) install -q $$($(PY) tools/requirements.py $(VLLM_EXTRA) lmcache test)
+	$(PIP) install -q $$($(PY) tools/requirements.py $(VLLM_EXTRA) lmcache shared test)
 	@# pip pulls these in; they break `import transformers` beside this torch (torchvision::nms).
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $@

@@ -12,6 +12,9 @@ disk tier, once per policy and budget, in one process:
 - ``kvci``: kvci's worthiness admission, the real ``kvci_plugin.worthiness`` advisor and cache
   gate scoring what a live engine knows when the request finishes (never the future);
   ``kvci@T`` is the same advisor built with a RAM threshold T, as a deployment may;
+- ``kvci-pressure``: the same advisor whose RAM threshold follows the RAM tier's pressure
+  (``kvci_plugin.tiering.admission.PressureAwareAdmission``): it rises with each admitted request
+  evicted before a hit and falls with each held-back request that a later one extends;
 - ``random``: the control, whole requests admitted blindly as often as ``kvci`` admitted;
 - ``oracle``: a bound, not a policy: admits exactly the requests whose session continues.
 

@@ -17,3 +17,40 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     return make_tiny_model(TinyModelSpec())
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """URL of a real PostgreSQL server on loopback, for this test session."""
+    from services import postgres_server
+
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """URL of a real Redis server on loopback, for this test session."""
+    from services import redis_server
+
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture
+def pg_catalog_url(postgres_url: str) -> str:
+    """A new empty PostgreSQL database for one test."""
+    from services import new_database
+
+    return new_database(postgres_url)
+
+
+_REDIS_DBS = [0]
+
+
+@pytest.fixture
+def redis_db_url(redis_url: str) -> str:
+    """A flushed Redis database for one test."""
+    from services import new_redis_db
+
+    return new_redis_db(redis_url, _REDIS_DBS)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from benchmarks.policysim.block_cache import check_capacity
 
 
 class LRUBlockCache:
-    def __init__(self, capacity: int) -> None:
+    """``on_evict`` is told every evicted block (a policy that learns from evictions listens)."""
+
+    def __init__(self, capacity: int, *, on_evict: Callable[[int], None] | None = None) -> None:
         self.capacity = check_capacity(capacity)
+        self._on_evict = on_evict
         # Oldest first.
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
@@ -26,5 +30,7 @@ class LRUBlockCache:
         if block in self._blocks:
             raise ValueError(f"block {block} is already resident: touch it instead")
         if len(self._blocks) >= self.capacity:
-            self._blocks.popitem(last=False)
+            evicted, _ = self._blocks.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(evicted)
         self._blocks[block] = None

@@ -39,6 +39,7 @@ from benchmarks.policysim.sessions import (
 )
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.policysim.worthiness_admission import WorthinessAdmission
+from kvci_plugin.tiering.admission import PressureAwareAdmission
 from kvci_plugin.worthiness import DEFAULT_RAM_THRESHOLD, CheckpointAdvisor, RebuildCostModel
 
 UnitFraction = Annotated[float, Field(gt=0.0, le=1.0)]
@@ -155,6 +156,15 @@ def _budget_run(
         for threshold in config.kvci_ram_thresholds
     ]
     results.extend(kvci)
+    # The same advisor with the bar that follows the RAM tier's pressure (it learns from evictions).
+    advisor = CheckpointAdvisor(ram_threshold=config.kvci_ram_thresholds[0])
+    pressure = WorthinessAdmission(
+        advisor,
+        prefill_tokens_per_second=config.prefill_tokens_per_second,
+        pressure=PressureAwareAdmission.for_advisor(advisor, capacity_bytes=ram_blocks * block_bytes),
+        block_bytes=block_bytes,
+    )
+    results.append(run(pressure, lambda capacity: LRUBlockCache(capacity, on_evict=pressure.evicted), "lru"))
     # The control: whole requests admitted blindly, as often as the first kvci policy admitted.
     rate = kvci[0].admitted_requests / kvci[0].requests
     results.append(run(RandomAdmission(rate, seed=config.seed), LRUBlockCache, "lru"))

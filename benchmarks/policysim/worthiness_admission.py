@@ -8,17 +8,25 @@ estimate adds ``output_tokens`` to it itself. A recommendation of RAM or DISK st
 chain in RAM (and for DISK on disk too: the eligibility gate, deny by default in kvci, is not
 modelled, so this measures the worthiness rule alone), unless the cache gate pauses the
 autonomous trigger. The gate runs on trace time.
+
+With a ``PressureAwareAdmission`` (``kvci-pressure``), the RAM threshold is the one that rule
+holds, moved by the RAM tier's wasted writes (an admitted request's anchor evicted before a hit;
+the replay's cache reports evictions to ``evicted``) and missed reuses (a later request extends
+one the bar alone held back). A request's anchor is its last full block: the deepest block its
+continuation re-sends (the trace's last block is partial unless the input fills it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from pydantic import JsonValue
 
 from benchmarks.policysim.admission import NOTHING, Admission
 from benchmarks.policysim.sessions import RequestContext
-from benchmarks.policysim.trace import TraceRequest
+from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
+from kvci_plugin.tiering.admission import PressureAwareAdmission
 from kvci_plugin.worthiness import (
     DEFAULT_RAM_THRESHOLD,
     CacheGate,
@@ -39,17 +47,31 @@ class TraceClock:
 
 
 class WorthinessAdmission:
-    def __init__(self, advisor: CheckpointAdvisor, *, prefill_tokens_per_second: float) -> None:
+    def __init__(
+        self,
+        advisor: CheckpointAdvisor,
+        *,
+        prefill_tokens_per_second: float,
+        pressure: PressureAwareAdmission[int] | None = None,
+        block_bytes: int = 1,
+    ) -> None:
         if not isinstance(advisor, CheckpointAdvisor):
             raise TypeError(f"advisor must be a CheckpointAdvisor, got {type(advisor).__name__}")
         if isinstance(prefill_tokens_per_second, bool) or not isinstance(prefill_tokens_per_second, (int, float)):
             raise TypeError(f"prefill_tokens_per_second must be a number, got {type(prefill_tokens_per_second).__name__}")
         if not prefill_tokens_per_second > 0:
             raise ValueError(f"prefill_tokens_per_second must be > 0, got {prefill_tokens_per_second!r}")
+        if pressure is not None and not isinstance(pressure, PressureAwareAdmission):
+            raise TypeError(f"pressure must be a PressureAwareAdmission, got {type(pressure).__name__}")
+        if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1:
+            raise ValueError(f"block_bytes must be an int >= 1, got {block_bytes!r}")
         self.advisor = advisor
         self.prefill_tokens_per_second = float(prefill_tokens_per_second)
+        self.pressure = pressure
+        self.block_bytes = block_bytes
         default = advisor.ram_threshold == DEFAULT_RAM_THRESHOLD
-        self.name = "kvci" if default else f"kvci@{advisor.ram_threshold:g}"
+        name = "kvci" if default else f"kvci@{advisor.ram_threshold:g}"
+        self.name = name if pressure is None else f"{name}-pressure"
         self._clock = TraceClock()
         self.gate = CacheGate(clock=self._clock)
         self._tiers: Counter[str] = Counter()
@@ -69,22 +91,46 @@ class WorthinessAdmission:
             turns_since_change=context.turns_since_change,
             context_rewrites=context.context_rewrites,
         )
-        tier = self.advisor.recommend(observation).tier
+        pressure = self.pressure
+        chain = request.hash_ids
+        full = request.input_length // BLOCK_TOKENS
+        anchor = chain[full - 1] if full else None
+        if pressure is None:
+            recommendation = self.advisor.recommend(observation)
+        else:
+            pressure.observe_lookup(chain, -(-hit_tokens // BLOCK_TOKENS))
+            recommendation = self.advisor.recommend(observation, ram_threshold=pressure.threshold)
+        tier = recommendation.tier
         self._tiers[tier.value] += 1
-        if tier is CheckpointTier.NONE:
+        admitted = tier is not CheckpointTier.NONE
+        if admitted:
+            decision = self.gate.decide(context.session_id)
+            if not decision.allow:
+                self._gate_refusals[decision.rule.value] += 1
+                admitted = False
+        if pressure is not None and anchor is not None:
+            if admitted:
+                pressure.admitted(anchor)
+            else:
+                pressure.declined(anchor, len(chain) * self.block_bytes, recommendation)
+        if not admitted:
             return NOTHING
-        decision = self.gate.decide(context.session_id)
-        if not decision.allow:
-            self._gate_refusals[decision.rule.value] += 1
-            return NOTHING
-        blocks = len(request.hash_ids)
+        blocks = len(chain)
         return Admission(blocks, blocks if tier is CheckpointTier.DISK else 0)
 
+    def evicted(self, block: int) -> None:
+        """The RAM tier evicted ``block`` (the replay's cache calls this)."""
+        if self.pressure is not None:
+            self.pressure.evicted((block,))
+
     def stats(self) -> dict[str, JsonValue]:
-        return {
+        stats: dict[str, JsonValue] = {
             "ram_threshold": self.advisor.ram_threshold,
             "disk_threshold": self.advisor.disk_threshold,
             "prefill_tokens_per_second": self.prefill_tokens_per_second,
             "recommended": {tier.value: self._tiers[tier.value] for tier in CheckpointTier},
             "gate_refusals": dict(sorted(self._gate_refusals.items())),
         }
+        if self.pressure is not None:
+            stats["pressure"] = dataclasses.asdict(self.pressure.stats())
+        return stats

@@ -10,8 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
 from kvci_plugin.governance import CredentialConfig
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 
 class CacheGateSettings(BaseModel):
@@ -40,8 +48,20 @@ class KVCIConfig(BaseModel):
     ram_threshold: float | None = Field(None, ge=0.0, le=1.0, description="score for tier RAM")
     disk_threshold: float | None = Field(None, ge=0.0, le=1.0, description="score for tier DISK")
     cache_gate: CacheGateSettings = CacheGateSettings()
-    disk_root: Path | None = Field(None, description="disk tier folder; none = no disk tier")
-    disk_bytes: ByteSize = Field(ByteSize(16 << 30), description="disk tier bound")
+    disk_root: Path | None = Field(
+        None, description="disk tier folder, local or shared by nodes; none = no disk tier "
+        "(unless blob_url is set)")
+    disk_bytes: ByteSize = Field(
+        ByteSize(16 << 30), description="disk tier bound (across every node sharing a catalog)")
+    catalog_url: str | None = Field(
+        None, pattern=r"^postgres(ql)?://",
+        description="PostgreSQL catalog shared by nodes; none = SQLite in disk_root (one node)")
+    blob_url: str | None = Field(
+        None, pattern=r"^(redis|rediss|unix)://",
+        description="Redis/Valkey blob store shared by nodes; none = blobs in disk_root")
+    lease_s: float = Field(
+        600.0, gt=0.0, description="how long a write holds its pages against other nodes' "
+        "deletions; an orphan blob younger than this is kept")
     disk_region: str | None = Field(None, description="residency region of disk_root")
     auto_promote: bool = Field(
         False, description="system trigger may ask the gate to persist when DiskPromotionRule holds"
@@ -67,9 +87,21 @@ class KVCIConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "KVCIConfig":
-        if self.auto_promote and self.disk_root is None:
-            raise ValueError("auto_promote needs disk_root")
+        if self.blob_url is not None and self.catalog_url is None:
+            # Other nodes can reach a Redis store: only a shared catalog's leases keep their
+            # writes safe from this node's reconciliation.
+            raise ValueError("blob_url needs catalog_url (a shared blob store needs a shared "
+                             "catalog)")
+        if self.catalog_url is not None and not self.disk_tier:
+            raise ValueError("catalog_url needs disk_root or blob_url (where the blobs go)")
+        if self.auto_promote and not self.disk_tier:
+            raise ValueError("auto_promote needs disk_root or blob_url")
         return self
+
+    @property
+    def disk_tier(self) -> bool:
+        """Whether a disk tier is configured."""
+        return self.disk_root is not None or self.blob_url is not None
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "KVCIConfig":

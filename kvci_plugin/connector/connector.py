@@ -107,10 +107,10 @@ class KVCheckpointConnector(KVConnectorBase_V1):
             rank = get_tensor_model_parallel_rank()
             self._worker = KVCIWorker(
                 num_slots=num_slots, expected_slot_bytes=slot_bytes,
-                num_blocks=kv_cache_config.num_blocks, disk_root=cfg.disk_root,
+                num_blocks=kv_cache_config.num_blocks, config=cfg,
                 rank_namespace=_namespace(vllm_config, cfg, rank))
         logger.info("kvci: %s role, %d RAM slots of %d bytes, disk tier %s", role.name,
-                    num_slots, slot_bytes, cfg.disk_root or "off")
+                    num_slots, slot_bytes, "on" if cfg.disk_tier else "off")
 
     def _build_scheduler(self, vllm_config: "VllmConfig", slot_bytes: int) -> KVCIScheduler:
         cfg = self._config
@@ -129,8 +129,13 @@ class KVCheckpointConnector(KVConnectorBase_V1):
             DerivedAuthorityGate(verifier, resolver, durable_store_region=cfg.disk_region))
         namespace = _namespace(vllm_config, cfg, 0)
         disk = None
-        if cfg.disk_root is not None:
-            disk = KVCheckpointStore(cfg.disk_root, namespace, int(cfg.disk_bytes))
+        if cfg.disk_tier:
+            tp_size = vllm_config.parallel_config.tensor_parallel_size
+            disk = KVCheckpointStore(
+                cfg.disk_root, namespace, int(cfg.disk_bytes), catalog_url=cfg.catalog_url,
+                blob_url=cfg.blob_url, lease_s=cfg.lease_s,
+                shards=[_namespace(vllm_config, cfg, rank) for rank in range(1, tp_size)])
+            logger.info("kvci: disk tier %s", disk.describe())
         secret = load_or_create_secret(cfg.state_dir)
         return KVCIScheduler(
             config=cfg, block_size=vllm_config.cache_config.block_size, slot_bytes=slot_bytes,

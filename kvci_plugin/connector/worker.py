@@ -12,10 +12,10 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 
+from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.metadata import (
     DiskLoadJob,
     KVCIMetadata,
@@ -25,7 +25,8 @@ from kvci_plugin.connector.metadata import (
 from kvci_plugin.connector.pages import page_views, slot_bytes
 from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.ops import scatter_pages
-from kvci_plugin.tiering.blob_store import BlobStore
+from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot, open_blob_root
+from kvci_plugin.tiering.blob_codec import BlobUnavailableError
 from kvci_plugin.tiering.page_pool import PagePool
 
 logger = logging.getLogger(__name__)
@@ -38,17 +39,18 @@ class KVCIWorker:
         num_slots: int,
         expected_slot_bytes: int,
         num_blocks: int,
-        disk_root: Path | None,
+        config: KVCIConfig,
         rank_namespace: bytes,
     ) -> None:
         self._num_slots = num_slots
         self._expected_slot_bytes = expected_slot_bytes
         self._num_blocks = num_blocks
-        self._disk_root = disk_root
+        self._config = config
         self._rank_namespace = rank_namespace
         self._views: list[torch.Tensor] = []
         self._pool: PagePool | None = None
-        self._blobs: BlobStore | None = None
+        self._blob_root: BlobRoot | None = None
+        self._blobs: BlobBackend | None = None
         self._meta: KVCIMetadata | None = None
         self._prev_finished: set[str] = set()
         self._stored: set[str] = set()
@@ -67,8 +69,9 @@ class KVCIWorker:
                 f"kvci: worker page bytes {got} != scheduler's {self._expected_slot_bytes}"
             )
         self._pool = PagePool(self._num_slots, got)
-        if self._disk_root is not None:
-            self._blobs = BlobStore(self._disk_root, self._rank_namespace)
+        if self._config.disk_tier:
+            self._blob_root = open_blob_root(self._config.blob_url, self._config.disk_root)
+            self._blobs = self._blob_root.store(self._rank_namespace)
 
     def bind(self, meta: KVCIMetadata) -> None:
         self._meta = meta
@@ -89,26 +92,30 @@ class KVCIWorker:
             self._disk_loads[job.req_id] = self._io.submit(self._load_from_disk, job)
 
     def _load_from_disk(self, job: DiskLoadJob) -> tuple[set[int], list[bytes]]:
-        """Returns the block ids that failed and the bad page; the rest are in the paged cache."""
+        """Returns the block ids that failed and the bad page; the rest are in the paged cache.
+
+        The blobs are read and verified several at a time into a staging buffer, and the pages
+        that verified (a leading run: KV is a prefix) are scattered in one call.
+        """
         assert self._blobs is not None and self._pool is not None
         t0 = time.perf_counter()
+        staging = torch.empty((len(job.keys), self._pool.slot_bytes), dtype=torch.uint8)
+        try:
+            loaded, error = self._blobs.read_many(job.keys, job.tenant, staging)
+        except Exception as exc:  # the store itself failed (e.g. Redis unreachable): a miss
+            loaded, error = 0, exc
         failed: set[int] = set()
         bad: list[bytes] = []
-        buf = torch.empty((1, self._pool.slot_bytes), dtype=torch.uint8)
-        ok_bytes = 0
-        for i, (key, block) in enumerate(zip(job.keys, job.block_ids)):
-            try:
-                self._blobs.read(key, job.tenant, out=buf[0])
-            except Exception as exc:  # any unreadable blob is a miss: recompute, never use it
-                logger.warning("kvci: disk load failed (%s: %s); recomputing",
-                               type(exc).__name__, exc)
-                failed.update(job.block_ids[i:])  # later blocks depend on this prefix
-                bad.append(key)
-                break
-            scatter_pages(buf, torch.zeros(1, dtype=torch.int64), self._views,
-                          torch.tensor([block], dtype=torch.int64))
-            ok_bytes += self._pool.slot_bytes
-        self._stats.observe_load("disk", ok_bytes, time.perf_counter() - t0)
+        if error is not None:
+            logger.warning("kvci: disk load failed (%s: %s); recomputing",
+                           type(error).__name__, error)
+            failed.update(job.block_ids[loaded:])  # later blocks depend on this prefix
+            if isinstance(error, BlobUnavailableError):
+                bad.append(job.keys[loaded])  # missing or corrupt: the catalog forgets it
+        if loaded:
+            scatter_pages(staging, torch.arange(loaded, dtype=torch.int64), self._views,
+                          torch.tensor(job.block_ids[:loaded], dtype=torch.int64))
+        self._stats.observe_load("disk", loaded * self._pool.slot_bytes, time.perf_counter() - t0)
         return failed, bad
 
     def wait_for_save(self) -> None:
@@ -173,3 +180,5 @@ class KVCIWorker:
 
     def shutdown(self) -> None:
         self._io.shutdown(wait=True)
+        if self._blob_root is not None:
+            self._blob_root.close()

@@ -1,4 +1,7 @@
-"""CheckpointCatalog: the durable record of the disk tier (SQLite, WAL), scheduler side.
+"""CheckpointCatalog: the durable record of the disk tier, scheduler side.
+
+Embedded SQLite (WAL) by default; PostgreSQL (``catalog_url``) when several nodes share the
+tier. The same schema, migrations and SQL run on both (``catalog_db``).
 
 Three tables: ``checkpoints`` (one row per KVCheckpointRecord with its full provenance),
 ``pages`` (one row per blob, shared pages once) and ``checkpoint_pages`` (the ordered page list
@@ -19,24 +22,41 @@ first. If the pages of live checkpoints alone exceed the bound, whole checkpoint
 recently used first, and their now-unreferenced pages then join the LRU. Dropping whole
 checkpoints keeps every remaining record fully loadable; a bound that pinned records could
 overrun would not be a bound.
+
+Leases. A writer leases the pages it is about to write (``lease``) before touching a blob and
+gives the lease up when its checkpoint is recorded (``add_checkpoint(holder=...)``) or has
+failed (``release``). No call that removes page rows hands back a page under a live lease for
+deletion, and eviction never chooses one, so a node's eviction or retention GC cannot delete a
+blob another node has just written or decided to reuse. A writer that dies leaves its lease to
+expire. Removals run in write transactions and the caller deletes the blobs inside the same
+transaction (``locked``), so a lease taken later sees either the row or no blob, never a blob
+that is about to vanish.
+
+Shards. Under tensor parallelism each rank writes its part of a page into its own namespace;
+the catalog records one page per key under the first rank's namespace and maps that namespace
+to every rank's (``register_shards``), so whoever removes a page removes every shard's blob.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvci_plugin.tiering.blob_store import check_namespace
+from kvci_plugin.tiering.blob_codec import check_namespace
+from kvci_plugin.tiering.catalog_db import (
+    CatalogDatabase,
+    Dialect,
+    Row,
+    Transaction,
+    open_catalog_database,
+)
 from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -92,12 +112,45 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX checkpoints_by_last_used ON checkpoints (last_used)",
         "CREATE INDEX pages_by_last_used ON pages (last_used)",
     ),
+    (
+        """CREATE TABLE blob_leases (
+            namespace TEXT NOT NULL,
+            key TEXT NOT NULL,
+            holder TEXT NOT NULL,
+            expiry REAL NOT NULL,
+            PRIMARY KEY (namespace, key, holder)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX blob_leases_by_holder ON blob_leases (holder)",
+        """CREATE TABLE namespace_shards (
+            namespace TEXT NOT NULL,
+            shard TEXT NOT NULL,
+            PRIMARY KEY (namespace, shard)
+        ) WITHOUT ROWID""",
+    ),
 )
-"""Schema migrations in order; the catalog's ``schema_version`` is how many have been applied."""
+"""Schema migrations in order, in SQLite's words (``migration_sql`` gives PostgreSQL's); the
+catalog's ``schema_version`` is how many have been applied."""
+
+
+def migration_sql(statement: str, dialect: Dialect) -> str:
+    """One migration statement for ``dialect``: PostgreSQL's REAL is 4 bytes and its INTEGER 4,
+    where SQLite's are 8, so they become DOUBLE PRECISION and BIGINT; WITHOUT ROWID is SQLite's."""
+    if dialect == "sqlite":
+        return statement
+    return (
+        statement.replace(" WITHOUT ROWID", "")
+        .replace(" REAL", " DOUBLE PRECISION")
+        .replace(" INTEGER", " BIGINT")
+    )
 
 _UNREFERENCED = (
     "NOT EXISTS (SELECT 1 FROM checkpoint_pages AS cp"
     " WHERE cp.namespace = p.namespace AND cp.key = p.key)"
+)
+# Takes one parameter, the time now.
+_UNLEASED = (
+    "NOT EXISTS (SELECT 1 FROM blob_leases AS l"
+    " WHERE l.namespace = p.namespace AND l.key = p.key AND l.expiry > ?)"
 )
 
 
@@ -194,7 +247,7 @@ def _combine_expiry(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else max(a, b)
 
 
-def _page_id(row: sqlite3.Row) -> PageId:
+def _page_id(row: Row) -> PageId:
     return PageId(bytes.fromhex(row["namespace"]), bytes.fromhex(row["key"]))
 
 
@@ -208,71 +261,152 @@ def _marks(n: int) -> str:
 
 
 class CheckpointCatalog:
-    """The SQLite catalog of durable checkpoints. Thread-safe; one writer process per file."""
+    """The catalog of durable checkpoints. Thread-safe.
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
-        self._path = Path(path)
+    ``path``: the embedded SQLite file (one process). ``url``: a PostgreSQL database shared by
+    any number of processes and nodes; exactly one of the two.
+    """
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        url: str | None = None,
+    ) -> None:
+        if (path is None) == (url is None):
+            raise ValueError("a catalog needs exactly one of path (SQLite) and url (PostgreSQL)")
         self._clock = clock
-        self._lock = threading.Lock()
-        # Created 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
-        os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
-        os.chmod(self._path, 0o600)
-        self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if mode != "wal":
+        self._db: CatalogDatabase = open_catalog_database(url, path)
+        try:
+            self._migrate()
+        except BaseException:
             self._db.close()
-            raise RuntimeError(f"{self._path}: SQLite refused WAL mode (got {mode!r})")
-        # FULL: a commit is on disk when it returns, so "durable" means durable.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+            raise
 
     @property
-    def path(self) -> Path:
-        return self._path
+    def path(self) -> Path | None:
+        return getattr(self._db, "path", None)
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._db.dialect
+
+    def describe(self) -> str:
+        return self._db.describe()
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._db.close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def locked(self) -> AbstractContextManager[Transaction]:
+        """One write transaction around several calls (they join it), excluding every other
+        writer of the catalog, in every process and on every node, until it ends."""
+        return self._db.write()
 
     def _migrate(self) -> None:
-        with self._transaction() as db:
-            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        with self._db.write() as db:
+            db.execute(migration_sql(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+                self._db.dialect,
+            ))
             row = db.execute("SELECT version FROM schema_version").fetchone()
             version = 0 if row is None else row["version"]
             if version > len(MIGRATIONS):
                 raise RuntimeError(
-                    f"{self._path}: catalog schema version {version} is newer than this kvci "
-                    f"understands ({len(MIGRATIONS)})"
+                    f"{self.describe()}: catalog schema version {version} is newer than this "
+                    f"kvci understands ({len(MIGRATIONS)})"
                 )
             for statements in MIGRATIONS[version:]:
                 for statement in statements:
-                    db.execute(statement)
+                    db.execute(migration_sql(statement, self._db.dialect))
             if row is None:
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (len(MIGRATIONS),))
             else:
                 db.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
 
     def schema_version(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT version FROM schema_version").fetchone()["version"]
+        with self._db.read() as db:
+            return db.execute("SELECT version FROM schema_version").fetchone()["version"]
+
+    # ---- leases and shards ------------------------------------------------------------------
+
+    def lease(self, namespace: bytes, keys: Sequence[PageKey], holder: str, until: float) -> None:
+        """Hold ``keys`` for ``holder`` until ``until``: their blobs are not deleted meanwhile."""
+        ns = check_namespace(namespace).hex()
+        check_checkpoint_id(holder)
+        rows = [(ns, check_page_key(k).hex(), holder, until) for k in keys]
+        with self._db.write() as db:
+            db.executemany(
+                "INSERT INTO blob_leases (namespace, key, holder, expiry) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (namespace, key, holder) DO UPDATE SET expiry = excluded.expiry",
+                rows,
+            )
+
+    def release(self, holder: str) -> None:
+        """Give up ``holder``'s leases (its write ended, recorded or not)."""
+        with self._db.write() as db:
+            db.execute("DELETE FROM blob_leases WHERE holder = ?", (check_checkpoint_id(holder),))
+
+    def release_all(self) -> None:
+        """End every lease: only for the sole user of an embedded catalog, at start-up."""
+        with self._db.write() as db:
+            db.execute("DELETE FROM blob_leases")
+
+    def leased(self, namespace: bytes, keys: Sequence[PageKey], holder: str | None = None) -> set[PageKey]:
+        """Which of ``keys`` are under a live lease (of a holder other than ``holder``)."""
+        ns = check_namespace(namespace).hex()
+        hexes = [check_page_key(k).hex() for k in keys]
+        now = self._clock()
+        with self._db.read() as db:
+            return {
+                bytes.fromhex(row["key"])
+                for chunk in _chunks(hexes)
+                for row in db.execute(
+                    "SELECT DISTINCT key FROM blob_leases WHERE namespace = ? AND expiry > ?"
+                    f" AND holder <> ? AND key IN ({_marks(len(chunk))})",
+                    (ns, now, holder or "", *chunk),
+                )
+            }
+
+    def live_leases(self) -> set[tuple[str, str]]:
+        """(namespace hex, key hex) of every page under a live lease."""
+        with self._db.read() as db:
+            return {
+                (row["namespace"], row["key"])
+                for row in db.execute(
+                    "SELECT DISTINCT namespace, key FROM blob_leases WHERE expiry > ?",
+                    (self._clock(),),
+                )
+            }
+
+    def register_shards(self, namespace: bytes, shards: Sequence[bytes]) -> None:
+        """Record the namespaces the ranks of ``namespace``'s engine write their blobs under."""
+        ns = check_namespace(namespace).hex()
+        rows = [(ns, check_namespace(shard).hex()) for shard in shards]
+        with self._db.write() as db:
+            db.executemany(
+                "INSERT INTO namespace_shards (namespace, shard) VALUES (?, ?)"
+                " ON CONFLICT (namespace, shard) DO NOTHING",
+                rows,
+            )
+
+    def shards(self) -> dict[bytes, tuple[bytes, ...]]:
+        """Every namespace with registered shards, and those shards."""
+        found: dict[bytes, list[bytes]] = {}
+        with self._db.read() as db:
+            for row in db.execute(
+                "SELECT namespace, shard FROM namespace_shards ORDER BY namespace, shard"
+            ):
+                found.setdefault(bytes.fromhex(row["namespace"]), []).append(
+                    bytes.fromhex(row["shard"])
+                )
+        return {ns: tuple(shards) for ns, shards in found.items()}
 
     # ---- writes -----------------------------------------------------------------------------
 
-    def add_checkpoint(self, record: KVCheckpointRecord) -> None:
-        """Record a checkpoint whose blobs are already durable, in one transaction.
+    def add_checkpoint(self, record: KVCheckpointRecord, holder: str | None = None) -> None:
+        """Record a checkpoint whose blobs are already durable, in one transaction; ``holder``'s
+        leases end with it.
 
         A page already held (shared with another checkpoint) is stored once; a page held under
         another tenant refuses the whole record.
@@ -282,14 +416,16 @@ class CheckpointCatalog:
         if record.retention_expiry is not None and record.retention_expiry <= self._clock():
             raise ValueError(f"checkpoint {record.checkpoint_id}: retention_expiry has passed")
         ns = record.namespace
-        with self._transaction() as db:
+        with self._db.write() as db:
             if db.execute(
-                "SELECT 1 FROM checkpoints WHERE checkpoint_id = ?", (record.checkpoint_id,)
+                "SELECT 1 AS found FROM checkpoints WHERE checkpoint_id = ?",
+                (record.checkpoint_id,),
             ).fetchone():
                 raise CheckpointExistsError(f"checkpoint {record.checkpoint_id} already exists")
             for position, page in enumerate(record.pages):
                 held = db.execute(
-                    "SELECT tenant, retention_expiry FROM pages WHERE namespace = ? AND key = ?",
+                    "SELECT tenant, last_used, retention_expiry FROM pages"
+                    " WHERE namespace = ? AND key = ?",
                     (ns, page.key),
                 ).fetchone()
                 if held is None:
@@ -312,11 +448,11 @@ class CheckpointCatalog:
                     )
                 else:
                     db.execute(
-                        "UPDATE pages SET bytes = ?, last_used = max(last_used, ?),"
-                        " retention_expiry = ? WHERE namespace = ? AND key = ?",
+                        "UPDATE pages SET bytes = ?, last_used = ?, retention_expiry = ?"
+                        " WHERE namespace = ? AND key = ?",
                         (
                             page.nbytes,
-                            record.last_used,
+                            max(held["last_used"], record.last_used),
                             _combine_expiry(held["retention_expiry"], record.retention_expiry),
                             ns,
                             page.key,
@@ -346,13 +482,15 @@ class CheckpointCatalog:
                 " VALUES (?, ?, ?, ?)",
                 [(record.checkpoint_id, i, ns, page.key) for i, page in enumerate(record.pages)],
             )
+            if holder is not None:
+                db.execute("DELETE FROM blob_leases WHERE holder = ?", (holder,))
 
     def touch(self, namespace: bytes, keys: Sequence[PageKey]) -> None:
         """Mark pages used now, and with them every checkpoint that holds one (as the RAM tier)."""
         ns = check_namespace(namespace).hex()
         hexes = [check_page_key(k).hex() for k in keys]
         now = self._clock()
-        with self._transaction() as db:
+        with self._db.write() as db:
             for chunk in _chunks(hexes):
                 params = (now, ns, *chunk)
                 db.execute(
@@ -370,28 +508,29 @@ class CheckpointCatalog:
     def remove(self, checkpoint_id: str) -> Removal:
         """Forget a checkpoint and the pages no other checkpoint holds."""
         check_checkpoint_id(checkpoint_id)
-        with self._transaction() as db:
+        with self._db.write() as db:
             pages = [
                 _page_id(row)
                 for row in db.execute(
                     "SELECT namespace, key FROM checkpoint_pages WHERE checkpoint_id = ?",
                     (checkpoint_id,),
-                )
+                ).fetchall()
             ]
             if not db.execute(
                 "DELETE FROM checkpoints WHERE checkpoint_id = ?", (checkpoint_id,)
             ).rowcount:
                 raise CheckpointNotFoundError(f"no checkpoint {checkpoint_id}")
-            gone = tuple(p for p in pages if self._delete_page_if_unreferenced(db, p))
-        return Removal((checkpoint_id,), gone)
+            gone = [p for p in pages if self._delete_page_if_unreferenced(db, p)]
+            return Removal((checkpoint_id,), self._unleased(db, gone))
 
     def drop_pages(self, pages: Iterable[PageId]) -> Removal:
         """Forget pages whose blobs are gone or bad, with every checkpoint that needs them.
 
-        The other pages of those checkpoints stay as unreferenced pages.
+        The other pages of those checkpoints stay as unreferenced pages. A page under another
+        writer's lease loses its row but keeps its blob: that writer records it anew.
         """
         wanted = list(pages)
-        with self._transaction() as db:
+        with self._db.write() as db:
             checkpoint_ids: list[str] = []
             gone: list[PageId] = []
             for page in wanted:
@@ -409,11 +548,12 @@ class CheckpointCatalog:
                     "DELETE FROM pages WHERE namespace = ? AND key = ?", (ns, key)
                 ).rowcount:
                     gone.append(page)
-        return Removal(tuple(checkpoint_ids), tuple(gone))
+            return Removal(tuple(checkpoint_ids), self._unleased(db, gone))
 
     def gc_expired(self, now: float) -> Removal:
-        """Remove checkpoints whose retention has expired, then expired unreferenced pages."""
-        with self._transaction() as db:
+        """Remove checkpoints whose retention has expired, then expired unreferenced pages that
+        no live lease holds."""
+        with self._db.write() as db:
             ids = tuple(
                 row["checkpoint_id"]
                 for row in db.execute(
@@ -428,8 +568,8 @@ class CheckpointCatalog:
                 _page_id(row)
                 for row in db.execute(
                     "SELECT namespace, key FROM pages AS p WHERE retention_expiry IS NOT NULL"
-                    f" AND retention_expiry <= ? AND {_UNREFERENCED}",
-                    (now,),
+                    f" AND retention_expiry <= ? AND {_UNREFERENCED} AND {_UNLEASED}",
+                    (now, self._clock()),
                 ).fetchall()
             )
             db.executemany(
@@ -443,18 +583,22 @@ class CheckpointCatalog:
 
         See the module docstring for the order. ``protect`` names a checkpoint that is never
         chosen (the one just written); the bound may then stay exceeded if it alone exceeds it.
+        Pages under a live lease are never chosen either.
         """
         if isinstance(disk_bytes, bool) or not isinstance(disk_bytes, int) or disk_bytes < 0:
             raise ValueError(f"disk_bytes must be an int >= 0, not {disk_bytes!r}")
         checkpoint_ids: list[str] = []
         pages: list[PageId] = []
-        with self._transaction() as db:
-            total = db.execute("SELECT coalesce(sum(bytes), 0) FROM pages").fetchone()[0]
+        now = self._clock()
+        with self._db.write() as db:
+            total = db.execute(
+                "SELECT CAST(coalesce(sum(bytes), 0) AS BIGINT) AS total FROM pages"
+            ).fetchone()["total"]
             while total > disk_bytes:
                 batch = db.execute(
                     f"SELECT namespace, key, bytes FROM pages AS p WHERE {_UNREFERENCED}"
-                    " ORDER BY last_used, namespace, key LIMIT ?",
-                    (_CHUNK,),
+                    f" AND {_UNLEASED} ORDER BY last_used, namespace, key LIMIT ?",
+                    (now, _CHUNK),
                 ).fetchall()
                 for row in batch:
                     if total <= disk_bytes:
@@ -467,11 +611,17 @@ class CheckpointCatalog:
                     total -= row["bytes"]
                 if batch:
                     continue
-                victim = db.execute(
-                    "SELECT checkpoint_id FROM checkpoints WHERE checkpoint_id IS NOT ?"
-                    " ORDER BY last_used, created, checkpoint_id LIMIT 1",
-                    (protect,),
-                ).fetchone()
+                if protect is None:
+                    victim = db.execute(
+                        "SELECT checkpoint_id FROM checkpoints"
+                        " ORDER BY last_used, created, checkpoint_id LIMIT 1"
+                    ).fetchone()
+                else:
+                    victim = db.execute(
+                        "SELECT checkpoint_id FROM checkpoints WHERE checkpoint_id <> ?"
+                        " ORDER BY last_used, created, checkpoint_id LIMIT 1",
+                        (protect,),
+                    ).fetchone()
                 if victim is None:
                     break
                 db.execute(
@@ -485,8 +635,8 @@ class CheckpointCatalog:
     def find(self, checkpoint_id: str) -> KVCheckpointRecord | None:
         """The raw record, expired or not, for explain surfaces that check tenancy themselves."""
         check_checkpoint_id(checkpoint_id)
-        with self._lock:
-            return self._record(checkpoint_id)
+        with self._db.read() as db:
+            return self._record(db, checkpoint_id)
 
     def get(self, checkpoint_id: str, tenant: str) -> KVCheckpointRecord:
         """The live record of ``tenant``'s checkpoint; another tenant's valid id is refused."""
@@ -504,16 +654,19 @@ class CheckpointCatalog:
         """Checkpoints (expired ones included until collected), oldest first."""
         if tenant is not None:
             check_tenant(tenant)
-        with self._lock:
-            ids = [
-                row["checkpoint_id"]
-                for row in self._db.execute(
-                    "SELECT checkpoint_id FROM checkpoints WHERE ?1 IS NULL OR tenant = ?1"
+        with self._db.read() as db:
+            if tenant is None:
+                rows = db.execute(
+                    "SELECT checkpoint_id FROM checkpoints ORDER BY created, checkpoint_id"
+                ).fetchall()
+            else:
+                rows = db.execute(
+                    "SELECT checkpoint_id FROM checkpoints WHERE tenant = ?"
                     " ORDER BY created, checkpoint_id",
                     (tenant,),
-                )
-            ]
-            return [r for r in map(self._record, ids) if r is not None]
+                ).fetchall()
+            records = (self._record(db, row["checkpoint_id"]) for row in rows)
+            return [r for r in records if r is not None]
 
     def longest_prefix(self, namespace: bytes, keys: Sequence[PageKey], tenant: str) -> int:
         """How many leading ``keys`` are live pages of ``tenant``. Changes nothing."""
@@ -522,11 +675,11 @@ class CheckpointCatalog:
         hexes = [check_page_key(k).hex() for k in keys]
         now = self._clock()
         n = 0
-        with self._lock:
+        with self._db.read() as db:
             for chunk in _chunks(hexes):
                 present = {
                     row["key"]
-                    for row in self._db.execute(
+                    for row in db.execute(
                         "SELECT key FROM pages WHERE namespace = ? AND tenant = ?"
                         " AND (retention_expiry IS NULL OR retention_expiry > ?)"
                         f" AND key IN ({_marks(len(chunk))})",
@@ -543,11 +696,11 @@ class CheckpointCatalog:
         """Which of ``keys`` have a page row in ``namespace``, whatever their tenant or expiry."""
         ns = check_namespace(namespace).hex()
         hexes = [check_page_key(k).hex() for k in keys]
-        with self._lock:
+        with self._db.read() as db:
             return {
                 bytes.fromhex(row["key"])
                 for chunk in _chunks(hexes)
-                for row in self._db.execute(
+                for row in db.execute(
                     f"SELECT key FROM pages WHERE namespace = ? AND key IN ({_marks(len(chunk))})",
                     (ns, *chunk),
                 )
@@ -555,50 +708,52 @@ class CheckpointCatalog:
 
     def pages(self) -> list[tuple[PageId, str]]:
         """Every page row with its tenant, any namespace (for reconciliation and audits)."""
-        with self._lock:
+        with self._db.read() as db:
             return [
                 (_page_id(row), row["tenant"])
-                for row in self._db.execute("SELECT namespace, key, tenant FROM pages")
+                for row in db.execute("SELECT namespace, key, tenant FROM pages")
             ]
 
     def unreferenced_pages(self) -> list[PageId]:
         """Pages no checkpoint holds, least recently used first."""
-        with self._lock:
+        with self._db.read() as db:
             return [
                 _page_id(row)
-                for row in self._db.execute(
+                for row in db.execute(
                     f"SELECT namespace, key FROM pages AS p WHERE {_UNREFERENCED}"
                     " ORDER BY last_used, namespace, key"
                 )
             ]
 
     def stats(self) -> CatalogStats:
-        with self._lock:
-            checkpoints = self._db.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
-            pages, used = self._db.execute(
-                "SELECT count(*), coalesce(sum(bytes), 0) FROM pages"
+        with self._db.read() as db:
+            checkpoints = db.execute("SELECT count(*) AS n FROM checkpoints").fetchone()["n"]
+            row = db.execute(
+                "SELECT count(*) AS n, CAST(coalesce(sum(bytes), 0) AS BIGINT) AS used FROM pages"
             ).fetchone()
-            loose, loose_bytes = self._db.execute(
-                f"SELECT count(*), coalesce(sum(bytes), 0) FROM pages AS p WHERE {_UNREFERENCED}"
+            loose = db.execute(
+                "SELECT count(*) AS n, CAST(coalesce(sum(bytes), 0) AS BIGINT) AS used"
+                f" FROM pages AS p WHERE {_UNREFERENCED}"
             ).fetchone()
-        return CatalogStats(checkpoints, pages, loose, used, loose_bytes)
+        return CatalogStats(checkpoints, row["n"], loose["n"], row["used"], loose["used"])
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _record(self, checkpoint_id: str) -> KVCheckpointRecord | None:
-        row = self._db.execute(
+    @staticmethod
+    def _record(db: Transaction, checkpoint_id: str) -> KVCheckpointRecord | None:
+        row = db.execute(
             "SELECT * FROM checkpoints WHERE checkpoint_id = ?", (checkpoint_id,)
         ).fetchone()
         if row is None:
             return None
         pages = tuple(
             PageRef(key=page["key"], nbytes=page["bytes"])
-            for page in self._db.execute(
+            for page in db.execute(
                 "SELECT cp.key, p.bytes FROM checkpoint_pages AS cp JOIN pages AS p"
                 " ON p.namespace = cp.namespace AND p.key = cp.key"
                 " WHERE cp.checkpoint_id = ? ORDER BY cp.position",
                 (checkpoint_id,),
-            )
+            ).fetchall()
         )
         return KVCheckpointRecord(
             checkpoint_id=row["checkpoint_id"],
@@ -615,10 +770,23 @@ class CheckpointCatalog:
         )
 
     @staticmethod
-    def _delete_page_if_unreferenced(db: sqlite3.Connection, page: PageId) -> bool:
+    def _delete_page_if_unreferenced(db: Transaction, page: PageId) -> bool:
         return bool(
             db.execute(
                 f"DELETE FROM pages AS p WHERE namespace = ? AND key = ? AND {_UNREFERENCED}",
                 (page.namespace.hex(), page.key.hex()),
             ).rowcount
+        )
+
+    def _unleased(self, db: Transaction, pages: Sequence[PageId]) -> tuple[PageId, ...]:
+        """``pages`` less those under a live lease: their blobs are another writer's now."""
+        now = self._clock()
+        return tuple(
+            page
+            for page in pages
+            if db.execute(
+                "SELECT 1 AS found FROM blob_leases WHERE namespace = ? AND key = ? AND expiry > ?",
+                (page.namespace.hex(), page.key.hex(), now),
+            ).fetchone()
+            is None
         )

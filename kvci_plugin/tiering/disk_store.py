@@ -1,15 +1,21 @@
-"""KVCheckpointStore: the disk tier in one process (BlobStore + CheckpointCatalog).
+"""KVCheckpointStore: the disk tier (a blob location + CheckpointCatalog) behind one object.
 
 In vLLM the two halves live apart (blobs next to the KV cache on the worker side, the catalog on
-the scheduler side); this class joins them for single-process use and tests, and is where the
-rules that need both live: blobs are durable before their catalog row exists, rows are gone
-before their blobs are deleted, start-up reconciles the two, and ``disk_bytes`` is enforced after
-every write.
+the scheduler side); this class joins them for the scheduler, single-process use and tests, and
+is where the rules that need both live: blobs are durable before their catalog row exists, rows
+are gone before their blobs are deleted, start-up reconciles the two, and ``disk_bytes`` is
+enforced after every write.
 
-The store holds an exclusive lock on its folder for its lifetime: reconciliation deletes files
-the catalog does not know, which is only safe when no other process writes there. Within the
-process, changes are serialized (lookups are not), so that one write's clean-up or eviction
-never deletes a blob another write is about to record.
+One node or many. With the embedded SQLite catalog the store owns its folder: it holds an
+exclusive lock on it for its lifetime, since reconciliation deletes what the catalog does not
+know. With a PostgreSQL catalog (``catalog_url``) the blob location (a shared folder or Redis,
+``blob_url``) is shared by every node, and the catalog's leases and locked removals stand in
+for the folder lock: a page is leased before its blobs are written, blobs are only deleted
+inside the catalog write transaction that removed their rows and only when no live lease holds
+them, and an orphan is only removed once it is older than a lease (a younger one may belong to
+a write under way on another node). Every node verifies every blob it reads.
+
+``disk_bytes`` bounds the pages the catalog records, across every node sharing it.
 
 Writing here is not a decision: the persistence eligibility gate runs before ``persist`` is ever
 called, and its decision is what ``decision_json`` records.
@@ -28,15 +34,9 @@ from typing import Literal
 
 import torch
 
-from kvci_plugin.tiering.blob_store import (
-    BlobMissingError,
-    BlobStore,
-    BlobUnavailableError,
-    blob_files,
-    check_namespace,
-    make_private_dir,
-    temp_files,
-)
+from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot, open_blob_root
+from kvci_plugin.tiering.blob_codec import BlobUnavailableError, check_namespace
+from kvci_plugin.tiering.blob_store import make_private_dir
 from kvci_plugin.tiering.catalog import (
     CheckpointCatalog,
     KVCheckpointRecord,
@@ -56,6 +56,8 @@ from kvci_plugin.tiering.types import (
 
 CATALOG_NAME = "catalog.sqlite3"
 LOCK_NAME = "lock"
+DEFAULT_LEASE_S = 600.0
+"""How long a writer's lease on its pages lasts: longer than any blob write takes."""
 
 
 @dataclass(frozen=True)
@@ -105,37 +107,67 @@ def _check_keys(keys: Sequence[PageKey]) -> tuple[PageKey, ...]:
 
 
 class KVCheckpointStore:
-    """Durable, verified, bounded, tenant-checked KV checkpoints under one folder."""
+    """Durable, verified, bounded, tenant-checked KV checkpoints.
+
+    ``root``: the folder of the blobs (unless ``blob_url`` names Redis) and of the SQLite
+    catalog (unless ``catalog_url`` names PostgreSQL). ``shards``: the namespaces the other
+    tensor-parallel ranks write this engine's blobs under.
+    """
 
     def __init__(
         self,
-        root: Path,
+        root: Path | None,
         namespace: bytes,
         disk_bytes: int,
         clock: Callable[[], float] = time.time,
+        *,
+        catalog_url: str | None = None,
+        blob_url: str | None = None,
+        shards: Sequence[bytes] = (),
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         if isinstance(disk_bytes, bool) or not isinstance(disk_bytes, int):
             raise TypeError(f"disk_bytes must be an int, not {type(disk_bytes).__name__}")
         if disk_bytes <= 0:
             raise ValueError(f"disk_bytes must be > 0, not {disk_bytes}")
-        self._root = Path(root)
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be > 0, not {lease_s!r}")
+        if root is None and (catalog_url is None or blob_url is None):
+            raise ValueError("root is needed unless both catalog_url and blob_url are given")
+        self._root = None if root is None else Path(root)
         self._namespace = check_namespace(namespace)
         self._disk_bytes = disk_bytes
         self._clock = clock
+        self._lease_s = float(lease_s)
+        self._shared = catalog_url is not None
         self._write_lock = threading.RLock()
-        make_private_dir(self._root)
-        self._lock_fd = self._take_lock()
+        self._lock_fd: int | None = None
+        if self._root is not None:
+            make_private_dir(self._root)
+        if not self._shared:
+            assert self._root is not None
+            self._lock_fd = self._take_lock()
+        self._blob_root: BlobRoot | None = None
         try:
-            self._catalog = CheckpointCatalog(self._root / CATALOG_NAME, clock)
-            self._blobs = BlobStore(self._root, namespace)
-            self._stores: dict[bytes, BlobStore] = {namespace: self._blobs}
+            self._blob_root = open_blob_root(blob_url, self._root)
+            self._catalog = CheckpointCatalog(
+                None if self._shared else self._root / CATALOG_NAME, clock, url=catalog_url
+            )
+            self._shards = tuple(check_namespace(ns) for ns in shards if ns != namespace)
+            if self._shards:
+                self._catalog.register_shards(namespace, self._shards)
+            if not self._shared:
+                # The folder lock is ours: a lease left in the catalog is a dead writer's.
+                self._catalog.release_all()
+            self._blobs = self._blob_root.store(namespace)
+            self._stores: dict[bytes, BlobBackend] = {namespace: self._blobs}
             self.last_reconcile = self.reconcile()
         except BaseException:
-            os.close(self._lock_fd)
+            self._release_resources()
             raise
 
     @property
-    def root(self) -> Path:
+    def root(self) -> Path | None:
         return self._root
 
     @property
@@ -146,9 +178,25 @@ class KVCheckpointStore:
     def disk_bytes(self) -> int:
         return self._disk_bytes
 
+    @property
+    def shared(self) -> bool:
+        """Whether other nodes may share the catalog and the blobs."""
+        return self._shared
+
+    def describe(self) -> str:
+        assert self._blob_root is not None
+        return f"blobs: {self._blob_root.describe()}; catalog: {self._catalog.describe()}"
+
     def close(self) -> None:
         self._catalog.close()
-        os.close(self._lock_fd)
+        self._release_resources()
+
+    def _release_resources(self) -> None:
+        if self._blob_root is not None:
+            self._blob_root.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> KVCheckpointStore:
         return self
@@ -159,36 +207,41 @@ class KVCheckpointStore:
     # ---- maintenance ------------------------------------------------------------------------
 
     def reconcile(self) -> ReconcileReport:
-        """Make the folder and the catalog agree, then apply retention and the bound.
+        """Make the blobs and the catalog agree, then apply retention and the bound.
 
-        Removes temp files of interrupted writes and blobs no page row names (a write that
-        never reached its catalog row, or a deletion lost in a crash); drops page rows whose
-        blob has vanished, with the checkpoints that need them. Blob contents are verified at
-        every load, not here: reading every blob would make start-up as slow as the disk is big.
+        Removes temp files of interrupted writes and blobs no page row or live lease names (a
+        write that never reached its catalog row, or a deletion lost in a crash) — on a shared
+        location only those older than a lease; drops page rows whose blob has vanished, with
+        the checkpoints that need them (on a shared catalog only this engine's: other engines
+        reconcile their own). Blob contents are verified at every load, not here: reading every
+        blob would make start-up as slow as the disk is big.
         """
+        assert self._blob_root is not None
+        min_age = self._lease_s if self._shared else 0.0
         with self._write_lock:
-            temps = 0
-            for path in temp_files(self._root):
-                path.unlink(missing_ok=True)
-                temps += 1
-            rows = self._catalog.pages()
-            known = {(page.namespace.hex()[:32], page.key.hex()) for page, _ in rows}
+            temps = self._blob_root.sweep_temps(min_age)
+            candidates = [b for b in self._blob_root.listing() if b.age_s >= min_age]
             orphans = 0
-            for ns_prefix, key_hex, path in blob_files(self._root):
-                if (ns_prefix, key_hex) not in known:
-                    path.unlink(missing_ok=True)
-                    orphans += 1
-            vanished = [
-                page for page, _ in rows if not self._store(page.namespace).exists(page.key)
+            with self._catalog.locked():
+                known = self._known_blobs()
+                for blob in candidates:
+                    if (blob.namespace_prefix, blob.key_hex) not in known:
+                        self._blob_root.remove(blob)
+                        orphans += 1
+            rows = [
+                page
+                for page, _ in self._catalog.pages()
+                if not self._shared or page.namespace == self._namespace
             ]
-            lost = self._catalog.drop_pages(vanished)
+            vanished = [page for page in rows if not self._store(page.namespace).exists(page.key)]
+            lost = self._drop(vanished)
             expired = self.gc_expired()
             evicted = self._enforce_bound()
             return ReconcileReport(temps, orphans, lost, expired, evicted)
 
     def gc_expired(self, now: float | None = None) -> Removal:
         """Remove checkpoints and pages whose retention has expired, blobs included."""
-        with self._write_lock:
+        with self._write_lock, self._catalog.locked():
             removal = self._catalog.gc_expired(self._clock() if now is None else now)
             self._delete_blobs(removal)
             return removal
@@ -217,7 +270,26 @@ class KVCheckpointStore:
             checkpoint_id, tenant, keys, pages.shape[1], trigger, recommendation_json,
             decision_json, retention_expiry,
         )
-        return self._record(record, lambda: self._blobs.write_many(keys, tenant, pages))
+        self.reserve(checkpoint_id, keys)
+        try:
+            self._blobs.write_many(keys, tenant, pages)
+        except BaseException:
+            self._abandon(checkpoint_id, keys)
+            raise
+        return self._record(record, lambda: [self._blob_size(k) for k in keys])
+
+    def reserve(self, checkpoint_id: str, keys: Sequence[PageKey]) -> None:
+        """Lease ``keys`` to the write of ``checkpoint_id`` before any of its blobs is written;
+        ``record_written`` or ``release`` ends the lease."""
+        self._catalog.lease(
+            self._namespace, _check_keys(keys), check_checkpoint_id(checkpoint_id),
+            self._clock() + self._lease_s,
+        )
+
+    def release(self, checkpoint_id: str, keys: Sequence[PageKey] = ()) -> None:
+        """End a write that will not be recorded: its lease goes, and the blobs of ``keys`` no
+        row and no other lease holds are deleted."""
+        self._abandon(check_checkpoint_id(checkpoint_id), tuple(keys))
 
     def record_written(
         self,
@@ -232,9 +304,9 @@ class KVCheckpointStore:
     ) -> KVCheckpointRecord:
         """Record a checkpoint whose blobs another process has written and made durable.
 
-        The split of vLLM: the worker's ``BlobStore`` writes the blobs of this namespace, then
-        the scheduler calls this. Every blob must exist (``BlobMissingError`` otherwise: nothing
-        is recorded); contents are verified when they are loaded.
+        The split of vLLM: the workers write the blobs of every shard namespace, then the
+        scheduler calls this. Every shard's blob must exist (``BlobMissingError`` otherwise:
+        nothing is recorded); contents are verified when they are loaded.
         """
         keys = _check_keys(keys)
         if isinstance(slot_bytes, bool) or not isinstance(slot_bytes, int) or slot_bytes <= 0:
@@ -248,9 +320,7 @@ class KVCheckpointStore:
     def discard(self, keys: Sequence[PageKey]) -> Removal:
         """Forget pages a reader found missing or corrupt, with the checkpoints that need them,
         so they are never offered again (a bad blob must cost one recompute, not a livelock)."""
-        removal = self._catalog.drop_pages(PageId(self._namespace, k) for k in _check_keys(keys))
-        self._delete_blobs(removal)
-        return removal
+        return self._drop([PageId(self._namespace, k) for k in _check_keys(keys)])
 
     def touch(self, keys: Sequence[PageKey]) -> None:
         """Mark pages used now (a load of them is under way elsewhere), and their checkpoints."""
@@ -274,10 +344,11 @@ class KVCheckpointStore:
             )
         keys = record.page_keys
         out = torch.empty((len(keys), record.slot_bytes), dtype=torch.uint8)
-        for i, key in enumerate(keys):
-            self._read(key, tenant, out[i])
+        loaded, error = self._read_many(keys, tenant, out)
+        if error is not None:
+            raise error
         self._catalog.touch(self._namespace, keys)
-        return out
+        return out[:loaded]
 
     def load_prefix(self, keys: Sequence[PageKey], tenant: str) -> torch.Tensor:
         """The longest loadable prefix of ``keys`` for ``tenant`` as a (n, slot_bytes) tensor.
@@ -287,19 +358,17 @@ class KVCheckpointStore:
         """
         keys = _check_keys(keys)
         n = self.longest_prefix(keys, tenant)
-        out: torch.Tensor | None = None
-        loaded = 0
-        for i in range(n):
-            try:
-                page = self._read(keys[i], tenant, None if out is None else out[i])
-            except BlobUnavailableError:
-                break
-            if out is None:
-                out = torch.empty((n, page.numel()), dtype=torch.uint8)
-                out[0].copy_(page)
-            loaded += 1
-        if out is None or loaded == 0:
+        if n == 0:
             return torch.empty((0, 0), dtype=torch.uint8)
+        try:
+            first = self._blobs.read(keys[0], tenant)
+        except BlobUnavailableError:
+            self.discard(keys[:1])
+            return torch.empty((0, 0), dtype=torch.uint8)
+        out = torch.empty((n, first.numel()), dtype=torch.uint8)
+        out[0].copy_(first)
+        loaded, _ = self._read_many(keys[1:n], tenant, out[1:])
+        loaded += 1
         self._catalog.touch(self._namespace, keys[:loaded])
         return out[:loaded]
 
@@ -329,6 +398,7 @@ class KVCheckpointStore:
     # ---- helpers ----------------------------------------------------------------------------
 
     def _take_lock(self) -> int:
+        assert self._root is not None
         fd = os.open(self._root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -379,57 +449,92 @@ class KVCheckpointStore:
     def _record(
         self, record: KVCheckpointRecord, blob_sizes: Callable[[], list[int]]
     ) -> KVCheckpointRecord:
-        """Add the catalog row once ``blob_sizes`` has the blobs durable, then apply the bound."""
+        """Add the catalog row once ``blob_sizes`` finds every blob, then apply the bound.
+
+        Runs in one catalog write transaction: no node deletes a blob between the check that
+        it exists and the row that names it.
+        """
         keys = record.page_keys
         with self._write_lock:
             try:
-                sizes = blob_sizes()
-                if sum(sizes) > self._disk_bytes:
-                    raise DoesNotFitError(
-                        "disk_bytes",
-                        f"checkpoint {record.checkpoint_id} does not fit in disk_bytes "
-                        f"({self._disk_bytes}) once its blob headers are counted",
-                    )
-                pages = tuple(PageRef(key=k.hex(), nbytes=n) for k, n in zip(keys, sizes))
-                record = record.model_copy(update={"pages": pages})
-                self._catalog.add_checkpoint(record)
+                with self._catalog.locked():
+                    sizes = blob_sizes()
+                    if sum(sizes) > self._disk_bytes:
+                        raise DoesNotFitError(
+                            "disk_bytes",
+                            f"checkpoint {record.checkpoint_id} does not fit in disk_bytes "
+                            f"({self._disk_bytes}) once its blob headers are counted",
+                        )
+                    pages = tuple(PageRef(key=k.hex(), nbytes=n) for k, n in zip(keys, sizes))
+                    record = record.model_copy(update={"pages": pages})
+                    self._catalog.add_checkpoint(record, holder=record.checkpoint_id)
             except BaseException:
-                # Blobs of this checkpoint that no row names; shared pages already held stay.
-                held = self._catalog.held_pages(self._namespace, keys)
-                for key in keys:
-                    if key not in held:
-                        self._blobs.delete(key)
+                self._abandon(record.checkpoint_id, keys)
                 raise
             self.gc_expired(record.created)
             self._enforce_bound(protect=record.checkpoint_id)
         return record
 
-    def _blob_size(self, key: PageKey) -> int:
-        try:
-            return self._blobs.path_for(key).stat().st_size
-        except FileNotFoundError:
-            raise BlobMissingError(f"no blob for page {key.hex()}") from None
+    def _abandon(self, checkpoint_id: str, keys: Sequence[PageKey]) -> None:
+        """Drop a write's lease and the blobs it left that no row or other lease holds."""
+        with self._write_lock, self._catalog.locked():
+            self._catalog.release(checkpoint_id)
+            held = self._catalog.held_pages(self._namespace, keys)
+            leased = self._catalog.leased(self._namespace, keys)
+            for key in keys:
+                if key not in held and key not in leased:
+                    self._delete_page_blobs(self._namespace, key)
 
-    def _read(self, key: PageKey, tenant: str, out: torch.Tensor | None) -> torch.Tensor:
-        try:
-            return self._blobs.read(key, tenant, out)
-        except BlobUnavailableError:
-            with self._write_lock:
-                self._delete_blobs(self._catalog.drop_pages([PageId(self._namespace, key)]))
-            raise
+    def _blob_size(self, key: PageKey) -> int:
+        """The bytes of every shard's blob of ``key``; ``BlobMissingError`` if one is missing."""
+        return sum(self._store(ns).size(key) for ns in (self._namespace, *self._shards))
+
+    def _read_many(
+        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
+    ) -> tuple[int, Exception | None]:
+        loaded, error = self._blobs.read_many(keys, tenant, out)
+        if isinstance(error, BlobUnavailableError):
+            self.discard([keys[loaded]])
+        return loaded, error
+
+    def _drop(self, pages: Sequence[PageId]) -> Removal:
+        with self._write_lock, self._catalog.locked():
+            removal = self._catalog.drop_pages(pages)
+            self._delete_blobs(removal)
+            return removal
 
     def _enforce_bound(self, protect: str | None = None) -> Removal:
-        with self._write_lock:
+        with self._write_lock, self._catalog.locked():
             removal = self._catalog.evict_to(self._disk_bytes, protect)
             self._delete_blobs(removal)
             return removal
 
+    def _known_blobs(self) -> set[tuple[str, str]]:
+        """(namespace hex[:32], key hex) of every blob a page row or a live lease accounts for,
+        in every shard namespace."""
+        shards = self._catalog.shards()
+        named = [(page.namespace, page.key.hex()) for page, _ in self._catalog.pages()]
+        named += [(bytes.fromhex(ns), key) for ns, key in self._catalog.live_leases()]
+        return {
+            (shard.hex()[:32], key)
+            for ns, key in named
+            for shard in (ns, *shards.get(ns, ()))
+        }
+
     def _delete_blobs(self, removal: Removal) -> None:
         for page in removal.pages:
-            self._store(page.namespace).delete(page.key)
+            self._delete_page_blobs(page.namespace, page.key)
 
-    def _store(self, namespace: bytes) -> BlobStore:
+    def _delete_page_blobs(self, namespace: bytes, key: PageKey) -> None:
+        shards = self._shards if namespace == self._namespace else ()
+        if not shards and namespace != self._namespace:
+            shards = self._catalog.shards().get(namespace, ())
+        for ns in (namespace, *shards):
+            self._store(ns).delete(key)
+
+    def _store(self, namespace: bytes) -> BlobBackend:
         store = self._stores.get(namespace)
         if store is None:
-            store = self._stores[namespace] = BlobStore(self._root, namespace)
+            assert self._blob_root is not None
+            store = self._stores[namespace] = self._blob_root.store(namespace)
         return store

@@ -35,13 +35,11 @@ from kvci_plugin.governance import (
     Trigger,
     get_persistence_eligibility_gate,
 )
-from kvci_plugin.tiering.blob_store import BlobUnavailableError
 from kvci_plugin.tiering.catalog import KVCheckpointRecord
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import (
     CheckpointEntry,
-    CheckpointExistsError,
     CheckpointNotFoundError,
     DoesNotFitError,
     PageKey,
@@ -289,6 +287,8 @@ class TieredCheckpointManager:
             self.index.unpin(job.keys)
             problem = self._record(checkpoint_id, job) if ok else (
                 error or "the blob write reported a failure")
+            if problem and not ok:
+                self._release(checkpoint_id, job)
             if problem:
                 reason = f"persist failed: {problem}"
                 self._set_meta_if_held(checkpoint_id, persist_error=reason)
@@ -302,6 +302,10 @@ class TieredCheckpointManager:
         slots = self.index.pin(job.keys, job.tenant)
         job.writing = True
         try:
+            assert self.disk is not None  # a persist is only started with a disk tier
+            # Leased before any blob is written, so that no node's eviction deletes a blob this
+            # write finds and keeps; the lease ends with the catalog row or the failure.
+            self.disk.reserve(checkpoint_id, job.keys)
             done = self.mover.persist(checkpoint_id, job.tenant, job.keys, slots)
         except Exception as exc:  # whatever failed, the pins must go and the failure be recorded
             return self.on_persisted(checkpoint_id, ok=False, error=f"{type(exc).__name__}: {exc}")
@@ -338,6 +342,14 @@ class TieredCheckpointManager:
         return any(other.pending and not keys.isdisjoint(other.keys)
                    for other in self.index.entries(entry.tenant))
 
+    def _release(self, checkpoint_id: str, job: _Persist) -> None:
+        """End a failed write's lease; blobs it left that nothing else holds are deleted."""
+        assert self.disk is not None
+        try:
+            self.disk.release(checkpoint_id, job.keys)
+        except Exception as exc:  # the lease expires by itself; the failure is already reported
+            logger.warning("kvci: releasing the lease of %s failed: %s", checkpoint_id, exc)
+
     def _record(self, checkpoint_id: str, job: _Persist) -> str:
         """Add the catalog row of written blobs; returns why it could not, or "" once it is."""
         assert self.disk is not None  # a persist is only started with a disk tier
@@ -348,10 +360,9 @@ class TieredCheckpointManager:
                 recommendation_json=job.recommendation_json,
                 decision_json=job.decision.model_dump_json(),
                 retention_expiry=job.decision.retention_expiry)
-        except (BlobUnavailableError, DoesNotFitError, CheckpointExistsError, TenantMismatchError,
-                ValueError) as exc:
-            # The blobs without a row are orphans that the disk tier's start-up removes.
-            return f"catalog row not written: {exc}"
+        except Exception as exc:  # any failure (a refusal, the database) is this persist's
+            # The disk tier has already deleted the blobs that no row or other write holds.
+            return f"catalog row not written: {type(exc).__name__}: {exc}"
         return ""
 
     # ---- inspection -----------------------------------------------------------------------------

@@ -47,16 +47,11 @@ class CheckpointAdvisor:
             disk_rule = (
                 DiskPromotionRule() if disk_threshold is None else DiskPromotionRule(aggregate_floor=disk_threshold)
             )
-        if isinstance(ram_threshold, bool) or not isinstance(ram_threshold, (int, float)):
-            raise TypeError(f"ram_threshold must be a number, got {type(ram_threshold).__name__}")
-        if not (math.isfinite(ram_threshold) and 0.0 < ram_threshold <= disk_rule.aggregate_floor):
-            raise ValueError(
-                f"ram_threshold must be in (0, disk threshold {disk_rule.aggregate_floor}], got {ram_threshold!r}"
-            )
+        ram_threshold = _ram_threshold(ram_threshold, disk_rule.aggregate_floor)
         if isinstance(max_drivers, bool) or not isinstance(max_drivers, int) or max_drivers < 0:
             raise ValueError(f"max_drivers must be an integer >= 0, got {max_drivers!r}")
         self.registry = registry if registry is not None else default_registry()
-        self.ram_threshold = float(ram_threshold)
+        self.ram_threshold = ram_threshold
         self.disk_rule = disk_rule
         self.max_drivers = max_drivers
 
@@ -64,9 +59,14 @@ class CheckpointAdvisor:
     def disk_threshold(self) -> float:
         return self.disk_rule.aggregate_floor
 
-    def recommend(self, observation: CheckpointObservation) -> CheckpointRecommendation:
+    def recommend(
+        self, observation: CheckpointObservation, *, ram_threshold: float | None = None
+    ) -> CheckpointRecommendation:
+        """``ram_threshold`` replaces the advisor's own for this call (a tier that follows its own
+        pressure moves the bar); it must lie in (0, disk threshold] like the advisor's."""
         if not isinstance(observation, CheckpointObservation):
             raise TypeError(f"observation must be a CheckpointObservation, got {type(observation).__name__}")
+        threshold = self.ram_threshold if ram_threshold is None else _ram_threshold(ram_threshold, self.disk_threshold)
         # One pass over the registry snapshot: run, aggregate, sort out abstentions and vetoes.
         signals: list[CheckpointSignal] = []
         by_name: dict[str, CheckpointSignal] = {}
@@ -103,8 +103,8 @@ class CheckpointAdvisor:
             blockers.append("no evidence: no scorer with a positive weight answered")
         elif len(live) == 1 and live[0][3].name == MODEL_SELF_REPORT:
             blockers.append(f"{MODEL_SELF_REPORT} is the only evidence: the model's opinion is evidence, not authority")
-        elif score < self.ram_threshold:
-            blockers.append(f"ram not recommended — score {score:.2f} below the ram threshold {self.ram_threshold:.2f}")
+        elif score < threshold:
+            blockers.append(f"ram not recommended — score {score:.2f} below the ram threshold {threshold:.2f}")
         ram_blocked = bool(blockers)
         disk_failures = self.disk_rule.failures(score, by_name)
         blockers.extend(disk_failures)
@@ -130,9 +130,17 @@ class CheckpointAdvisor:
             scorer_errors=tuple(errors),
             signals=tuple(signals),
             weights=weights,
-            ram_threshold=self.ram_threshold,
+            ram_threshold=threshold,
             disk_threshold=self.disk_rule.aggregate_floor,
         )
+
+
+def _ram_threshold(value: object, disk_threshold: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"ram_threshold must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and 0.0 < value <= disk_threshold):
+        raise ValueError(f"ram_threshold must be in (0, disk threshold {disk_threshold}], got {value!r}")
+    return float(value)
 
 
 def _contribution(item: tuple[float, float, float, CheckpointSignal]) -> float:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvci_plugin.worthiness.scorers.model_self_report import MODEL_SELF_REPORT
 from kvci_plugin.worthiness.signal import CheckpointSignal, SignalKind
 
 # Not strict: these models are produced here and read back from JSON or plain dicts by
@@ -65,3 +66,14 @@ class CheckpointRecommendation(BaseModel):
     @property
     def worth_it(self) -> bool:
         return self.tier is not CheckpointTier.NONE
+
+    @property
+    def held_back_by_threshold(self) -> bool:
+        """Not recommended only because the score is under the RAM threshold: a lower bar would
+        recommend it. Never true for a veto, for no evidence, or for the self-report alone."""
+        if self.tier is not CheckpointTier.NONE or self.score is None or self.vetoed_by:
+            return False
+        if self.score >= self.ram_threshold:
+            return False
+        live = [s.name for s in self.signals if s.value is not None and self.weights.get(s.name, 0.0) > 0.0]
+        return live != [MODEL_SELF_REPORT]

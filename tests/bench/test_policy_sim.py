@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvci_plugin
-from benchmarks.policysim.admission import StoreEverything
+from benchmarks.policysim.admission import Admission, StoreEverything
 from benchmarks.policysim.arc_cache import ARCBlockCache
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.model_shape import model_shape
@@ -26,6 +26,7 @@ from benchmarks.policysim.report import SimulationReport
 from benchmarks.policysim.sessions import RequestContext, SessionTracker, extends, session_contexts
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.policysim.worthiness_admission import WorthinessAdmission
+from kvci_plugin.tiering.admission import PressureAwareAdmission
 from kvci_plugin.worthiness import CheckpointAdvisor
 
 REPO_ROOT = Path(kvci_plugin.__file__).resolve().parents[1]
@@ -238,6 +239,52 @@ def test_kvci_obeys_the_cache_gate() -> None:
 def test_a_kvci_threshold_is_named_in_the_policy() -> None:
     assert kvci().name == "kvci"
     assert kvci(ram_threshold=0.4).name == "kvci@0.4"
+    assert kvci_pressure().name == "kvci-pressure"
+
+
+def kvci_pressure(capacity_blocks: int = 100) -> WorthinessAdmission:
+    advisor = CheckpointAdvisor()
+    bar: PressureAwareAdmission[int] = PressureAwareAdmission.for_advisor(advisor, capacity_bytes=capacity_blocks)
+    return WorthinessAdmission(advisor, prefill_tokens_per_second=8192.0, pressure=bar, block_bytes=1)
+
+
+def test_the_lru_cache_reports_each_evicted_block() -> None:
+    evicted: list[int] = []
+    cache = LRUBlockCache(2, on_evict=evicted.append)
+    for block in (1, 2, 3):
+        cache.insert(block)
+    cache.touch(2)
+    cache.insert(4)
+    assert evicted == [1, 3]
+    assert (1 in cache, 2 in cache, 3 in cache, 4 in cache) == (False, True, False, True)
+
+
+def test_kvci_pressure_lowers_its_bar_when_a_held_back_first_turn_is_continued() -> None:
+    policy = kvci_pressure()
+    bar = policy.pressure
+    assert bar is not None
+    first = request(list(range(100, 160)))  # 30k tokens: scored ~0.43, under the bar of 0.55
+    assert policy.admit(first, RequestContext("s", 0, 0, 0, False), 0) == Admission(0, 0)
+    second = request([*range(100, 159), 500, 501], at_ms=60_000)  # re-sends the first's full blocks
+    policy.admit(second, RequestContext("s", 1, 1, 0, False), 0)
+    assert bar.threshold == pytest.approx(0.54)
+    assert bar.stats().missed_reuses == 1
+
+
+def test_kvci_pressure_raises_its_bar_when_an_admitted_request_is_evicted_unused() -> None:
+    policy = kvci_pressure()
+    bar = policy.pressure
+    assert bar is not None
+    chain = list(range(60))
+    assert policy.admit(request(chain), RequestContext("s", 6, 6, 0, False), 0).ram_blocks == 60
+    policy.evicted(0)  # not the anchor: nothing learnt
+    assert bar.threshold == 0.55
+    policy.evicted(58)  # the anchor: the last full block (the 60th is partial), what a continuation hits
+    assert bar.threshold == pytest.approx(0.56)
+    assert policy.stats()["pressure"] == {
+        "threshold": pytest.approx(0.56), "wasted_writes": 1, "missed_reuses": 0, "paid_writes": 0,
+        "tracked_admitted": 0, "tracked_held_back": 0,
+    }  # fmt: skip
 
 
 # --- replay -----------------------------------------------------------------------------------
@@ -307,6 +354,7 @@ def test_replay_bounds_hold_for_every_policy(chains: list[tuple[int, ...]], capa
             (StoreEverything("arc"), ARCBlockCache),
             (StoreAfterNOffers(2), LRUBlockCache),
             (kvci(), LRUBlockCache),
+            (pressured := kvci_pressure(capacity), lambda n: LRUBlockCache(n, on_evict=pressured.evicted)),
             (RandomAdmission(0.5, seed=1), LRUBlockCache),
             (ContinuationOracle(continued_later(trace, 2)), LRUBlockCache),
         ]
@@ -366,7 +414,9 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     assert report.working_set_blocks == len({b for r in synthetic_trace() for b in r.hash_ids})
     for run in report.runs:
         names = [result.name for result in run.policies]
-        assert names == ["lru", "arc", "store-after-2", "kvci", "kvci@0.4", "random", "oracle"]
+        assert names == ["lru", "arc", "store-after-2", "kvci", "kvci@0.4", "kvci-pressure", "random", "oracle"]
+        bar = run.policy("kvci-pressure").stats["pressure"]
+        assert isinstance(bar, dict) and 0.30 <= bar["threshold"] <= 0.75  # type: ignore[operator]
         lru = run.policy("lru")
         assert lru.disk_bytes_written == report.working_set_bytes  # write-through, a disk that holds
         for result in run.policies:

@@ -1,0 +1,120 @@
+"""Where page blobs live: the interface every blob backend keeps, and how one is chosen.
+
+Two backends: a folder (``blob_store.BlobStore``: local disk, or a POSIX folder shared by many
+nodes such as NFS, Lustre or CephFS) and Redis/Valkey (``redis_blob_store.RedisBlobStore``).
+Both store the same verified blob bytes (``blob_codec``) under the page key, so the rules above
+them — blobs durable before their catalog row, rows gone before their blobs, verify on every
+read — do not depend on which one is configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from kvci_plugin.tiering.blob_codec import BlobUnavailableError
+from kvci_plugin.tiering.types import PageKey, TenantMismatchError
+
+READ_THREADS = 4
+"""Blobs a prefix load reads and verifies at once: the SHA-256 and the reads release the GIL,
+so a prefix of many pages is bound by the disk and the hash, not by one thread's latency."""
+
+
+@dataclass(frozen=True)
+class StoredBlob:
+    """A blob found by a listing: its namespace (first 16 bytes, hex), key (hex) and age."""
+
+    namespace_prefix: str
+    key_hex: str
+    age_s: float
+
+
+class BlobBackend(Protocol):
+    """The blobs of one namespace."""
+
+    @property
+    def namespace(self) -> bytes: ...
+
+    def exists(self, key: PageKey) -> bool: ...
+
+    def size(self, key: PageKey) -> int: ...
+
+    def delete(self, key: PageKey) -> bool: ...
+
+    def write(self, key: PageKey, tenant: str, data: torch.Tensor) -> int: ...
+
+    def write_many(
+        self, keys: Sequence[PageKey], tenant: str, pages: torch.Tensor
+    ) -> list[int]: ...
+
+    def read(
+        self, key: PageKey, tenant: str, out: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+    def read_many(
+        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
+    ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]: ...
+
+    def quarantined(self) -> int: ...
+
+
+class BlobRoot(Protocol):
+    """A blob location shared by every namespace: a folder or a Redis database."""
+
+    def describe(self) -> str: ...
+
+    def store(self, namespace: bytes) -> BlobBackend: ...
+
+    def listing(self) -> Iterator[StoredBlob]: ...
+
+    def remove(self, blob: StoredBlob) -> None: ...
+
+    def sweep_temps(self, min_age_s: float) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def read_prefix(
+    store: BlobBackend, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
+) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
+    """Read ``keys[i]`` into ``out[i]`` several at a time; (pages verified, first failure).
+
+    Only the leading run of pages that verified counts: a page after a failed one is of no use
+    (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful.
+    """
+    if out.dim() != 2 or out.shape[0] < len(keys):
+        raise ValueError(f"out must have a row for each of {len(keys)} keys, not {tuple(out.shape)}")
+
+    def one(i: int) -> BlobUnavailableError | TenantMismatchError | None:
+        try:
+            store.read(keys[i], tenant, out[i])
+        except (BlobUnavailableError, TenantMismatchError) as exc:
+            return exc
+        return None
+
+    if not keys:
+        return 0, None
+    with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(keys))) as pool:
+        for i, error in enumerate(pool.map(one, range(len(keys)))):
+            if error is not None:
+                return i, error
+    return len(keys), None
+
+
+def open_blob_root(blob_url: str | None, disk_root: Path | None) -> BlobRoot:
+    """The blob location a configuration names: ``blob_url`` (redis://, rediss://, unix://) if
+    given, else the folder ``disk_root`` (which may be a shared mount)."""
+    if blob_url is not None:
+        from kvci_plugin.tiering.redis_blob_store import RedisBlobRoot
+
+        return RedisBlobRoot(blob_url)
+    if disk_root is None:
+        raise ValueError("a blob location needs blob_url or disk_root")
+    from kvci_plugin.tiering.blob_store import FolderBlobRoot
+
+    return FolderBlobRoot(disk_root)

@@ -1,0 +1,215 @@
+"""RedisBlobStore: page blobs in Redis or Valkey, shared by every node that reaches the server.
+
+The same verified blob bytes as the folder backend (``blob_codec``), one string value per page:
+
+    kvci:blob:<namespace hex[:32]>:<key hex>       the blob
+    kvci:blobs                                     sorted set "<ns hex[:32]>:<key hex>" -> written
+    kvci:quarantine:<time ns>:<ns hex[:32]>:<key hex>   a blob that failed verification
+
+A SET replaces a value whole, so two nodes writing the same page at once leave one complete
+blob or the other, never a mix, and a writer that dies mid-way leaves nothing. The sorted set
+records when each blob was written, so that start-up reconciliation can tell an orphan from a
+blob another node is about to record; it is updated in the same MULTI/EXEC transaction as the
+blob. Quarantined blobs expire after ``QUARANTINE_TTL_S``.
+
+What a stored blob survives is what the server's persistence gives (RDB snapshots, or AOF with
+``appendfsync``): kvci verifies every read, so a blob the server lost is a miss, never wrong KV.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix
+from kvci_plugin.tiering.blob_codec import (
+    BlobIntegrityError,
+    BlobMissingError,
+    BlobUnavailableError,
+    check_namespace,
+    check_page,
+    decode,
+    encode,
+)
+from kvci_plugin.tiering.types import (
+    PageKey,
+    TenantMismatchError,
+    check_page_key,
+    check_tenant,
+)
+
+try:
+    import redis
+except ImportError:  # an optional dependency: only a redis:// blob_url needs it
+    redis = None  # type: ignore[assignment]
+
+QUARANTINE_TTL_S = 7 * 24 * 3600
+_INDEX = "kvci:blobs"
+_WRITE_THREADS = 8
+
+
+def _connect(url: str) -> "redis.Redis":
+    if redis is None:
+        raise RuntimeError(
+            "blob_url names Redis but the redis package is missing: pip install 'kvci[shared]'"
+        )
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"blob_url must start with redis://, rediss:// or unix://, not {url!r}")
+    client = redis.Redis.from_url(url)
+    client.ping()
+    return client
+
+
+class RedisBlobRoot:
+    """One Redis database as a blob location for every namespace."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._client = _connect(url)
+
+    def describe(self) -> str:
+        # The URL may carry a password: name the server only.
+        kwargs = self._client.connection_pool.connection_kwargs
+        where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        return f"redis {where} db {kwargs.get('db', 0)}"
+
+    def store(self, namespace: bytes) -> RedisBlobStore:
+        return RedisBlobStore(self._client, namespace)
+
+    def listing(self) -> Iterator[StoredBlob]:
+        now = time.time()
+        for member, written in self._client.zscan_iter(_INDEX):
+            ns_prefix, _, key_hex = member.decode().partition(":")
+            yield StoredBlob(ns_prefix, key_hex, max(0.0, now - written))
+
+    def remove(self, blob: StoredBlob) -> None:
+        member = f"{blob.namespace_prefix}:{blob.key_hex}"
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(f"kvci:blob:{member}")
+            pipe.zrem(_INDEX, member)
+            pipe.execute()
+
+    def sweep_temps(self, min_age_s: float) -> int:
+        return 0  # a SET is whole or absent: there are no temp values
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class RedisBlobStore:
+    """Content-addressed, verified page blobs of one namespace in Redis. Thread-safe."""
+
+    def __init__(self, client: "redis.Redis", namespace: bytes) -> None:
+        self._client = client
+        self._namespace = check_namespace(namespace)
+        self._ns_prefix = namespace.hex()[:32]
+
+    @classmethod
+    def from_url(cls, url: str, namespace: bytes) -> RedisBlobStore:
+        return cls(_connect(url), namespace)
+
+    @property
+    def namespace(self) -> bytes:
+        return self._namespace
+
+    def _member(self, key: PageKey) -> str:
+        return f"{self._ns_prefix}:{check_page_key(key, 'key').hex()}"
+
+    def _name(self, key: PageKey) -> str:
+        return f"kvci:blob:{self._member(key)}"
+
+    def exists(self, key: PageKey) -> bool:
+        """Whether a blob is present (not whether it verifies: ``read`` says that)."""
+        return bool(self._client.exists(self._name(key)))
+
+    def size(self, key: PageKey) -> int:
+        size = self._client.strlen(self._name(key))
+        if not size:
+            raise BlobMissingError(f"no blob for page {key.hex()}")
+        return int(size)
+
+    def delete(self, key: PageKey) -> bool:
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.delete(self._name(key))
+            pipe.zrem(_INDEX, self._member(key))
+            deleted, _ = pipe.execute()
+        return bool(deleted)
+
+    def write(self, key: PageKey, tenant: str, data: torch.Tensor) -> int:
+        """Store ``data`` as the blob of ``key``; return the blob's size. Same rules as the
+        folder backend: an intact blob of the tenant is kept, a bad one replaced, another
+        tenant's refused."""
+        check_tenant(tenant)
+        data = check_page(data, "data")
+        if data.device.type != "cpu":
+            raise ValueError(f"data must be on the CPU, not {data.device}")
+        if self.exists(key):
+            try:
+                self.read(key, tenant)
+                return self.size(key)
+            except BlobUnavailableError:
+                pass  # bad, or deleted meanwhile: write it
+        blob = encode(self._namespace, key, tenant, data)
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.set(self._name(key), blob)
+            pipe.zadd(_INDEX, {self._member(key): time.time()})
+            pipe.execute()
+        return len(blob)
+
+    def write_many(
+        self, keys: Sequence[PageKey], tenant: str, pages: torch.Tensor
+    ) -> list[int]:
+        if len(keys) != len(pages):
+            raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
+        with ThreadPoolExecutor(max_workers=max(1, min(_WRITE_THREADS, len(keys)))) as pool:
+            return list(pool.map(lambda i: self.write(keys[i], tenant, pages[i]), range(len(keys))))
+
+    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The verified page of ``key`` for ``tenant``; see ``BlobStore.read``."""
+        check_tenant(tenant)
+        if out is not None:
+            check_page(out, "out")
+        name = self._name(key)
+        blob = self._client.get(name)
+        if blob is None:
+            raise BlobMissingError(f"no blob for page {key.hex()}")
+        try:
+            owner, page = decode(blob, self._namespace, key)
+        except BlobIntegrityError as exc:
+            self._quarantine(key, name, blob)
+            raise BlobIntegrityError(f"{exc}; quarantined") from None
+        if owner != tenant:
+            raise TenantMismatchError(f"page {key.hex()} belongs to another tenant")
+        if out is None:
+            return page
+        if out.numel() != page.numel():
+            raise ValueError(f"out holds {out.numel()} bytes, the page {page.numel()}")
+        return out.copy_(page)
+
+    def read_many(
+        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
+    ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
+        return read_prefix(self, keys, tenant, out)
+
+    def quarantined(self) -> int:
+        return sum(1 for _ in self._client.scan_iter(match="kvci:quarantine:*", count=500))
+
+    def _quarantine(self, key: PageKey, name: str, seen: bytes) -> None:
+        target = f"kvci:quarantine:{time.time_ns()}:{self._member(key)}"
+
+        def move(pipe: "redis.client.Pipeline") -> None:
+            # Only the bad value moves: a fresh write since it was read stays where it is.
+            if pipe.get(name) != seen:
+                return
+            pipe.multi()
+            pipe.rename(name, target)
+            pipe.expire(target, QUARANTINE_TTL_S)
+            pipe.zrem(_INDEX, self._member(key))
+
+        try:
+            self._client.transaction(move, name)
+        except redis.ResponseError:
+            return  # vanished meanwhile

@@ -1,0 +1,101 @@
+"""Two vLLM engines on one shared disk tier: a PostgreSQL catalog and a Redis blob store.
+
+Node A (its own process) persists a checkpoint with a valid credential and has another refused;
+node B, a separate engine started while A still runs, serves the persisted one from the shared
+tier with greedy output equal to recomputing, never sees the refused one, and refuses the
+checkpoint to another tenant although the catalog row is visible to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from durable_support import prompts, setup_dirs
+from engine import BLOCK_SIZE, baseline_outputs, generate_one, kvci_params, make_llm, shutdown
+
+pytestmark = pytest.mark.engine
+
+NODE = Path(__file__).with_name("shared_node.py")
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model):
+    return baseline_outputs(tiny_model, prompts())
+
+
+@pytest.fixture(scope="module")
+def shared_extra(tmp_path_factory, postgres_url, redis_url):
+    from services import new_database
+
+    root = tmp_path_factory.mktemp("many-nodes")
+    extra = setup_dirs(root)
+    del extra["disk_root"]  # the blobs live in Redis, the catalog in PostgreSQL
+    extra.update(catalog_url=new_database(postgres_url), blob_url=f"{redis_url}/15")
+    import redis
+
+    redis.Redis.from_url(extra["blob_url"]).flushdb()
+    return root, extra
+
+
+@pytest.fixture(scope="module")
+def node_a(tiny_model, baseline, shared_extra):
+    root, extra = shared_extra
+    (root / "extra.json").write_text(json.dumps(extra))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, str(NODE), str(root), str(tiny_model)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    ready = None
+    for line in proc.stdout:
+        if line.startswith("READY "):
+            ready = json.loads(line[len("READY "):])
+            break
+    if ready is None:
+        proc.wait(timeout=30)
+        pytest.fail(f"node A exited ({proc.returncode}) before READY")
+    yield ready
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def node_b(tiny_model, node_a, shared_extra):
+    _, extra = shared_extra
+    llm = make_llm(tiny_model, extra)
+    yield llm
+    shutdown(llm)
+
+
+def test_persisted_on_node_a_is_served_from_the_shared_tier_on_node_b(node_a, node_b, baseline):
+    assert node_a["persisted"]["persist"]["status"] in ("persisting", "persisted")
+    out = generate_one(node_b, prompts()["persisted"], kvci_params(tenant="acme"))
+    assert out.kv_transfer_params["kvci"]["hit_tier"] == "disk"
+    assert out.num_cached_tokens == 5 * BLOCK_SIZE
+    assert list(out.outputs[0].token_ids) == baseline["persisted"]
+
+
+def test_a_refused_checkpoint_is_visible_to_neither_node(node_a, node_b, shared_extra, baseline):
+    _, extra = shared_extra
+    refused = node_a["refused"]
+    assert refused["persist"]["status"] == "refused"
+    assert refused["persist"]["decision"]["failed_check"] == "verified_authority"
+    with psycopg.connect(extra["catalog_url"]) as conn:
+        ids = {r[0] for r in conn.execute("SELECT checkpoint_id FROM checkpoints")}
+    assert refused["checkpoint_id"] not in ids
+    assert node_a["persisted"]["checkpoint_id"] in ids
+    out = generate_one(node_b, prompts()["refused"], kvci_params(tenant="acme"))
+    assert out.num_cached_tokens == 0
+    assert list(out.outputs[0].token_ids) == baseline["refused"]
+
+
+def test_node_b_refuses_another_tenant_although_it_sees_the_row(node_a, node_b, baseline):
+    out = generate_one(node_b, prompts()["persisted"], kvci_params(tenant="globex"))
+    assert out.num_cached_tokens == 0
+    assert list(out.outputs[0].token_ids) == baseline["persisted"]
