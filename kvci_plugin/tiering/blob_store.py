@@ -25,12 +25,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix
+from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix, write_each
 from kvci_plugin.tiering.blob_codec import (
     NAMESPACE_BYTES,
     BlobIntegrityError,
@@ -38,8 +37,8 @@ from kvci_plugin.tiering.blob_codec import (
     BlobUnavailableError,
     check_namespace,
     check_page,
-    decode,
     encode,
+    open_page,
 )
 from kvci_plugin.tiering.types import (
     PageKey,
@@ -63,10 +62,6 @@ __all__ = [
 
 QUARANTINE_KEEP = 64
 """Quarantined blobs kept for inspection; older ones go, so corruption cannot fill a disk."""
-
-WRITE_THREADS = 8
-"""Blobs ``write_many`` writes at once: fsyncs of separate files overlap in the device queue and
-the file system journal (3x the throughput of one at a time on ext4 here)."""
 
 BLOB_SUFFIX = ".safetensors"
 TEMP_PREFIX = ".kvci-"
@@ -280,10 +275,7 @@ class BlobStore:
         Returns once every write has ended; raises the first failure (the other blobs are
         written or not, each atomically).
         """
-        if len(keys) != len(pages):
-            raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
-        with ThreadPoolExecutor(max_workers=max(1, min(WRITE_THREADS, len(keys)))) as pool:
-            return list(pool.map(lambda i: self.write(keys[i], tenant, pages[i]), range(len(keys))))
+        return write_each(self, keys, tenant, pages)
 
     def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """The verified page of ``key`` for ``tenant``, copied into ``out`` when given.
@@ -305,18 +297,8 @@ class BlobStore:
         except OSError as exc:
             self._quarantine_file(key, path, stat)
             raise BlobIntegrityError(f"blob of page {key.hex()} is unreadable: {exc}") from None
-        try:
-            owner, page = decode(blob, self._namespace, key)
-        except BlobIntegrityError as exc:
-            self._quarantine_file(key, path, stat)
-            raise BlobIntegrityError(f"{exc}; quarantined") from None
-        if owner != tenant:
-            raise TenantMismatchError(f"page {key.hex()} belongs to another tenant")
-        if out is None:
-            return page
-        if out.numel() != page.numel():
-            raise ValueError(f"out holds {out.numel()} bytes, the page {page.numel()}")
-        return out.copy_(page)
+        return open_page(blob, self._namespace, key, tenant, out,
+                         lambda: self._quarantine_file(key, path, stat))
 
     def read_many(
         self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor

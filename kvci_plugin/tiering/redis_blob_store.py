@@ -20,19 +20,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix
+from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix, write_each
 from kvci_plugin.tiering.blob_codec import (
-    BlobIntegrityError,
     BlobMissingError,
     BlobUnavailableError,
     check_namespace,
     check_page,
-    decode,
     encode,
+    open_page,
 )
 from kvci_plugin.tiering.types import (
     PageKey,
@@ -48,7 +46,6 @@ except ImportError:  # an optional dependency: only a redis:// blob_url needs it
 
 QUARANTINE_TTL_S = 7 * 24 * 3600
 _INDEX = "kvci:blobs"
-_WRITE_THREADS = 8
 
 
 def _connect(url: str) -> "redis.Redis":
@@ -162,10 +159,7 @@ class RedisBlobStore:
     def write_many(
         self, keys: Sequence[PageKey], tenant: str, pages: torch.Tensor
     ) -> list[int]:
-        if len(keys) != len(pages):
-            raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
-        with ThreadPoolExecutor(max_workers=max(1, min(_WRITE_THREADS, len(keys)))) as pool:
-            return list(pool.map(lambda i: self.write(keys[i], tenant, pages[i]), range(len(keys))))
+        return write_each(self, keys, tenant, pages)
 
     def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """The verified page of ``key`` for ``tenant``; see ``BlobStore.read``."""
@@ -176,18 +170,8 @@ class RedisBlobStore:
         blob = self._client.get(name)
         if blob is None:
             raise BlobMissingError(f"no blob for page {key.hex()}")
-        try:
-            owner, page = decode(blob, self._namespace, key)
-        except BlobIntegrityError as exc:
-            self._quarantine(key, name, blob)
-            raise BlobIntegrityError(f"{exc}; quarantined") from None
-        if owner != tenant:
-            raise TenantMismatchError(f"page {key.hex()} belongs to another tenant")
-        if out is None:
-            return page
-        if out.numel() != page.numel():
-            raise ValueError(f"out holds {out.numel()} bytes, the page {page.numel()}")
-        return out.copy_(page)
+        return open_page(blob, self._namespace, key, tenant, out,
+                         lambda: self._quarantine(key, name, blob))
 
     def read_many(
         self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
