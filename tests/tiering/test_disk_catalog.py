@@ -502,3 +502,17 @@ def test_postgres_schema_matches_sqlite(tmp_path: Path, pg_catalog_url: str) -> 
         assert {t for _, t in pg_columns} <= {"text", "bigint", "double precision"}, table
     pg.close()
     lite.close()
+
+
+def test_a_version_1_catalog_migrates_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.sqlite3"
+    with sqlite3.connect(path) as db:  # a catalog as the first release wrote it
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for statement in MIGRATIONS[0]:
+            db.execute(statement)
+        db.execute("INSERT INTO schema_version (version) VALUES (1)")
+    catalog = CheckpointCatalog(path)
+    assert catalog.schema_version() == len(MIGRATIONS) == 2
+    catalog.lease(NS, [key("a")], "w", until=4e9)
+    assert catalog.leased(NS, [key("a")]) == {key("a")}
+    catalog.close()
