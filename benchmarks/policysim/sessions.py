@@ -8,8 +8,10 @@ rule puts the whole trace in one session, and the default key is the first two b
 
 Within a session, a request that re-sends its predecessor's whole input (all but the
 predecessor's last block, which was partial and is now followed by the answer) extends the
-context; any other request rewrote it (an edit, a truncation, a different branch). Everything
-here is counted from earlier requests only: nothing reads the future.
+context; any other request rewrote it (an edit, a truncation, a different branch). A request's
+novel blocks are those its session's previous prompt did not hold: the new message of a turn,
+everything after the point where a rewrite diverged, every block of a session's first request.
+Everything here is counted from earlier requests only: nothing reads the future.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class RequestContext:
     context_rewrites: int
     # This request rewrote its session's context.
     rewrote: bool
+    # Blocks of this prompt that the session's previous prompt did not hold (all of them in a
+    # session's first request); None when the request has no session.
+    novel_blocks: Optional[int]
 
 
 @dataclass(slots=True)
@@ -72,7 +77,7 @@ class SessionTracker:
         """The request's context as known when it finishes; then remember the request."""
         chain = request.hash_ids
         if len(chain) < self.key_blocks:
-            return RequestContext(None, 0, 0, 0, False)
+            return RequestContext(None, 0, 0, 0, False, None)
         key = chain[: self.key_blocks]
         session_id = "-".join(map(str, key))
         session = self._sessions.get(key)
@@ -80,7 +85,7 @@ class SessionTracker:
             self._sessions[key] = _Session(last_chain=chain)
             if len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
-            return RequestContext(session_id, 0, 0, 0, False)
+            return RequestContext(session_id, 0, 0, 0, False, len(chain))
         self._sessions.move_to_end(key)
         rewrote = not extends(session.last_chain, chain)
         if rewrote:
@@ -91,7 +96,12 @@ class SessionTracker:
         while session.rewrites_ms and session.rewrites_ms[0] <= request.timestamp_ms - self.rewrite_window_ms:
             session.rewrites_ms.popleft()
         context = RequestContext(
-            session_id, session.requests, session.turns_since_change, len(session.rewrites_ms), rewrote
+            session_id,
+            session.requests,
+            session.turns_since_change,
+            len(session.rewrites_ms),
+            rewrote,
+            len(chain) - common_prefix(session.last_chain, chain),
         )
         session.requests += 1
         session.last_chain = chain
@@ -102,6 +112,17 @@ def extends(previous: Sequence[int], chain: Sequence[int]) -> bool:
     """``chain`` re-sends every block of ``previous`` but possibly its last (partial) one."""
     full = len(previous) - 1
     return len(chain) >= full and tuple(chain[:full]) == tuple(previous[:full])
+
+
+def common_prefix(previous: Sequence[int], chain: Sequence[int]) -> int:
+    """How many leading blocks ``chain`` shares with ``previous`` (chained ids: a shared id is a
+    shared prefix up to it)."""
+    shared = 0
+    for old, new in zip(previous, chain):
+        if old != new:
+            break
+        shared += 1
+    return shared
 
 
 def session_contexts(requests: Sequence[TraceRequest], tracker: SessionTracker) -> list[RequestContext]:

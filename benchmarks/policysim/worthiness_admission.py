@@ -1,10 +1,14 @@
 """kvci's admission: the real ``kvci_plugin.worthiness`` advisor and cache gate, once per request.
 
 The observation holds only what the engine knows when the request finishes: its context and
-output sizes, the tokens its lookup found cached, the prefill time that the uncached tokens
-cost at a named prefill rate, and its session's history (earlier requests, turns since the
-context last changed, recent rewrites). ``context_tokens`` is the input: the rebuild-cost
-estimate adds ``output_tokens`` to it itself. A recommendation of RAM or DISK stores the whole
+output sizes, the tokens its lookup found cached, the prefill time that the uncached tokens cost
+at a named prefill rate, and its session's history (earlier requests, turns since the context
+last changed, recent rewrites). ``context_tokens`` is the input: the rebuild-cost estimate adds
+``output_tokens`` to it itself. The turn's prompt is also read as the compiled context it is:
+its blocks are the items that went into the context, and those the session's previous prompt did
+not hold are novel (``retrieved_items`` / ``novel_items``, what a context bundle of the turn
+would derive), so ``retrieval_saturation`` sees whether the context is still taking in new
+material or has converged on what it holds. A recommendation of RAM or DISK stores the whole
 chain in RAM (and for DISK on disk too: the eligibility gate, deny by default in kvci, is not
 modelled, so this measures the worthiness rule alone), unless the cache gate pauses the
 autonomous trigger. The gate runs on trace time.
@@ -82,15 +86,7 @@ class WorthinessAdmission:
         self.gate.record_lookup(hit_tokens > 0)
         if context.rewrote and context.session_id is not None:
             self.gate.record_context_change(context.session_id)
-        observation = CheckpointObservation(
-            context_tokens=request.input_length,
-            output_tokens=request.output_length,
-            cached_tokens=hit_tokens,
-            wall_time_s=(request.input_length - hit_tokens) / self.prefill_tokens_per_second,
-            observed_reuse=context.observed_reuse,
-            turns_since_change=context.turns_since_change,
-            context_rewrites=context.context_rewrites,
-        )
+        observation = self.observation(request, context, hit_tokens)
         pressure = self.pressure
         chain = request.hash_ids
         full = request.input_length // BLOCK_TOKENS
@@ -117,6 +113,20 @@ class WorthinessAdmission:
             return NOTHING
         blocks = len(chain)
         return Admission(blocks, blocks if tier is CheckpointTier.DISK else 0)
+
+    def observation(self, request: TraceRequest, context: RequestContext, hit_tokens: int) -> CheckpointObservation:
+        """What the engine knows about ``request`` when it finishes, as the advisor reads it."""
+        return CheckpointObservation(
+            context_tokens=request.input_length,
+            output_tokens=request.output_length,
+            cached_tokens=hit_tokens,
+            wall_time_s=(request.input_length - hit_tokens) / self.prefill_tokens_per_second,
+            observed_reuse=context.observed_reuse,
+            turns_since_change=context.turns_since_change,
+            context_rewrites=context.context_rewrites,
+            retrieved_items=None if context.novel_blocks is None else len(request.hash_ids),
+            novel_items=context.novel_blocks,
+        )
 
     def evicted(self, block: int) -> None:
         """The RAM tier evicted ``block`` (the replay's cache calls this)."""

@@ -8,7 +8,7 @@ only ever reached through the eligibility gate.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,6 +20,8 @@ from pydantic import (
 )
 
 from kvci_plugin.governance import CredentialConfig
+from kvci_plugin.tiering.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
+from kvci_plugin.worthiness import DEFAULT_RAM_THRESHOLD
 
 
 class CacheGateSettings(BaseModel):
@@ -45,8 +47,19 @@ class KVCIConfig(BaseModel):
     ram_max_entries: int = Field(4096, ge=1, description="most checkpoints kept in RAM")
     tenant_quota_bytes: ByteSize | None = Field(None, description="RAM bytes one tenant may hold")
     system_trigger: bool = Field(True, description="store worthy contexts without being asked")
-    ram_threshold: float | None = Field(None, ge=0.0, le=1.0, description="score for tier RAM")
+    ram_threshold: float | None = Field(
+        None, ge=0.0, le=1.0, description=f"score for tier RAM; none = {DEFAULT_RAM_THRESHOLD}. "
+        "Setting it fixes the system trigger's bar there unless ram_admission is set to `pressure`")
     disk_threshold: float | None = Field(None, ge=0.0, le=1.0, description="score for tier DISK")
+    ram_admission: Literal["pressure", "fixed"] = Field(
+        "pressure", description="the system trigger's RAM bar: `pressure` starts at ram_threshold "
+        f"and moves {DEFAULT_STEP} up for each system checkpoint evicted before any hit (at most to "
+        f"the disk threshold) and {DEFAULT_STEP} down for each request that wanted one the bar "
+        "alone held back (at least to ram_threshold_min); `fixed` stays at ram_threshold. `fixed` "
+        "when ram_threshold is set and this is not. Explicit checkpoints are kept whatever the bar")
+    ram_threshold_min: float = Field(
+        DEFAULT_MIN_THRESHOLD, gt=0.0, le=1.0,
+        description="lowest RAM bar with ram_admission `pressure`")
     cache_gate: CacheGateSettings = CacheGateSettings()
     disk_root: Path | None = Field(
         None, description="disk tier folder, local or shared by nodes; none = no disk tier "
@@ -85,8 +98,23 @@ class KVCIConfig(BaseModel):
         None, description="bearer token file; required when control_host is not loopback"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fixed_bar_for_a_chosen_threshold(cls, data: Any) -> Any:
+        # An operator who chose ram_threshold gets that bar unless they ask for it to move.
+        if isinstance(data, dict) and data.get("ram_threshold") is not None and "ram_admission" not in data:
+            return {**data, "ram_admission": "fixed"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "KVCIConfig":
+        if self.ram_admission == "pressure":
+            start = DEFAULT_RAM_THRESHOLD if self.ram_threshold is None else self.ram_threshold
+            if self.ram_threshold_min > start:
+                raise ValueError(f"ram_threshold_min ({self.ram_threshold_min}) is above the RAM "
+                                 f"threshold the bar starts at ({start})")
+        elif "ram_threshold_min" in self.model_fields_set:
+            raise ValueError("ram_threshold_min applies only with ram_admission 'pressure'")
         if self.blob_url is not None and self.catalog_url is None:
             # Other nodes can reach a Redis store: only a shared catalog's leases keep their
             # writes safe from this node's reconciliation.

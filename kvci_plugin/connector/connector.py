@@ -162,7 +162,8 @@ class KVCheckpointConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         if self._worker is not None:
-            self._worker.start_load_kv()
+            # vLLM runs the connector without attention metadata when a step computes nothing.
+            self._worker.start_load_kv(forward=forward_context.attn_metadata is not None)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # whole pages are loaded in start_load_kv, before the forward

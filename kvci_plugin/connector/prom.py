@@ -17,6 +17,9 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_recommendations_total{tier}       recommendations by recommended tier
     vllm:kvci_cache_gate_pauses_total           worthy keeps the cache gate paused
     vllm:kvci_params_errors_total               requests whose kvci params were refused
+    vllm:kvci_ram_wasted_writes_total           system checkpoints evicted before any hit (bar up)
+    vllm:kvci_ram_missed_reuses_total           requests wanting a checkpoint the bar held back (bar down)
+    vllm:kvci_ram_threshold                     the RAM threshold recommendations are scored at (gauge)
     vllm:kvci_load_seconds{tier}                load latency (histogram)
     vllm:kvci_store_seconds{tier}               store / persist latency (histogram)
 """
@@ -54,6 +57,15 @@ _PLAIN = {
     "persist_failures": ("vllm:kvci_persist_failures", "Persists whose blob writes failed."),
     "cache_gate_pauses": ("vllm:kvci_cache_gate_pauses", "Worthy keeps the cache gate paused."),
     "params_errors": ("vllm:kvci_params_errors", "Requests whose kvci params were refused."),
+    "ram_wasted_writes": ("vllm:kvci_ram_wasted_writes",
+                          "System-trigger RAM checkpoints evicted before any hit; each raised the RAM bar."),
+    "ram_missed_reuses": ("vllm:kvci_ram_missed_reuses",
+                          "Requests that wanted a checkpoint the RAM bar alone held back; each lowered it."),
+}
+_GAUGES = {
+    "ram_threshold": ("vllm:kvci_ram_threshold",
+                      ("The RAM threshold recommendations are scored at (the system trigger's bar; "
+                       "it follows the RAM tier's pressure with ram_admission pressure).")),
 }
 # KVCIStats name prefix -> series, documentation, label name and its values (the name's suffix).
 _LABELLED = {
@@ -92,8 +104,13 @@ class KVCIPromMetrics(KVConnectorPromMetrics):
             histogram = self._histogram_cls(name=metric_name, documentation=doc, buckets=LATENCY_BUCKETS,
                                             labelnames=labels + ["tier"])
             histograms += [(prefix + tier, tier, histogram) for tier in ("ram", "disk")]
+        # The latest value wins: with several API server processes, the most recent report.
+        gauges = [(name, None, self._gauge_cls(name=metric_name, documentation=doc, labelnames=labels,
+                                                 multiprocess_mode="mostrecent"))
+                  for name, (metric_name, doc) in _GAUGES.items()]
         self._counters = self._bind(counters)
         self._histograms = self._bind(histograms)
+        self._gauges = self._bind(gauges)
 
     def _bind(self, series: list[tuple[str, str | None, Any]]) -> dict[tuple[int, str], Any]:
         bound: dict[tuple[int, str], Any] = {}
@@ -119,3 +136,9 @@ class KVCIPromMetrics(KVConnectorPromMetrics):
                 continue
             for seconds in samples:
                 histogram.observe(seconds)
+        for name, value in transfer_stats_data.get("gauges", {}).items():
+            gauge = self._gauges.get((engine_idx, name))
+            if gauge is None:
+                logger.warning_once("kvci: no Prometheus series for gauge %r", name)
+            else:
+                gauge.set(value)

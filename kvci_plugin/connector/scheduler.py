@@ -28,14 +28,16 @@ from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_r
 from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import key_bytes, prefix_block_keys
+from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
-from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.manager import CheckpointOutcome, TieredCheckpointManager
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import PageKey, Reservation
 from kvci_plugin.worthiness import (
     CacheGate,
     CheckpointAdvisor,
     CheckpointObservation,
+    CheckpointRecommendation,
     CheckpointTier,
     render_advisory,
 )
@@ -82,6 +84,7 @@ class _Req:
     prompt_done: bool = False
     prefill_s: float | None = None
     scheduled_tokens: int = 0
+    bar_saw_lookup: bool = False
 
 
 class _ConnectorMover:
@@ -137,9 +140,15 @@ class KVCIScheduler:
         if config.disk_threshold is not None:
             advisor_kwargs["disk_threshold"] = config.disk_threshold
         self._mover = _ConnectorMover()
+        advisor = CheckpointAdvisor(**advisor_kwargs)
         self.manager = TieredCheckpointManager(
-            index=index, mover=self._mover, advisor=CheckpointAdvisor(**advisor_kwargs),
-            disk=disk, disk_region=config.disk_region)
+            index=index, mover=self._mover, advisor=advisor, disk=disk,
+            disk_region=config.disk_region)
+        # The system trigger's RAM bar, moved by the tier's pressure; None: the advisor's own.
+        self._bar: PressureAwareAdmission[PageKey] | None = None
+        if config.system_trigger and config.ram_admission == "pressure":
+            self._bar = PressureAwareAdmission.for_advisor(
+                advisor, capacity_bytes=index.capacity_bytes, min_threshold=config.ram_threshold_min)
         g = config.cache_gate
         self.cache_gate = CacheGate(
             kill_switch=g.kill_switch, hit_rate_floor=g.hit_rate_floor,
@@ -155,11 +164,18 @@ class KVCIScheduler:
         self._reuse: OrderedDict[PageKey, int] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._stats = KVCIStats()
+        self._stats.gauge("ram_threshold", self.ram_threshold)
+        self._bar_reported = self._bar.stats() if self._bar is not None else None
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
 
     @property
     def num_slots(self) -> int:
         return self.manager.index.num_slots
+
+    @property
+    def ram_threshold(self) -> float:
+        """The RAM threshold requests are scored at now."""
+        return self._bar.threshold if self._bar is not None else self.manager.advisor.ram_threshold
 
     # ---- per-request state ------------------------------------------------------------------
 
@@ -217,7 +233,12 @@ class KVCIScheduler:
         bs = self.block_size
         cap = (request.num_tokens - 1) // bs  # never match every token: one must be computed
         local = num_computed_tokens // bs
-        ram = min(self.manager.index.longest_prefix(st.keys, st.tenant), cap)
+        resident = self.manager.index.longest_prefix(st.keys, st.tenant)
+        if self._bar is not None and not st.bar_saw_lookup:
+            # vLLM may ask again for the same request (after a preemption): one lookup each.
+            st.bar_saw_lookup = True
+            self._bar.observe_lookup(st.keys, resident)
+        ram = min(resident, cap)
         disk = 0
         if self.manager.disk is not None and ram < cap:
             disk = min(self.manager.disk.longest_prefix(st.keys, st.tenant), cap)
@@ -324,7 +345,7 @@ class KVCIScheduler:
         except ValueError as exc:
             self._stats.count("params_errors")
             return False, {"kvci": {"error": f"invalid observation: {exc}"}}
-        rec = self.manager.advisor.recommend(obs)
+        rec = self.manager.advisor.recommend(obs, ram_threshold=self.ram_threshold)
         self._stats.count(f"recommendations_{rec.tier.value}")
 
         trigger = params.explicit_trigger if params is not None else None
@@ -343,9 +364,13 @@ class KVCIScheduler:
 
         outcome = None
         delay = False
-        if trigger is not None and st.keys is not None and request.status.name in _FINISHED_OK:
+        # The prompt's keys when this request's KV may be kept: it is keyable and ended normally.
+        prompt_keys = st.keys if request.status.name in _FINISHED_OK else None
+        n_full = 0
+        if prompt_keys is not None:
             n_full = min(request.num_computed_tokens // self.block_size, len(block_ids))
-            keys = (st.keys[:n_full] if n_full <= len(st.keys)
+        if trigger is not None and prompt_keys is not None:
+            keys = (prompt_keys[:n_full] if n_full <= len(prompt_keys)
                     else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
             persist = bool(params is not None and params.persist) or (armed is not None and armed.persist) or (
                 trigger == "system" and self.config.auto_promote and rec.tier is CheckpointTier.DISK)
@@ -362,6 +387,11 @@ class KVCIScheduler:
             if outcome.pending:
                 self._store_of[request.request_id] = outcome.checkpoint_id
                 delay = True
+        if self._bar is not None:
+            if outcome is not None and outcome.evicted_pages:
+                self._bar.evicted(outcome.evicted_pages)
+            if prompt_keys and n_full:
+                self._teach_bar(self._bar, prompt_keys, n_full, trigger, rec, outcome)
         if params is None:
             return delay, None  # nothing asked, nothing said: the advisory channel stays silent
         reply: dict[str, Any] = {
@@ -383,6 +413,19 @@ class KVCIScheduler:
         st = self._state(request)
         del self._reqs[request.request_id]
         return st
+
+    def _teach_bar(self, bar: PressureAwareAdmission[PageKey], prompt_keys: Sequence[PageKey],
+                   n_full: int, trigger: str | None, rec: CheckpointRecommendation,
+                   outcome: CheckpointOutcome | None) -> None:
+        """Tell the bar whether the system trigger kept this request or left it. An explicit
+        checkpoint is not the bar's decision: it teaches the bar nothing but its evictions."""
+        # The anchor is the deepest block a continuation re-sends: the prompt's last full one (a
+        # repeat re-sends only the prompt, a next turn may tokenize the output differently).
+        anchor = prompt_keys[min(n_full, len(prompt_keys)) - 1]
+        if trigger == "system" and outcome is not None and outcome.checkpoint_id is not None:
+            bar.admitted(anchor)
+        elif trigger is None:
+            bar.declined(anchor, n_full * self.manager.index.slot_bytes, rec)
 
     def _count_outcome(self, outcome: Any) -> None:
         if outcome.checkpoint_id is None:
@@ -416,27 +459,54 @@ class KVCIScheduler:
         if st.hit_key is not None:
             measured["observed_reuse"] = self._reuse.get(st.hit_key, 0)
         if p is not None and p.session_id is not None and st.keys is not None:
-            measured.update(self._session_turn(p.session_id, tuple(st.keys)))
+            turn = self._session_turn(p.session_id, tuple(st.keys))
+            if obs.retrieved_items is not None or obs.novel_items is not None:
+                # The client's own item counts stand; the engine's blocks are another unit.
+                del turn["retrieved_items"], turn["novel_items"]
+            measured.update(turn)
         update = {k: v for k, v in measured.items() if getattr(obs, k) is None}
         return obs.model_copy(update=update) if update else obs
 
     def _session_turn(self, session_id: str, prefix: tuple[PageKey, ...]) -> dict[str, int]:
-        """Context churn for a session: a turn that does not extend the previous prompt rewrote it."""
+        """Context churn for a session: a turn that does not extend the previous prompt rewrote it.
+
+        The prompt is also the context the turn compiled: its blocks are the items that went in,
+        and those the session's previous prompt did not hold are novel (every block of a first
+        turn, all after the point a rewrite diverged), as a context bundle of the turn would say.
+        """
         s = self._sessions.pop(session_id, None) or _Session()
         rewrote = bool(s.prefix) and prefix[: len(s.prefix)] != s.prefix
+        shared = next((i for i, (a, b) in enumerate(zip(s.prefix, prefix)) if a != b),
+                      min(len(s.prefix), len(prefix)))
         s.rewrites = (s.rewrites + [rewrote])[-_SESSION_WINDOW:]
-        s.turns_since_change = 0 if rewrote else s.turns_since_change + 1
+        # A context created this turn has not yet gone a turn unchanged.
+        s.turns_since_change = 0 if rewrote or not s.prefix else s.turns_since_change + 1
         s.prefix = prefix
         if rewrote:
             self.cache_gate.record_context_change(session_id)
         self._sessions[session_id] = s
         if len(self._sessions) > _MAX_TRACKED:
             self._sessions.popitem(last=False)
-        return {"context_rewrites": sum(s.rewrites), "turns_since_change": s.turns_since_change}
+        return {"context_rewrites": sum(s.rewrites), "turns_since_change": s.turns_since_change,
+                "retrieved_items": len(prefix), "novel_items": len(prefix) - shared}
 
     def take_stats(self) -> KVCIStats | None:
+        if self._bar is not None:
+            self._report_bar(self._bar.stats())
         stats, self._stats = self._stats, KVCIStats()
         return None if stats.is_empty() else stats
+
+    def _report_bar(self, now: AdmissionStats) -> None:
+        """The bar's moves since the last report, as counters and the threshold's gauge."""
+        last = self._bar_reported
+        assert last is not None  # set with the bar
+        if now.wasted_writes > last.wasted_writes:
+            self._stats.count("ram_wasted_writes", now.wasted_writes - last.wasted_writes)
+        if now.missed_reuses > last.missed_reuses:
+            self._stats.count("ram_missed_reuses", now.missed_reuses - last.missed_reuses)
+        if now.threshold != last.threshold:
+            self._stats.gauge("ram_threshold", now.threshold)
+        self._bar_reported = now
 
     def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
         """Control surface: the caller's tenant (a verified session wins); ParamsError if refused."""

@@ -1,8 +1,9 @@
 """kvci's connector stats: numbers only — never token text, keys or credentials.
 
 Counters are summed across workers and intervals; latency samples are kept per interval for the
-histograms. The same class carries scheduler-side counts (lookups, hits, recommendations, gate
-refusals) and worker-side transfer figures.
+histograms; gauges (the scheduler's current RAM bar) keep the latest value. The same class
+carries scheduler-side counts (lookups, hits, recommendations, gate refusals) and worker-side
+transfer figures.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ _MAX_SAMPLES = 4096  # per interval; enough for the histograms, bounded for msgp
 
 @dataclass
 class KVCIStats(KVConnectorStats):
-    data: dict[str, Any] = field(default_factory=lambda: {"counters": {}, "latency": {}})
+    data: dict[str, Any] = field(default_factory=lambda: {"counters": {}, "latency": {}, "gauges": {}})
 
     def __post_init__(self) -> None:
         self.data.setdefault("counters", {})
         self.data.setdefault("latency", {})
+        self.data.setdefault("gauges", {})
 
     def count(self, name: str, n: int | float = 1) -> None:
         c = self.data["counters"]
         c[name] = c.get(name, 0) + n
+
+    def gauge(self, name: str, value: float) -> None:
+        self.data["gauges"][name] = value
 
     def _sample(self, name: str, seconds: float) -> None:
         s = self.data["latency"].setdefault(name, [])
@@ -41,7 +46,7 @@ class KVCIStats(KVConnectorStats):
         self._sample(f"store_{tier}", seconds)
 
     def reset(self) -> None:
-        self.data = {"counters": {}, "latency": {}}
+        self.data = {"counters": {}, "latency": {}, "gauges": {}}
 
     def aggregate(self, other: KVConnectorStats) -> "KVCIStats":
         for k, v in other.data.get("counters", {}).items():
@@ -49,14 +54,16 @@ class KVCIStats(KVConnectorStats):
         for k, vs in other.data.get("latency", {}).items():
             for v in vs:
                 self._sample(k, v)
+        # `other` is the later report (or the scheduler's, merged into the workers'): it wins.
+        self.data["gauges"].update(other.data.get("gauges", {}))
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        out: dict[str, int | float] = dict(self.data["counters"])
+        out: dict[str, int | float] = {**self.data["counters"], **self.data["gauges"]}
         for k, vs in self.data["latency"].items():
             if vs:
                 out[f"{k}_mean_s"] = sum(vs) / len(vs)
         return out
 
     def is_empty(self) -> bool:
-        return not self.data["counters"] and not self.data["latency"]
+        return not self.data["counters"] and not self.data["latency"] and not self.data["gauges"]

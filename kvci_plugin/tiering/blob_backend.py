@@ -25,7 +25,7 @@ WRITE_THREADS = 8
 the file system journal (3x the throughput of one at a time on ext4 here)."""
 
 READ_THREADS = 4
-"""Blobs a prefix load reads and verifies at once: the SHA-256 and the reads release the GIL,
+"""Blobs a prefix load reads and verifies at once: the checksum and the reads release the GIL,
 so a prefix of many pages is bound by the disk and the hash, not by one thread's latency."""
 
 

@@ -56,6 +56,8 @@ from kvci_plugin.tiering.types import (
 
 CATALOG_NAME = "catalog.sqlite3"
 LOCK_NAME = "lock"
+TOUCH_FLUSH_S = 1.0
+"""Longest a page's use waits to be recorded in the catalog (see ``KVCheckpointStore.touch``)."""
 DEFAULT_LEASE_S = 600.0
 """How long a writer's lease on its pages lasts: longer than any blob write takes."""
 
@@ -141,6 +143,9 @@ class KVCheckpointStore:
         self._lease_s = float(lease_s)
         self._shared = catalog_url is not None
         self._write_lock = threading.RLock()
+        self._touch_lock = threading.Lock()
+        self._touched: set[PageKey] = set()
+        self._touched_since: float | None = None
         self._lock_fd: int | None = None
         if self._root is not None:
             make_private_dir(self._root)
@@ -188,6 +193,7 @@ class KVCheckpointStore:
         return f"blobs: {self._blob_root.describe()}; catalog: {self._catalog.describe()}"
 
     def close(self) -> None:
+        self.flush_touches()
         self._catalog.close()
         self._release_resources()
 
@@ -323,8 +329,29 @@ class KVCheckpointStore:
         return self._drop([PageId(self._namespace, k) for k in _check_keys(keys)])
 
     def touch(self, keys: Sequence[PageKey]) -> None:
-        """Mark pages used now (a load of them is under way elsewhere), and their checkpoints."""
-        self._catalog.touch(self._namespace, _check_keys(keys))
+        """Mark pages used (a load of them is under way elsewhere), and their checkpoints.
+
+        Recorded in the catalog at most ``TOUCH_FLUSH_S`` later, and always before this store
+        evicts: a catalog write on every disk hit put a commit (an fsync, or a round trip to a
+        shared catalog) in the way of the load. Only recency waits; another node's eviction may
+        take a page in that window, and its load then fails cleanly and is recomputed.
+        """
+        checked = _check_keys(keys)
+        with self._touch_lock:
+            self._touched.update(checked)
+            now = self._clock()
+            if self._touched_since is None:
+                self._touched_since = now
+            due = now - self._touched_since >= TOUCH_FLUSH_S
+        if due:
+            self.flush_touches()
+
+    def flush_touches(self) -> None:
+        """Record the pages touched since the last flush as used now."""
+        with self._touch_lock:
+            keys, self._touched, self._touched_since = tuple(self._touched), set(), None
+        if keys:
+            self._catalog.touch(self._namespace, keys)
 
     # ---- reads ------------------------------------------------------------------------------
 
@@ -504,6 +531,7 @@ class KVCheckpointStore:
             return removal
 
     def _enforce_bound(self, protect: str | None = None) -> Removal:
+        self.flush_touches()
         with self._write_lock, self._catalog.locked():
             removal = self._catalog.evict_to(self._disk_bytes, protect)
             self._delete_blobs(removal)

@@ -88,6 +88,9 @@ class CheckpointOutcome(BaseModel):
     new_pages: int = 0
     reused_pages: int = 0
     evicted: tuple[str, ...] = ()
+    # The pages that left the RAM tier with those evictions (a page an evicted checkpoint shared
+    # with a held one stays): what an admission policy learns "evicted before any hit" from.
+    evicted_pages: tuple[PageKey, ...] = ()
     persist: PromotionOutcome | None = None
 
 
@@ -178,6 +181,9 @@ class TieredCheckpointManager:
             except (DoesNotFitError, TenantMismatchError) as exc:
                 return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
                                          reason=f"not kept in RAM: {exc}")
+            # Asked at once, under the manager's lock: no reservation made through the manager
+            # can have brought an evicted page back in between.
+            evicted_pages = self.index.absent(key for e in res.evicted for key in e.keys)
             done = True
             if res.new:
                 try:
@@ -198,7 +204,8 @@ class TieredCheckpointManager:
         return CheckpointOutcome(
             checkpoint_id=cid, tier="ram", pending=not done, reason="kept in RAM",
             new_pages=len(res.new), reused_pages=len(res.reused),
-            evicted=tuple(e.checkpoint_id for e in res.evicted), persist=persist_outcome)
+            evicted=tuple(e.checkpoint_id for e in res.evicted), evicted_pages=evicted_pages,
+            persist=persist_outcome)
 
     def on_stored(self, checkpoint_id: str, ok: bool) -> PromotionOutcome | None:
         """A queued RAM copy finished (or failed); starts the persists it was holding up.

@@ -158,6 +158,16 @@ class RAMIndex:
                 n += 1
             return n
 
+    def absent(self, keys: Iterable[PageKey]) -> tuple[PageKey, ...]:
+        """The distinct ``keys`` whose page the tier does not hold, in order. Changes nothing.
+
+        After a reservation, the keys of its evicted checkpoints that are absent are the pages
+        that left the tier: a page an evicted checkpoint shared with a held one stays.
+        """
+        keys = _check_keys(keys)
+        with self._lock:
+            return tuple(key for key in dict.fromkeys(keys) if key not in self._pages)
+
     def get(self, checkpoint_id: str, tenant: str) -> CheckpointEntry:
         """The checkpoint's record; a valid id of another tenant is refused."""
         with self._lock:

@@ -59,7 +59,9 @@ class CheckpointObservation(BaseModel):
     observed_reuse: NonNegativeInt | None = Field(
         default=None, description="distinct later requests that hit this prefix, measured by the tiers"
     )
-    # Convergence of retrieval (read by retrieval_saturation).
+    # Convergence of what entered the context (read by retrieval_saturation): the items retrieved
+    # or included (a compiled context's items, e.g. a turn's prompt blocks) and those of them not
+    # already known to the run.
     retrieved_items: NonNegativeInt | None = None
     novel_items: NonNegativeInt | None = None
     # Grounding (read by grounding_density).

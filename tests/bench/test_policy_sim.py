@@ -27,7 +27,7 @@ from benchmarks.policysim.sessions import RequestContext, SessionTracker, extend
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.policysim.worthiness_admission import WorthinessAdmission
 from kvci_plugin.tiering.admission import PressureAwareAdmission
-from kvci_plugin.worthiness import CheckpointAdvisor
+from kvci_plugin.worthiness import CheckpointAdvisor, CheckpointObservation
 
 REPO_ROOT = Path(kvci_plugin.__file__).resolve().parents[1]
 
@@ -140,13 +140,14 @@ def test_sessions_count_turns_rewrites_and_earlier_requests() -> None:
     late = tracker.observe(request([0, 5, 11], at_ms=20_000))  # the earlier rewrite left the window
     other = tracker.observe(request([0, 1], at_ms=20_000))
     lone = tracker.observe(request([0], at_ms=20_000))
-    assert first == RequestContext("0-5", 0, 0, 0, False)
-    assert extended == RequestContext("0-5", 1, 1, 0, False)
-    assert rewritten == RequestContext("0-5", 2, 0, 1, True)
-    assert again == RequestContext("0-5", 3, 1, 1, False)
-    assert late == RequestContext("0-5", 4, 0, 1, True)
-    assert other == RequestContext("0-1", 0, 0, 0, False)
-    assert lone == RequestContext(None, 0, 0, 0, False)
+    # The last field: blocks the session's previous prompt did not hold (all of a first prompt's).
+    assert first == RequestContext("0-5", 0, 0, 0, False, 3)
+    assert extended == RequestContext("0-5", 1, 1, 0, False, 2)
+    assert rewritten == RequestContext("0-5", 2, 0, 1, True, 1)  # 9 replaces 6: new from there on
+    assert again == RequestContext("0-5", 3, 1, 1, False, 1)
+    assert late == RequestContext("0-5", 4, 0, 1, True, 1)
+    assert other == RequestContext("0-1", 0, 0, 0, False, 2)
+    assert lone == RequestContext(None, 0, 0, 0, False, None)
 
 
 def test_the_session_table_forgets_the_least_recently_active_session() -> None:
@@ -169,7 +170,7 @@ def test_extends_allows_only_the_last_block_to_differ() -> None:
 
 def test_store_after_n_admits_a_block_at_its_nth_offer() -> None:
     policy = StoreAfterNOffers(2)
-    no_context = RequestContext(None, 0, 0, 0, False)
+    no_context = RequestContext(None, 0, 0, 0, False, None)
     assert policy.admit(request([0, 1, 2]), no_context, 0).ram_blocks == 0
     assert policy.admit(request([0, 1, 3]), no_context, 0).ram_blocks == 2  # 0 and 1 seen twice
     assert policy.admit(request([0, 1, 3, 4]), no_context, 0).ram_blocks == 3
@@ -203,8 +204,8 @@ def kvci(**advisor_settings: float) -> WorthinessAdmission:
 def test_kvci_admits_a_long_settled_session_and_not_its_first_request() -> None:
     chain = list(range(60))  # 30k tokens
     policy = kvci()
-    assert policy.admit(request(chain), RequestContext("s", 0, 0, 0, False), 0).ram_blocks == 0
-    admission = policy.admit(request(chain, at_ms=1), RequestContext("s", 6, 6, 0, False), 0)
+    assert policy.admit(request(chain), RequestContext("s", 0, 0, 0, False, 60), 0).ram_blocks == 0
+    admission = policy.admit(request(chain, at_ms=1), RequestContext("s", 6, 6, 0, False, 1), 0)
     assert admission.ram_blocks == 60
     assert policy.stats()["recommended"] == {"none": 1, "ram": 0, "disk": 1}
 
@@ -212,17 +213,18 @@ def test_kvci_admits_a_long_settled_session_and_not_its_first_request() -> None:
 @pytest.mark.parametrize("blocks", [1, 8, 64, 256])
 def test_with_default_constants_kvci_never_admits_a_sessions_first_request(blocks: int) -> None:
     # What the results depend on: with nothing but engine-measured fields, a first request has
-    # predicted_reuse 0 and context_stability 0, so its score stays under 0.30 / 0.55 < 0.55.
+    # predicted_reuse 0, context_stability 0 and, every block being novel, retrieval_saturation
+    # at most 1/3, so its score stays under (0.30 + 0.15 / 3) / 0.70 = 0.5 < 0.55.
     policy = kvci()
     first = request(list(range(blocks)), output=4_000)
-    assert policy.admit(first, RequestContext("new", 0, 0, 0, False), 0).ram_blocks == 0
+    assert policy.admit(first, RequestContext("new", 0, 0, 0, False, blocks), 0).ram_blocks == 0
     assert policy.stats()["recommended"] == {"none": 1, "ram": 0, "disk": 0}
     assert policy.stats()["gate_refusals"] == {}
 
 
 def test_kvci_obeys_the_cache_gate() -> None:
     chain = list(range(60))
-    settled = RequestContext("s", 6, 6, 0, False)
+    settled = RequestContext("s", 6, 6, 0, False, 1)
     stopped = kvci()
     stopped.gate.set_kill_switch(True)
     assert stopped.admit(request(chain), settled, 0).ram_blocks == 0
@@ -230,10 +232,19 @@ def test_kvci_obeys_the_cache_gate() -> None:
 
     churning = kvci()
     for at_ms in (0, 1_000, 2_000):
-        churning.admit(request(chain, at_ms=at_ms), RequestContext("s", 6, 0, 1, True), 0)
+        churning.admit(request(chain, at_ms=at_ms), RequestContext("s", 6, 0, 1, True, 30), 0)
     assert churning.admit(request(chain, at_ms=3_000), settled, 0).ram_blocks == 0
     assert churning.stats()["gate_refusals"].get("churn", 0) >= 1
     assert churning.admit(request(chain, at_ms=400_000), settled, 0).ram_blocks == 60  # the window passed
+
+
+def test_kvci_admits_a_turn_that_adds_a_message_and_not_one_that_is_mostly_new_material() -> None:
+    # Same size, same history (second turn): re-sending 59 known blocks and adding one is a
+    # context that has converged; 59 new blocks behind the same root is one still taking in material.
+    chain = list(range(60))
+    follow_up = kvci().admit(request(chain), RequestContext("s", 1, 1, 0, False, 1), 0)
+    new_material = kvci().admit(request(chain), RequestContext("s", 1, 1, 0, False, 59), 0)
+    assert (follow_up.ram_blocks, new_material.ram_blocks) == (60, 0)
 
 
 def test_a_kvci_threshold_is_named_in_the_policy() -> None:
@@ -263,10 +274,10 @@ def test_kvci_pressure_lowers_its_bar_when_a_held_back_first_turn_is_continued()
     policy = kvci_pressure()
     bar = policy.pressure
     assert bar is not None
-    first = request(list(range(100, 160)))  # 30k tokens: scored ~0.43, under the bar of 0.55
-    assert policy.admit(first, RequestContext("s", 0, 0, 0, False), 0) == Admission(0, 0)
+    first = request(list(range(100, 160)))  # 30k tokens: scored ~0.34, under the bar of 0.55
+    assert policy.admit(first, RequestContext("s", 0, 0, 0, False, 60), 0) == Admission(0, 0)
     second = request([*range(100, 159), 500, 501], at_ms=60_000)  # re-sends the first's full blocks
-    policy.admit(second, RequestContext("s", 1, 1, 0, False), 0)
+    policy.admit(second, RequestContext("s", 1, 1, 0, False, 2), 0)
     assert bar.threshold == pytest.approx(0.54)
     assert bar.stats().missed_reuses == 1
 
@@ -276,7 +287,7 @@ def test_kvci_pressure_raises_its_bar_when_an_admitted_request_is_evicted_unused
     bar = policy.pressure
     assert bar is not None
     chain = list(range(60))
-    assert policy.admit(request(chain), RequestContext("s", 6, 6, 0, False), 0).ram_blocks == 60
+    assert policy.admit(request(chain), RequestContext("s", 6, 6, 0, False, 1), 0).ram_blocks == 60
     policy.evicted(0)  # not the anchor: nothing learnt
     assert bar.threshold == 0.55
     policy.evicted(58)  # the anchor: the last full block (the 60th is partial), what a continuation hits
@@ -366,6 +377,26 @@ def test_replay_bounds_hold_for_every_policy(chains: list[tuple[int, ...]], capa
     for policy, cache in policies():
         roomy = replay(trace, contexts, policy, cache(len(distinct)))  # type: ignore[operator,arg-type]
         assert roomy.ram_blocks_written <= len(distinct), "with room for all, no block is written twice"
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains=chains())
+def test_kvci_reads_each_prompt_as_the_context_bundle_of_its_turn(chains: list[tuple[int, ...]]) -> None:
+    # What the simulator passes is what a context bundle of the turn derives through the
+    # observation's own path: items = the prompt's blocks, novel = not in the session's previous prompt.
+    trace = [request(chain, at_ms=i) for i, chain in enumerate(chains)]
+    policy = kvci()
+    previous: dict[tuple[int, ...], set[int]] = {}
+    for r, c in zip(trace, contexts_of(trace)):
+        observation = policy.observation(r, c, 0)
+        if len(r.hash_ids) < 2:
+            assert (observation.retrieved_items, observation.novel_items) == (None, None)
+            continue
+        known = previous.get(r.hash_ids[:2], set())
+        bundle = {"items": [{"id": str(block), "novel": block not in known} for block in r.hash_ids]}
+        derived = CheckpointObservation.from_inputs(context_bundle=bundle)
+        assert (observation.retrieved_items, observation.novel_items) == (derived.retrieved_items, derived.novel_items)
+        previous[r.hash_ids[:2]] = set(r.hash_ids)
 
 
 # --- the command line and the results README ------------------------------------------------

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from durable_support import (
     checkpoint_blob_keys,
     prompts,
     setup_dirs,
+    start_node,
 )
 from engine import (
     BLOCK_SIZE,
@@ -33,7 +31,6 @@ pytestmark = pytest.mark.engine
 WRITER = Path(__file__).with_name("durable_writer.py")
 
 
-
 @pytest.fixture(scope="module")
 def baseline(tiny_model):
     return baseline_outputs(tiny_model, prompts())
@@ -44,19 +41,7 @@ def first_engine(tiny_model, baseline, tmp_path_factory):
     """Runs engine 1 in a subprocess, waits for its READY line, then SIGKILLs it mid-write."""
     root = tmp_path_factory.mktemp("durable")
     extra = setup_dirs(root)
-    (root / "extra.json").write_text(json.dumps(extra))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, str(WRITER), str(root), str(tiny_model)],
-                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    ready = None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("READY "):
-            ready = json.loads(line[len("READY "):])
-            break
-    if ready is None:
-        proc.wait(timeout=30)
-        pytest.fail(f"engine 1 exited ({proc.returncode}) before READY")
+    proc, ready = start_node(WRITER, root, tiny_model, extra)
     time.sleep(3)  # let it get into the middle of more disk writes
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)

@@ -8,15 +8,10 @@ checkpoint to another tenant although the catalog row is visible to it.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import psycopg
 import pytest
-from durable_support import prompts, setup_dirs
+from durable_support import prompts, setup_dirs, shared_catalog_ids, start_node
 from engine import BLOCK_SIZE, baseline_outputs, generate_one, kvci_params, make_llm, shutdown
 
 pytestmark = pytest.mark.engine
@@ -46,19 +41,7 @@ def shared_extra(tmp_path_factory, postgres_url, redis_url):
 @pytest.fixture(scope="module")
 def node_a(tiny_model, baseline, shared_extra):
     root, extra = shared_extra
-    (root / "extra.json").write_text(json.dumps(extra))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, str(NODE), str(root), str(tiny_model)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdout is not None
-    ready = None
-    for line in proc.stdout:
-        if line.startswith("READY "):
-            ready = json.loads(line[len("READY "):])
-            break
-    if ready is None:
-        proc.wait(timeout=30)
-        pytest.fail(f"node A exited ({proc.returncode}) before READY")
+    proc, ready = start_node(NODE, root, tiny_model, extra)
     yield ready
     assert proc.stdin is not None
     proc.stdin.close()
@@ -86,8 +69,7 @@ def test_a_refused_checkpoint_is_visible_to_neither_node(node_a, node_b, shared_
     refused = node_a["refused"]
     assert refused["persist"]["status"] == "refused"
     assert refused["persist"]["decision"]["failed_check"] == "verified_authority"
-    with psycopg.connect(extra["catalog_url"]) as conn:
-        ids = {r[0] for r in conn.execute("SELECT checkpoint_id FROM checkpoints")}
+    ids = shared_catalog_ids(extra["catalog_url"])
     assert refused["checkpoint_id"] not in ids
     assert node_a["persisted"]["checkpoint_id"] in ids
     out = generate_one(node_b, prompts()["refused"], kvci_params(tenant="acme"))

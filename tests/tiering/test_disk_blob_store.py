@@ -63,7 +63,7 @@ def test_round_trip_layout_metadata_and_permissions(store: BlobStore, tmp_path: 
     assert meta["key"] == key.hex()
     assert meta["tenant"] == "alice"
     assert meta["bytes"] == str(SLOT)
-    assert meta["checksum"].startswith("sha256:")
+    assert meta["checksum"].startswith("xxh3-128:")
     assert mode(path) == 0o600
     for folder in (path.parent, path.parent.parent, tmp_path / "root" / "blobs",
                    tmp_path / "root" / "quarantine", tmp_path / "root"):

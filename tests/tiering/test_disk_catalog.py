@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from disk_support import T0, Clock, key
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -28,20 +29,7 @@ from kvci_plugin.tiering.types import (
 )
 
 NS = hashlib.sha256(b"namespace").digest()
-T0 = 1_800_000_000.0
 PAGE = 4480
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def key(name: str) -> bytes:
-    return hashlib.sha256(name.encode()).digest()[:16]
 
 
 def record(

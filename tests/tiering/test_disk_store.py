@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from disk_support import T0, Clock, key
 
 from kvci_plugin.tiering.blob_store import BlobIntegrityError, BlobMissingError, BlobStore
-from kvci_plugin.tiering.disk_store import CATALOG_NAME, KVCheckpointStore
+from kvci_plugin.tiering.disk_store import CATALOG_NAME, TOUCH_FLUSH_S, KVCheckpointStore
 from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -22,20 +23,7 @@ from kvci_plugin.tiering.types import (
 NS = hashlib.sha256(b"model=tiny;rev=1;dtype=bf16;block=32;tp=0/1").digest()
 NEW_NS = hashlib.sha256(b"model=tiny;rev=2;dtype=bf16;block=32;tp=0/1").digest()
 SLOT = 4096
-T0 = 1_800_000_000.0
 ROOMY = 1 << 20
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def key(name: str) -> bytes:
-    return hashlib.sha256(name.encode()).digest()[:16]
 
 
 def pages_of(keys: list[bytes]) -> torch.Tensor:
@@ -355,3 +343,22 @@ def test_touch_keeps_pages_in_use_from_eviction(tmp_path: Path, clock: Clock) ->
         clock.now += 1
         persist(store, "c3", "e")
         assert [r.checkpoint_id for r in store.list()] == ["c1", "c3"]
+
+
+def test_a_touch_reaches_the_catalog_within_the_flush_interval(tmp_path: Path, clock: Clock) -> None:
+    with KVCheckpointStore(tmp_path / "kv", NS, ROOMY, clock) as store:
+        persist(store, "c1", "ab")
+        created = store.explain("c1").last_used
+        clock.now += 5
+        store.touch(keys_of("a"))  # on the hit's path: no catalog write yet
+        assert store.explain("c1").last_used == created
+        clock.now += TOUCH_FLUSH_S / 2
+        store.touch(keys_of("b"))
+        assert store.explain("c1").last_used == created
+        clock.now += TOUCH_FLUSH_S / 2
+        store.touch(keys_of("b"))  # the first pending touch is now due: all are recorded
+        assert store.explain("c1").last_used == clock.now
+        clock.now += 3
+        store.touch(keys_of("a"))
+    with KVCheckpointStore(tmp_path / "kv", NS, ROOMY, clock) as store:
+        assert store.explain("c1").last_used == clock.now  # closing recorded the last touch

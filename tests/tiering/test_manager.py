@@ -265,6 +265,27 @@ def test_a_checkpoint_sharing_a_prefix_copies_only_its_new_pages(world: World) -
     assert torch.equal(ram_pages(world, longer), pages_for(longer))
 
 
+def test_an_outcome_names_the_pages_its_evictions_freed(world: World) -> None:
+    def keep(keys: list[PageKey]) -> CheckpointOutcome:
+        return world.manager.checkpoint_now(tenant=TENANT, keys=keys, trigger="user",
+                                            recommendation=None, source=pages_for(keys))
+
+    a = keys_for("a", 6)
+    b = a[:4] + keys_for("b", 2)  # shares four pages with "a"
+    first, second = keep(a), keep(b)
+    assert (first.evicted, first.evicted_pages) == ((), ())
+    # 8 of 16 pages held; 10 more need 2 freed: "a" goes, but only its own 2 pages leave.
+    third = keep(keys_for("c", 10))
+    assert third.evicted == (first.checkpoint_id,)
+    assert third.evicted_pages == tuple(a[4:])
+    assert world.manager.index.longest_prefix(b, TENANT) == 6  # a lookup, not a load: no touch
+    # "b" goes next and takes the pages it shared with "a" along with its own.
+    fourth = keep(keys_for("d", 1))
+    assert fourth.evicted == (second.checkpoint_id,)
+    assert fourth.evicted_pages == tuple(b)
+    assert world.manager.index.absent(a + b) == tuple(dict.fromkeys(a + b))
+
+
 def test_bad_input_is_refused_and_keeps_nothing(world: World) -> None:
     keys = keys_for("bad", 2)
     with pytest.raises(ValueError, match="trigger"):

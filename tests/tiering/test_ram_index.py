@@ -140,6 +140,31 @@ def test_evicting_a_checkpoint_keeps_pages_the_new_one_reuses() -> None:
     assert index.longest_prefix(keys(1, 2, 4), "t") == 3
 
 
+def test_absent_names_the_pages_an_eviction_freed_and_not_those_still_shared() -> None:
+    index = RAMIndex(num_slots=5, slot_bytes=SLOT, max_entries=10)
+    stored(index, "a", "t", keys(1, 2, 3))
+    stored(index, "b", "t", keys(1, 2, 4))  # shares pages 1 and 2 with "a"
+    (gone,) = index.reserve("c", "t", keys(5, 6)).evicted
+    assert gone.checkpoint_id == "a"
+    assert index.absent(gone.keys) == (key(3),)  # "b" still holds 1 and 2
+    index.commit("c")
+    (gone,) = index.reserve("d", "t", keys(7, 8, 9)).evicted
+    assert gone.checkpoint_id == "b"
+    assert index.absent(gone.keys) == tuple(keys(1, 2, 4))  # their last holder went
+
+
+def test_absent_keeps_order_drops_repeats_sees_every_tenant_and_changes_nothing() -> None:
+    index = RAMIndex(num_slots=4, slot_bytes=SLOT, max_entries=4)
+    stored(index, "a", "t", keys(1))
+    stored(index, "b", "u", keys(2, tag=1))
+    before = (index.stats(), index.entries())
+    assert index.absent(keys(9, 1, 3, 9)) == tuple(keys(9, 3))
+    assert index.absent([key(2, tag=1), key(2)]) == (key(2),)  # held under "u": not absent
+    assert index.absent(iter(keys(1, 4))) == (key(4),)
+    assert index.absent([]) == ()
+    assert (index.stats(), index.entries()) == before
+
+
 def test_max_bytes_below_the_pool_caps_the_capacity() -> None:
     index = RAMIndex(num_slots=10, slot_bytes=SLOT, max_entries=10, max_bytes=3 * SLOT + 5)
     assert index.capacity_bytes == 3 * SLOT
@@ -413,6 +438,8 @@ def test_bad_construction_is_refused(kwargs: dict, error: type, field: str) -> N
         (lambda i: i.reserve(7, "t", keys(1)), TypeError, "checkpoint_id"),
         (lambda i: i.reserve("a", "t", keys(1), meta=[1]), TypeError, "meta"),
         (lambda i: i.longest_prefix([b"x" * 17], "t"), ValueError, "16 bytes"),
+        (lambda i: i.absent([b"x" * 17]), ValueError, "16 bytes"),
+        (lambda i: i.absent(key(1)), TypeError, "sequence"),
         (lambda i: i.pin(keys(1), ""), ValueError, "tenant"),
         (lambda i: i.get("a", ""), ValueError, "tenant"),
     ],

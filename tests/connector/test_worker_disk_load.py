@@ -1,0 +1,101 @@
+"""The worker's disk load on real blob files and real KV cache tensors (no engine): verified
+pages land in their blocks a staging buffer at a time, and the first bad page ends the prefix."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvci_plugin.connector.worker as worker_module
+from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.metadata import DiskLoadJob, KVCIMetadata
+from kvci_plugin.connector.worker import KVCIWorker
+from kvci_plugin.tiering.blob_store import FolderBlobRoot
+
+NS = hashlib.sha256(b"worker-disk-load").digest()
+NUM_BLOCKS = 16
+# Two layers, blocks outermost: (blocks, 2, block_size, heads, head_size) float32 = 8 KiB a page.
+LAYER_SHAPE = (NUM_BLOCKS, 2, 32, 4, 8)
+SLOT = 2 * 2 * 32 * 4 * 8 * 4
+PAGES = 8
+
+
+def page_of(i: int) -> torch.Tensor:
+    return torch.frombuffer(bytearray(hashlib.shake_128(f"page-{i}".encode()).digest(SLOT)),
+                            dtype=torch.uint8)
+
+
+def block_bytes(kv: dict[str, torch.Tensor], block: int) -> torch.Tensor:
+    return torch.cat([t[block].contiguous().view(torch.uint8).flatten() for t in kv.values()])
+
+
+@pytest.fixture
+def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # Three pages a part: the 8-page prefix is read and scattered in three parts.
+    monkeypatch.setattr(worker_module, "STAGING_BYTES", 3 * SLOT)
+    keys = [hashlib.sha256(f"key-{i}".encode()).digest()[:16] for i in range(PAGES)]
+    blobs = FolderBlobRoot(tmp_path / "disk").store(NS)
+    for i, key in enumerate(keys):
+        blobs.write(key, "alice", page_of(i))
+    kv = {f"layer.{n}": torch.zeros(LAYER_SHAPE) for n in range(2)}
+    worker = KVCIWorker(num_slots=4, expected_slot_bytes=SLOT, num_blocks=NUM_BLOCKS,
+                        config=KVCIConfig(disk_root=tmp_path / "disk"), rank_namespace=NS)
+    worker.register_kv_caches(kv)
+    yield worker, kv, keys, blobs
+    worker.shutdown()
+
+
+def run_load(worker: KVCIWorker, job: DiskLoadJob) -> set[int]:
+    """Start the load in a step that computes nothing and step until it is reported."""
+    worker.bind(KVCIMetadata(disk_loads=[job]))
+    worker.start_load_kv(forward=False)
+    worker.clear()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        worker.bind(KVCIMetadata())
+        worker.start_load_kv(forward=False)
+        _, recving = worker.get_finished(set())
+        worker.clear()
+        if recving:
+            assert recving == {job.req_id}
+            return worker.get_block_ids_with_load_errors()
+    raise AssertionError("the disk load was never reported")
+
+
+def test_a_prefix_longer_than_the_staging_buffer_lands_whole(setup) -> None:
+    worker, kv, keys, _ = setup
+    blocks = [11, 2, 7, 0, 15, 4, 9, 13]  # scattered anywhere in the cache
+    assert run_load(worker, DiskLoadJob("r1", "alice", keys, blocks)) == set()
+    for i, block in enumerate(blocks):
+        assert torch.equal(block_bytes(kv, block), page_of(i)), i
+    untouched = set(range(NUM_BLOCKS)) - set(blocks)
+    assert all(not block_bytes(kv, b).any() for b in untouched)
+    assert worker.take_worker_meta() is None
+    assert worker.take_stats().reduce()["loaded_bytes_disk"] == PAGES * SLOT
+
+
+def test_a_bad_page_in_a_later_part_ends_the_prefix_there(setup) -> None:
+    worker, kv, keys, blobs = setup
+    path = blobs.path_for(keys[4])
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    blocks = list(range(8, 16))
+    assert run_load(worker, DiskLoadJob("r2", "alice", keys, blocks)) == set(blocks[4:])
+    for i in range(4):
+        assert torch.equal(block_bytes(kv, blocks[i]), page_of(i))
+    assert all(not block_bytes(kv, b).any() for b in blocks[4:])  # never a corrupt byte
+    assert worker.take_worker_meta().bad_pages == [keys[4]]
+    assert blobs.quarantined() == 1
+
+
+def test_another_tenant_loads_nothing(setup) -> None:
+    worker, kv, keys, _ = setup
+    blocks = list(range(PAGES))
+    assert run_load(worker, DiskLoadJob("r3", "mallory", keys, blocks)) == set(blocks)
+    assert all(not block_bytes(kv, b).any() for b in blocks)
+    assert worker.take_worker_meta() is None  # intact blobs of another tenant are not "bad"
