@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     explain = control("explain", "why a checkpoint exists and why it is where it is")
     explain.add_argument("checkpoint_id")
     credentials(explain, delegations=False)
-    control("stats", "RAM-tier occupancy, the gate in force, the registered scorers")
+    control("stats", "RAM-tier occupancy, the RAM admission bar, the gate in force, the registered scorers")
 
     mcp = control("mcp", "serve the MCP tool graph_kv_checkpoint", prints=False)
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
@@ -112,7 +112,11 @@ def _serve_parser(sub: Any) -> None:
     g.add_argument("--tenant-quota-bytes", help="RAM bytes one tenant may hold")
     g.add_argument("--no-system-trigger", action="store_true",
                    help="keep KV only when a client or the control surface asks")
-    g.add_argument("--ram-threshold", type=float)
+    g.add_argument("--ram-threshold", type=float,
+                   help="score for tier RAM; alone it fixes the system trigger's bar there")
+    g.add_argument("--ram-admission", choices=("pressure", "fixed"),
+                   help="the system trigger's RAM bar: moved by the tier's pressure, or fixed")
+    g.add_argument("--ram-threshold-min", type=float, help="lowest RAM bar with --ram-admission pressure")
     g.add_argument("--disk-threshold", type=float)
     g.add_argument("--disk-root", type=Path, help="disk tier folder (none: no disk tier)")
     g.add_argument("--disk-bytes")
@@ -144,6 +148,7 @@ def serve_extra_config(args: argparse.Namespace) -> dict[str, Any]:
     simple = {
         "ram_bytes": args.ram_bytes, "ram_max_entries": args.ram_max_entries,
         "tenant_quota_bytes": args.tenant_quota_bytes, "ram_threshold": args.ram_threshold,
+        "ram_admission": args.ram_admission, "ram_threshold_min": args.ram_threshold_min,
         "disk_threshold": args.disk_threshold, "disk_root": args.disk_root,
         "disk_bytes": args.disk_bytes, "disk_region": args.disk_region,
         "revocation_db": args.revocation_db, "label_catalog": args.label_catalog,
@@ -342,6 +347,12 @@ def _render_stats(body: dict[str, Any], console: Console) -> None:
         ("pages", f"{s['pages']} ({s['pinned_pages']} pinned, {s['slot_bytes']} bytes each)"),
         ("evictions", s["evictions"]), ("tenant quota bytes", s["tenant_quota_bytes"]),
         ("persists in flight", s["persists_in_flight"]), ("gate in force", s["gate_in_force"]),
+    ]))
+    bar = s["admission"]
+    console.print(_kv_table("RAM admission bar", [
+        ("mode", bar["mode"]), ("threshold", f"{bar['threshold']:.2f}"),
+        ("wasted writes", bar["wasted_writes"]), ("missed reuses", bar["missed_reuses"]),
+        ("paid writes", bar["paid_writes"]),
     ]))
     scorers = Table(title="registered scorers", title_justify="left")
     scorers.add_column("scorer")

@@ -43,11 +43,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 _DESCRIPTION = """The kvci control surface, served by the scheduler side of the vLLM engine.
 
-One endpoint, five actions (`action`): `recommend` scores a moment and returns the advisory;
-`checkpoint_now` arms a session so its next finished request keeps its KV; `promote` asks the
-eligibility gate for a disk copy with authority derived from the caller's session credential;
-`explain` says why a checkpoint exists and why it is where it is; `ram_stats` reports RAM-tier
-occupancy, the gate in force and the registered scorers."""
+One endpoint, five actions (`action`): `recommend` scores a moment at the engine's RAM
+admission bar and returns the advisory; `checkpoint_now` arms a session so its next finished
+request keeps its KV; `promote` asks the eligibility gate for a disk copy with authority derived
+from the caller's session credential; `explain` says why a checkpoint exists and why it is where
+it is; `ram_stats` reports RAM-tier occupancy, the RAM admission bar, the gate in force and the
+registered scorers."""
 
 
 def build_app(plane: ControlPlane, *, bearer_token: bytes | None = None,

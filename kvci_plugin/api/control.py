@@ -3,7 +3,8 @@
 It runs on the control server's threads, beside vLLM's scheduler thread: everything it changes
 goes through `TieredCheckpointManager` (which takes its lock) or through `arm_checkpoint`, and
 nothing here waits on the engine. A persist queued by `promote` reaches the workers at the
-engine's next step.
+engine's next step. `recommend` and `checkpoint_now` score at the engine's RAM admission bar as
+it stands, so their advisory is the engine's verdict for the same observation.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from kvci_plugin.api.schema import (
     ExplainResponse,
     PromoteRequest,
     PromoteResponse,
+    RAMAdmissionStats,
     RAMTierStats,
     RamStatsRequest,
     RamStatsResponse,
     RecommendRequest,
     RecommendResponse,
 )
+from kvci_plugin.tiering.admission import AdmissionStats
 from kvci_plugin.tiering.manager import TieredCheckpointManager
 from kvci_plugin.tiering.types import CheckpointNotFoundError, TenantMismatchError
 from kvci_plugin.worthiness import CheckpointObservation, CheckpointRecommendation, render_advisory
@@ -43,6 +46,15 @@ class ControlTarget(Protocol):
 
     @property
     def manager(self) -> TieredCheckpointManager: ...
+
+    @property
+    def ram_threshold(self) -> float:
+        """The RAM threshold the engine scores a finished request at now (its admission bar)."""
+        ...
+
+    def admission_stats(self) -> AdmissionStats | None:
+        """The moving RAM bar's threshold and counts; None when the bar is fixed."""
+        ...
 
     def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
         """The tenant a caller acts in: the verified session's, else the declared one, else the
@@ -128,7 +140,7 @@ class ControlPlane:
         return ExplainResponse(action="explain", explanation=explanation)
 
     def ram_stats(self) -> RamStatsResponse:
-        stats = RAMTierStats.model_validate(self.manager.ram_stats())
+        stats = RAMTierStats.model_validate({**self.manager.ram_stats(), "admission": self._admission()})
         return RamStatsResponse(action="ram_stats", stats=stats)
 
     # ---- helpers --------------------------------------------------------------------------------
@@ -141,7 +153,16 @@ class ControlPlane:
             raise ControlError(ErrorCode.INVALID_OBSERVATION, _first_error(exc)) from None
         except (TypeError, ValueError) as exc:
             raise ControlError(ErrorCode.INVALID_OBSERVATION, str(exc)) from None
-        return self.manager.recommend(observation)
+        # At the engine's live bar, so the advisory says what the engine would do now.
+        return self.manager.recommend(observation, ram_threshold=self._target.ram_threshold)
+
+    def _admission(self) -> RAMAdmissionStats:
+        bar = self._target.admission_stats()
+        if bar is None:
+            return RAMAdmissionStats(mode="fixed", threshold=self._target.ram_threshold,
+                                     wasted_writes=None, missed_reuses=None, paid_writes=None)
+        return RAMAdmissionStats(mode="pressure", threshold=bar.threshold, wasted_writes=bar.wasted_writes,
+                                 missed_reuses=bar.missed_reuses, paid_writes=bar.paid_writes)
 
     def _verified_tenant(self, tenant: str | None, session_token: str | None) -> str:
         try:

@@ -27,12 +27,13 @@ TOOL_NAME = "graph_kv_checkpoint"
 TOOL_DESCRIPTION = """KV-checkpoint control for the vLLM engine serving you (kvci).
 
 action=recommend: score this moment (observation_json, evidence_bundle_json, context_bundle_json)
-  and get the advisory; takes no checkpoint.
+  at the engine's current RAM bar and get the advisory; takes no checkpoint.
 action=checkpoint_now: keep the KV of your session's next finished request in RAM (session_id;
   session_token or tenant); persist=true also asks the eligibility gate for a disk copy.
 action=promote: RAM -> disk through the gate, with authority derived from your session_token now.
 action=explain: why a checkpoint exists and why it is where it is (checkpoint_id).
-action=ram_stats: RAM-tier occupancy, the gate in force and the registered scorers.
+action=ram_stats: RAM-tier occupancy, the RAM admission bar, the gate in force and the
+  registered scorers.
 Explicit observation_json fields win over anything derived from a bundle."""
 
 Transport = Literal["stdio", "streamable-http"]

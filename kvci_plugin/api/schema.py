@@ -105,7 +105,7 @@ class ExplainRequest(BaseModel):
 
 
 class RamStatsRequest(BaseModel):
-    """RAM-tier occupancy, the gate in force and the registered scorers."""
+    """RAM-tier occupancy, the RAM admission bar, the gate in force and the registered scorers."""
 
     model_config = _IN
 
@@ -197,6 +197,24 @@ class DiskTierStats(BaseModel):
     quarantined: int
 
 
+class RAMAdmissionStats(BaseModel):
+    """The RAM admission bar: the threshold the engine scores a request at, and `recommend` too."""
+
+    model_config = _OUT
+
+    mode: Literal["pressure", "fixed"] = Field(
+        description="`pressure`: the bar moves with the tier's mistakes; `fixed`: it stays at "
+        "ram_threshold (ram_admission `fixed`, or no system trigger)")
+    threshold: float = Field(description="the RAM threshold a request is scored at now")
+    wasted_writes: int | None = Field(
+        description="system checkpoints evicted before any hit (each raised the bar); none when fixed")
+    missed_reuses: int | None = Field(
+        description="requests that wanted a checkpoint only the bar held back (each lowered it); "
+        "none when fixed")
+    paid_writes: int | None = Field(
+        description="system checkpoints a request hit before their eviction; none when fixed")
+
+
 class RAMTierStats(BaseModel):
     model_config = _VIEW
 
@@ -214,6 +232,7 @@ class RAMTierStats(BaseModel):
     persists_in_flight: int
     gate_in_force: str
     scorers: dict[str, float] = Field(description="registered scorers and their weights")
+    admission: RAMAdmissionStats
     disk: DiskTierStats | None
 
 

@@ -177,6 +177,12 @@ class KVCIScheduler:
         """The RAM threshold requests are scored at now."""
         return self._bar.threshold if self._bar is not None else self.manager.advisor.ram_threshold
 
+    def admission_stats(self) -> AdmissionStats | None:
+        """Control surface: the moving RAM bar's threshold and counts; None when the bar is fixed.
+        Read from the control server's thread: each figure is read whole, and the snapshot may
+        straddle one update of the scheduler thread's."""
+        return self._bar.stats() if self._bar is not None else None
+
     # ---- per-request state ------------------------------------------------------------------
 
     def _state(self, request: Any) -> _Req:

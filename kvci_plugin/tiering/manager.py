@@ -134,9 +134,13 @@ class TieredCheckpointManager:
 
     # ---- scoring ------------------------------------------------------------------------------
 
-    def recommend(self, observation: CheckpointObservation) -> CheckpointRecommendation:
-        """Score a moment and publish the verdict for this task's advisory; takes no checkpoint."""
-        rec = self.advisor.recommend(observation)
+    def recommend(self, observation: CheckpointObservation, *,
+                  ram_threshold: float | None = None) -> CheckpointRecommendation:
+        """Score a moment and publish the verdict for this task's advisory; takes no checkpoint.
+
+        `ram_threshold` is the RAM bar to score at when the tier's bar has moved from the
+        advisor's own (pressure-aware admission); None scores at the advisor's."""
+        rec = self.advisor.recommend(observation, ram_threshold=ram_threshold)
         publish_recommendation(rec)
         return rec
 

@@ -3,8 +3,9 @@
 The manager is the real `TieredCheckpointManager` over a real `RAMIndex`, `PagePool` (with
 `LocalPageMover`), `KVCheckpointStore` and `DerivedAuthorityGate` with a real HS256 verifier and SQLite label
 catalog. `EngineSide` plays the scheduler's part of `ControlTarget`: the tenant rule of the
-connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused)
-and a record of armed sessions.
+connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused),
+a record of armed sessions, and the RAM admission bar (a real `PressureAwareAdmission` when the
+test gives one, else the advisor's fixed threshold).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kvci_plugin.governance import (
     SourceLabels,
     write_hmac_key_file,
 )
+from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.blob_store import BlobStore
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.local_mover import LocalPageMover
@@ -48,6 +50,14 @@ class EngineSide:
     manager: TieredCheckpointManager
     verifier: CredentialVerifier
     armed: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    bar: PressureAwareAdmission[bytes] | None = None
+
+    @property
+    def ram_threshold(self) -> float:
+        return self.bar.threshold if self.bar is not None else self.manager.advisor.ram_threshold
+
+    def admission_stats(self) -> AdmissionStats | None:
+        return self.bar.stats() if self.bar is not None else None
 
     def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
         if session_token is None:
@@ -85,6 +95,14 @@ class World:
                                       policy_version=1)
         claims.update(overrides)
         return self.issuer.issue_session(**claims)
+
+    def moving_bar(self) -> PressureAwareAdmission[bytes]:
+        """Give the engine side a pressure-aware RAM bar over this tier, as the connector builds
+        one for the system trigger; the test moves it."""
+        bar: PressureAwareAdmission[bytes] = PressureAwareAdmission.for_advisor(
+            self.manager.advisor, capacity_bytes=self.manager.index.capacity_bytes)
+        self.side.bar = bar
+        return bar
 
     def expired_session(self) -> str:
         return self.session(now=time.time() - 7200, ttl_s=60)

@@ -11,6 +11,8 @@ from starlette.testclient import TestClient
 
 from kvci_plugin.api.app import DEFAULT_MAX_BODY_BYTES, build_app
 from kvci_plugin.api.schema import ENDPOINT
+from kvci_plugin.tiering.admission import PressureAwareAdmission
+from kvci_plugin.worthiness import CheckpointObservation
 
 TOKEN = b"0123456789abcdef-control-token"
 
@@ -58,6 +60,73 @@ def test_recommend_renders_the_advisory_only_when_worth_it(client: TestClient) -
         "contradictions_high_severity": 0, "phase": "plan", "phase_completed": True}).json()
     assert worthy["recommendation"]["tier"] in ("ram", "disk")
     assert worthy["advisory"].startswith("KV-CHECKPOINT ADVISORY")
+
+
+def observation(wall_time_s: float) -> dict[str, Any]:
+    """Scores 0.50 at 3 s and 0.57 at 6 s (rebuild cost; nothing reused)."""
+    return {"context_tokens": 229, "output_tokens": 4, "cached_tokens": 0, "observed_reuse": 0,
+            "wall_time_s": wall_time_s}
+
+
+def wasted_writes(bar: PressureAwareAdmission[bytes], n: int) -> None:
+    """`n` system checkpoints evicted before any hit."""
+    for i in range(n):
+        anchor = f"wasted-{i}".encode()
+        bar.admitted(anchor)
+        bar.evicted([anchor])
+
+
+def missed_reuses(world: Any, bar: PressureAwareAdmission[bytes], n: int) -> None:
+    """`n` lookups of a prefix the bar alone held back (scoring 0.33 at a bar >= 0.44)."""
+    held_back = world.manager.advisor.recommend(CheckpointObservation(**observation(1.0)),
+                                                ram_threshold=bar.threshold)
+    assert held_back.held_back_by_threshold and held_back.score is not None
+    for _ in range(n):
+        bar.declined(b"held-back", 4 * 256, held_back)
+        bar.observe_lookup([b"held-back"], 0)
+
+
+def advise(client: TestClient, action: str, wall_time_s: float) -> dict[str, Any]:
+    extra = {"session_id": "bar-1"} if action == "checkpoint_now" else {}
+    rec: dict[str, Any] = post(client, action=action, observation_json=observation(wall_time_s),
+                               **extra).json()["recommendation"]
+    return rec
+
+
+@pytest.mark.parametrize("action", ["recommend", "checkpoint_now"])
+def test_advice_is_scored_at_the_engines_moving_bar(client: TestClient, world: Any, action: str) -> None:
+    fixed = world.manager.advisor.ram_threshold
+    at_rest = advise(client, action, 6.0)
+    assert (at_rest["ram_threshold"], at_rest["tier"]) == (fixed, "ram")  # 0.57 over 0.55
+
+    bar = world.moving_bar()
+    wasted_writes(bar, 3)
+    assert bar.threshold == pytest.approx(fixed + 0.03)
+    raised = advise(client, action, 6.0)
+    assert (raised["ram_threshold"], raised["tier"], raised["score"]) == (bar.threshold, "none", at_rest["score"])
+
+    missed_reuses(world, bar, 11)
+    assert bar.threshold == pytest.approx(fixed - 0.08)
+    lowered = advise(client, action, 3.0)
+    assert lowered["score"] == pytest.approx(0.50)  # under the advisor's own 0.55
+    assert (lowered["ram_threshold"], lowered["tier"]) == (bar.threshold, "ram")
+    assert not any("ram threshold" in blocker for blocker in lowered["blockers"])
+
+
+def test_ram_stats_shows_the_admission_bar(client: TestClient, world: Any) -> None:
+    fixed = post(client, action="ram_stats").json()["stats"]["admission"]
+    assert fixed == {"mode": "fixed", "threshold": world.manager.advisor.ram_threshold,
+                     "wasted_writes": None, "missed_reuses": None, "paid_writes": None}
+
+    bar = world.moving_bar()
+    wasted_writes(bar, 2)
+    missed_reuses(world, bar, 5)
+    bar.admitted(b"paid")
+    bar.observe_lookup([b"paid"], 1)  # a hit before any eviction: the write paid
+    stats = post(client, action="ram_stats").json()["stats"]["admission"]
+    assert stats == {"mode": "pressure", "threshold": bar.threshold, "wasted_writes": 2,
+                     "missed_reuses": 5, "paid_writes": 1}
+    assert stats["threshold"] == advise(client, "recommend", 3.0)["ram_threshold"]
 
 
 def test_recommend_refuses_an_observation_that_does_not_compose(client: TestClient) -> None:
@@ -191,6 +260,7 @@ def test_ram_stats_reports_occupancy_gate_and_scorers(client: TestClient, world:
         "rebuild_cost", "predicted_reuse", "retrieval_saturation", "grounding_density",
         "contradictions", "context_stability", "phase_boundary", "model_self_report"}
     assert stats["disk"]["checkpoints"] == 0
+    assert stats["admission"]["mode"] == "fixed"
 
 
 # ---- request errors -------------------------------------------------------------------------------

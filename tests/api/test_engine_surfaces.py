@@ -2,6 +2,10 @@
 tiny model) with the connector's REST control endpoint; real requests take real checkpoints,
 REST and MCP drive every action on them, and /metrics carries the kvci series with values that
 match the traffic sent.
+
+The system trigger runs with its cache gate's kill switch on: it keeps nothing (every checkpoint
+here is one a test asked for), but its pressure-aware RAM bar runs and learns from the requests
+it declines, so REST can be checked against the bar the engine scores at after it moved.
 """
 
 from __future__ import annotations
@@ -40,7 +44,17 @@ ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
 rng = random.Random(29)
 PROMPT_A = [rng.randrange(2, 1000) for _ in range(7 * BLOCK_SIZE + 5)]  # 7 full blocks
 PROMPT_B = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]  # 4 full blocks
+PROMPT_C = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]
+PROMPT_D = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]
 OBSERVATION = {"tool_calls": 6, "retrievals": 4, "phase": "plan", "phase_completed": True}
+RAM_THRESHOLD, RAM_THRESHOLD_MIN, BAR_STEP = 0.5, 0.35, 0.01
+
+
+def measured(wall_time_s: float) -> dict[str, Any]:
+    """An observation carrying every field the engine measures for a request without a session
+    (the client's values win), so the engine scores exactly this; its score follows wall_time_s."""
+    return {"context_tokens": 160, "output_tokens": 4, "cached_tokens": 0, "observed_reuse": 0,
+            "wall_time_s": wall_time_s}
 
 
 class Engine:
@@ -54,7 +68,10 @@ class Engine:
         self.port, self.control_port = free_port(), free_port()
         self.model = str(model)
         cmd = [sys.executable, "-m", "kvci_plugin.cli", "serve", self.model,
-               "--ram-bytes", "32MiB", "--state-dir", str(tmp / "state"), "--no-system-trigger",
+               "--ram-bytes", "32MiB", "--state-dir", str(tmp / "state"),
+               "--ram-threshold", str(RAM_THRESHOLD), "--ram-admission", "pressure",
+               "--ram-threshold-min", str(RAM_THRESHOLD_MIN),
+               "--kvci-config", json.dumps({"cache_gate": {"kill_switch": True}}),
                "--disk-root", str(tmp / "disk"), "--disk-region", "eu",
                "--credentials-key-file", str(key), "--credentials-algorithm", "HS256",
                "--label-catalog", str(tmp / "labels.sqlite"),
@@ -144,6 +161,44 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
         time.sleep(0.5)
 
 
+def test_rest_scores_at_the_bar_the_engine_moved(engine: Engine) -> None:
+    """First in the module: the bar starts where --ram-threshold put it. A request the bar alone
+    held back, sent again before the tier could have kept it, is a missed reuse: the bar falls a
+    step. REST then scores at the moved bar, as the engine does, not at the configured one."""
+    start = engine.act(action="ram_stats")["stats"]["admission"]
+    # pressure although --ram-threshold alone would fix the bar: --ram-admission reached the config
+    assert (start["mode"], start["threshold"]) == ("pressure", RAM_THRESHOLD)
+    assert (start["wasted_writes"], start["missed_reuses"]) == (0, 0)
+    teach, probe = measured(1.5), measured(2.6)
+    misses = 4
+    moved = RAM_THRESHOLD - misses * BAR_STEP
+    teach_score = engine.act(action="recommend", observation_json=teach)["recommendation"]["score"]
+    probe_score = engine.act(action="recommend", observation_json=probe)["recommendation"]["score"]
+    assert RAM_THRESHOLD_MIN <= teach_score < moved - BAR_STEP / 2, "teach must stay under the bar"
+    assert moved + BAR_STEP / 2 <= probe_score < RAM_THRESHOLD, "probe must lie between the bars"
+
+    replies = [engine.complete(PROMPT_C, tenant="acme", observation=teach) for _ in range(misses + 1)]
+    assert [r["tier"] for r in replies] == ["none"] * (misses + 1)
+    scored_at = [r["recommendation"]["ram_threshold"] for r in replies]
+    assert scored_at == pytest.approx([RAM_THRESHOLD - i * BAR_STEP for i in range(misses + 1)])
+
+    bar = engine.act(action="ram_stats")["stats"]["admission"]
+    assert bar["threshold"] == scored_at[-1]
+    assert (bar["mode"], bar["missed_reuses"], bar["wasted_writes"]) == ("pressure", misses, 0)
+
+    rest = engine.act(action="recommend", observation_json=probe)["recommendation"]
+    armed = engine.act(action="checkpoint_now", session_id="bar-probe", tenant="acme",
+                       observation_json=probe)["recommendation"]
+    served = engine.complete(PROMPT_D, tenant="acme", observation=probe)
+    verdict = served["recommendation"]
+    assert rest["ram_threshold"] == armed["ram_threshold"] == verdict["ram_threshold"] == bar["threshold"]
+    assert rest["score"] == verdict["score"] == probe_score
+    # At the configured 0.5 this would be "none"; at the engine's moved bar it is worth RAM.
+    assert rest["tier"] == armed["tier"] == verdict["tier"] == "ram"
+    assert served["tier"] == "none" and served["cache_gate"]["rule"] == "kill_switch"
+    assert engine.act(action="ram_stats")["stats"]["admission"] == bar  # a worthy request moves nothing
+
+
 def test_checkpoint_now_explain_and_reuse(engine: Engine, checkpoint_id: str) -> None:
     def stored() -> dict[str, Any] | None:
         e: dict[str, Any] = engine.act(action="explain", checkpoint_id=checkpoint_id)["explanation"]
@@ -218,6 +273,10 @@ def test_mcp_client_over_stdio(engine: Engine, checkpoint_id: str) -> None:
     assert results["explain"].structured_content["explanation"]["checkpoint_id"] == checkpoint_id
     assert results["ram_stats"].structured_content["stats"]["entries"] >= 1
     assert not any(results[k].is_error for k in ("recommend", "explain", "ram_stats"))
+    # The same bar as REST's: MCP forwards to the same endpoint.
+    bar = engine.act(action="ram_stats")["stats"]["admission"]
+    assert results["ram_stats"].structured_content["stats"]["admission"] == bar
+    assert results["recommend"].structured_content["recommendation"]["ram_threshold"] == bar["threshold"]
 
 
 def metrics(engine: Engine) -> tuple[str, dict[tuple[str, str], float]]:
@@ -255,6 +314,9 @@ def test_metrics_match_the_traffic(engine: Engine, checkpoint_id: str) -> None:
             # PROMPT_A's 7 pages (armed), then PROMPT_B's 4 pages (checkpoint=now).
             ("vllm:kvci_stored_bytes_total", "ram"): (7 + 4) * slot,
             ("vllm:kvci_evicted_checkpoints_total", ""): 0,
+            ("vllm:kvci_ram_threshold", ""): stats["admission"]["threshold"],
+            ("vllm:kvci_ram_missed_reuses_total", ""): stats["admission"]["missed_reuses"],
+            ("vllm:kvci_ram_wasted_writes_total", ""): stats["admission"]["wasted_writes"],
         }
 
     def consistent() -> bool:

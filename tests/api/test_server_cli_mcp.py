@@ -173,6 +173,46 @@ def test_cli_serve_builds_the_vllm_command(capsys: pytest.CaptureFixture[str], t
         "control_host": "127.0.0.1", "control_port": 8477}
 
 
+def test_cli_stats_shows_the_admission_bar(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    bar = world.moving_bar()
+    for anchor in (b"a", b"b", b"c"):  # three system checkpoints evicted unused: the bar rises 0.03
+        bar.admitted(anchor)
+        bar.evicted([anchor])
+    server = serve_control_plane(world.plane, host="127.0.0.1", port=0, token_file=None)
+    try:
+        code, out = run_cli(capsys, "stats", "--control-url", server.url, "--json")
+        assert code == 0
+        assert json.loads(out)["stats"]["admission"] == {
+            "mode": "pressure", "threshold": bar.threshold, "wasted_writes": 3, "missed_reuses": 0,
+            "paid_writes": 0}
+        code, out = run_cli(capsys, "stats", "--control-url", server.url)
+    finally:
+        server.stop()
+    assert code == 0
+    cells = [[c.strip() for c in line.strip().strip("│").split("│")] for line in out.splitlines()]
+    rows = {row[0]: row[1] for row in cells if len(row) == 2}
+    assert "RAM admission bar" in out
+    assert (rows["mode"], rows["threshold"]) == ("pressure", "0.58")
+    assert (rows["wasted writes"], rows["missed reuses"], rows["paid writes"]) == ("3", "0", "0")
+
+
+def test_cli_serve_passes_the_ram_bar_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    def extra(*flags: str) -> dict[str, Any]:
+        code, out = run_cli(capsys, "serve", "m", "--no-control", *flags, "--dry-run")
+        assert code == 0
+        config: dict[str, Any] = json.loads(shlex.split(out)[-1])["kv_connector_extra_config"]
+        return config
+
+    assert extra() == {}  # unset: no choice, the connector's defaults stand
+    assert extra("--ram-admission", "fixed") == {"ram_admission": "fixed"}
+    assert extra("--ram-threshold", "0.5", "--ram-admission", "pressure", "--ram-threshold-min", "0.35",
+                 "--kvci-config", '{"ram_admission": "fixed"}') == {
+        "ram_threshold": 0.5, "ram_admission": "pressure", "ram_threshold_min": 0.35}
+    with pytest.raises(SystemExit) as bad:
+        main(["serve", "m", "--ram-admission", "moving", "--dry-run"])
+    assert bad.value.code == 2 and "invalid choice: 'moving'" in capsys.readouterr().err
+
+
 # ---- MCP ------------------------------------------------------------------------------------------
 
 def test_mcp_tool_schema_is_one_flat_object() -> None:

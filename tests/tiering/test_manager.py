@@ -5,6 +5,7 @@ connector's part (copies queued, run later, reported back) over the same real mo
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import time
@@ -47,7 +48,7 @@ from kvci_plugin.tiering.types import (
     Reservation,
     TenantMismatchError,
 )
-from kvci_plugin.worthiness import CheckpointAdvisor, CheckpointObservation
+from kvci_plugin.worthiness import CheckpointAdvisor, CheckpointObservation, current_recommendation
 
 NS = hashlib.sha256(b"model=tiny;rev=1;dtype=bf16;block=32;tp=0/1").digest()
 SLOT = 512
@@ -224,6 +225,29 @@ def queued(make: Callable[..., World]) -> World:
 
 def ram_pages(world: World, keys: Sequence[PageKey], tenant: str = TENANT) -> torch.Tensor:
     return world.ram.load_prefix(keys, tenant)
+
+
+# ---- scoring ------------------------------------------------------------------------------------
+
+
+def test_recommend_scores_at_a_moved_bar_and_publishes_the_verdict(world: World) -> None:
+    # Scores 0.50 (rebuild cost 0.75, reuse 0.0): under the advisor's 0.55, over a bar moved to 0.45.
+    observation = CheckpointObservation(context_tokens=229, output_tokens=4, cached_tokens=0,
+                                        observed_reuse=0, wall_time_s=3.0)
+
+    def in_a_run() -> None:  # the verdict is published to this run's context, not the suite's
+        own = world.manager.recommend(observation)
+        assert own.score == pytest.approx(0.50)
+        assert (own.ram_threshold, own.tier.value) == (world.manager.advisor.ram_threshold, "none")
+        assert current_recommendation() == own
+        moved = world.manager.recommend(observation, ram_threshold=0.45)
+        assert (moved.ram_threshold, moved.tier.value, moved.score) == (0.45, "ram", own.score)
+        assert current_recommendation() == moved
+        with pytest.raises(ValueError, match="ram_threshold"):
+            world.manager.recommend(observation, ram_threshold=0.0)
+
+    contextvars.copy_context().run(in_a_run)
+    assert current_recommendation() is None
 
 
 # ---- RAM ----------------------------------------------------------------------------------------
