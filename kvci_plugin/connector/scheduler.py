@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.metadata import (
     DiskLoadJob,

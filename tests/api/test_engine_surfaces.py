@@ -26,15 +26,14 @@ import anyio
 import httpx
 import openai
 import pytest
+from engine import BLOCK_SIZE
 from mcp import Client, StdioServerParameters
 from prometheus_client.parser import text_string_to_metric_families
+from server import free_port, wait_healthy
 
-from engine import BLOCK_SIZE
-from server import wait_healthy
 from kvci_plugin.api.client import ControlClient
 from kvci_plugin.api.mcp_server import TOOL_NAME
 from kvci_plugin.governance import CredentialIssuer, write_hmac_key_file
-from server import free_port
 
 pytestmark = pytest.mark.engine
 
