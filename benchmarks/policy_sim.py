@@ -16,7 +16,12 @@ disk tier, once per policy and budget, in one process:
   (``kvci_plugin.tiering.admission.PressureAwareAdmission``): it rises with each admitted request
   evicted before a hit and falls with each held-back request that a later one extends;
 - ``random``: the control, whole requests admitted blindly as often as ``kvci`` admitted;
-- ``oracle``: a bound, not a policy: admits exactly the requests whose session continues.
+- ``oracle``: a bound, not a policy: admits exactly the requests whose session continues;
+- ``oracle-later-first-all`` / ``-none``: bounds that know the future of later turns only and
+  admit every / no session's first request.
+
+The report also holds a descriptive follow-up table: how often a request's session continues, by
+the first request's input and output lengths and by the turn (it reads the whole trace).
 
 The model: a block is 512 tokens, one hash id. A request hits the longest leading run of its
 hash ids resident in RAM (then on disk); it saves that many blocks of prefill, capped at its input

@@ -149,6 +149,7 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         if settings.disk_fraction
         else "no disk tier"
     )
+    bounds = ", ".join(f"`{result.name}`" for result in report.runs[0].policies if result.reads_the_future)
     lines = [
         f"## {path.stem}",
         "",
@@ -166,9 +167,14 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         f"- kvci: the default advisor and cache gate unless a threshold is named (`kvci@T`); prefill rate "
         f"{settings.prefill_tokens_per_second:,.0f} tokens/s; sessions keyed by the first "
         f"{settings.session_key_blocks} hash ids. `random` admits as often as the first kvci policy (seed "
-        f"{settings.seed}); `oracle` reads the future (whether the session continues): a bound, not a policy.",
+        f"{settings.seed}).",
+        f"- Bounds, not policies: {bounds} read the future (whether the session continues). `oracle` knows it "
+        "for every request; `oracle-later-first-all` / `-none` only for later turns, and admit every / no "
+        "session's first request.",
         "",
         *_targets(report),
+        "",
+        *_follow_up(report),
         "",
         "### Every policy",
         "",
@@ -214,6 +220,54 @@ def _targets(report: SimulationReport) -> list[str]:
             f"| {_budget(run)} | {comparison.policy} | {_times(comparison.saved_ratio)} "
             f"| {_times(comparison.write_reduction)} | {'yes' if comparison.target_met else 'no'} "
             f"| {_times(run.ceiling_saved_ratio)} |"
+        )
+    return lines
+
+
+def _follow_up(report: SimulationReport) -> list[str]:
+    table = report.follow_up
+    lines = [
+        "### Follow-up: how often a request's session sends another request later",
+        "",
+        "Read from the whole trace (a description, not a policy). A session's first request by what is known "
+        "when it finishes, then every request by its turn in the session (1: the first). A first request of "
+        f"at most {report.settings.session_key_blocks} blocks ends in a partial block of its session key; its "
+        "follow-up completes that block and so is keyed as a new session: that bucket's rate is an artifact "
+        "of the inference.",
+        "",
+        "| requests | bucket | count | followed up | rate |",
+        "|---|---|--:|--:|--:|",
+    ]
+    for label, unit, rates in (
+        ("first turns, by input length", " blocks", table.first_turns_by_input_blocks),
+        ("first turns, by output length", " tokens", table.first_turns_by_output_tokens),
+        ("all turns, by turn", "", table.by_turn),
+    ):
+        for rate in rates:
+            bucket = f"{rate.low:,}+" if rate.high is None else (
+                f"{rate.low:,}" if rate.high == rate.low else f"{rate.low:,}-{rate.high:,}"
+            )
+            lines.append(
+                f"| {label} | {bucket}{unit} | {rate.requests:,} | {rate.followed_up:,} "
+                f"| {'-' if rate.rate is None else f'{rate.rate:.2f}'} |"
+            )
+    bounds = [
+        (run, comparison)
+        for run in report.runs
+        for comparison in run.comparisons
+        if comparison.policy.startswith("oracle-later") and run.budget_fraction <= TARGET_MAX_BUDGET_FRACTION
+    ]
+    lines += [
+        "",
+        "Later turns known, first turns admitted all / none: the `oracle-later` bounds against the targets.",
+        "",
+        "| budget | bound | saved vs LRU | LRU bytes written / these |",
+        "|---|---|--:|--:|",
+    ]
+    for run, comparison in bounds:
+        lines.append(
+            f"| {_budget(run)} | {comparison.policy} | {_times(comparison.saved_ratio)} "
+            f"| {_times(comparison.write_reduction)} |"
         )
     return lines
 

@@ -18,10 +18,11 @@ TIB = 1 << 40
 
 def plot_report(report: SimulationReport, path: Path) -> None:
     budgets = [run.ram_bytes / GIB for run in report.runs]
+    bounds = {result.name for result in report.runs[0].policies if result.reads_the_future}
     names = [result.name for result in report.runs[0].policies]
     figure, (saved_axis, written_axis) = plt.subplots(1, 2, figsize=(13, 5))
     for name in names:
-        style = "--" if name == "oracle" else "-"
+        style = "--" if name in bounds else "-"
         saved = [run.policy(name).saved_tokens / 1e6 for run in report.runs]
         written = [run.policy(name).bytes_written / TIB for run in report.runs]
         saved_axis.plot(budgets, saved, style, marker="o", label=name)

@@ -6,10 +6,11 @@ from typing import Annotated, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from benchmarks.policysim.follow_up import FollowUpTable
 from benchmarks.policysim.model_shape import ModelShape
 from benchmarks.policysim.replay import Tally
 
-SCHEMA = "kvci-policy-sim/1"
+SCHEMA = "kvci-policy-sim/2"
 GB = 1_000_000_000
 # The issue's targets for kvci against store-everything LRU, at budgets up to 25 % of the working set.
 TARGET_SAVED_RATIO = 1.2
@@ -60,6 +61,11 @@ class PolicyResult(BaseModel):
     # None when nothing was written.
     saved_tokens_per_gb_written: Optional[float]
     stats: dict[str, JsonValue]
+
+    @property
+    def reads_the_future(self) -> bool:
+        """A bound (it knows what the trace does next), not a policy."""
+        return self.stats.get("reads_the_future") is True
 
     @classmethod
     def from_tally(
@@ -158,6 +164,8 @@ class SimulationReport(BaseModel):
     working_set_bytes: int
     # Saved tokens of a cache that never evicts: no policy at any budget saves more.
     ceiling_saved_tokens: int
+    # How often a request's session continues, by what is known when it finishes (reads the trace).
+    follow_up: FollowUpTable
     settings: SweepSettings
     runs: tuple[BudgetRun, ...]
     runtime_s: float

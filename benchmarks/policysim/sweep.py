@@ -14,6 +14,7 @@ from benchmarks.policysim.admission import AdmissionPolicy, StoreEverything
 from benchmarks.policysim.arc_cache import ARCBlockCache
 from benchmarks.policysim.block_cache import BlockCache
 from benchmarks.policysim.lru_cache import LRUBlockCache
+from benchmarks.policysim.follow_up import follow_up_table
 from benchmarks.policysim.model_shape import model_shape
 from benchmarks.policysim.offer_threshold import StoreAfterNOffers
 from benchmarks.policysim.oracle_admission import ContinuationOracle, continued_later
@@ -104,6 +105,7 @@ def run_sweep(config: SweepConfig, *, command: str) -> SimulationReport:
         working_set_blocks=distinct_blocks,
         working_set_bytes=distinct_blocks * block_bytes,
         ceiling_saved_tokens=ceiling,
+        follow_up=follow_up_table(requests, contexts, continued),
         settings=SweepSettings(
             limit=config.limit,
             budget_fractions=tuple(sorted(config.budget_fractions)),
@@ -168,7 +170,10 @@ def _budget_run(
     # The control: whole requests admitted blindly, as often as the first kvci policy admitted.
     rate = kvci[0].admitted_requests / kvci[0].requests
     results.append(run(RandomAdmission(rate, seed=config.seed), LRUBlockCache, "lru"))
-    results.append(run(ContinuationOracle(continued), LRUBlockCache, "lru"))
+    results.extend(
+        run(ContinuationOracle(continued, first_turns=first_turns), LRUBlockCache, "lru")
+        for first_turns in (None, True, False)
+    )
     return BudgetRun(
         budget_fraction=fraction,
         ram_bytes=ram_blocks * block_bytes,

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import kvci_plugin
 from benchmarks.policysim.admission import Admission, StoreEverything
 from benchmarks.policysim.arc_cache import ARCBlockCache
+from benchmarks.policysim.follow_up import FollowUpRate, follow_up_table
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.model_shape import model_shape
 from benchmarks.policysim.offer_threshold import StoreAfterNOffers
@@ -195,6 +196,61 @@ def test_the_oracle_admits_exactly_the_requests_whose_session_continues() -> Non
     oracle = ContinuationOracle(continued_later(trace, 2))
     decisions = [oracle.admit(r, c, 0).ram_blocks for r, c in zip(trace, contexts_of(trace))]
     assert decisions == [2, 0, 0, 0]
+
+
+def test_the_later_turn_oracle_knows_only_later_turns_and_admits_first_turns_by_its_choice() -> None:
+    trace = [
+        request([0, 1]),  # first turn, continued
+        request([0, 1, 2]),  # later turn, continued
+        request([0, 5]),  # first turn, never continued
+        request([0, 1, 2, 3]),  # later turn, not continued
+        request([0, 9]),  # first turn, continued
+        request([0, 9, 10]),  # later turn, not continued
+    ]
+    continued = continued_later(trace, 2)
+    assert continued == [True, True, False, False, True, False]
+
+    def decisions(first_turns: bool | None) -> list[int]:
+        oracle = ContinuationOracle(continued, first_turns=first_turns)
+        assert oracle.stats() == {"reads_the_future": True}
+        return [oracle.admit(r, c, 0).ram_blocks for r, c in zip(trace, contexts_of(trace))]
+
+    assert decisions(None) == [2, 3, 0, 0, 2, 0]
+    assert decisions(False) == [0, 3, 0, 0, 0, 0]
+    assert decisions(True) == [2, 3, 2, 0, 2, 0]
+    assert ContinuationOracle(continued, first_turns=False).name == "oracle-later-first-none"
+    assert ContinuationOracle(continued, first_turns=True).name == "oracle-later-first-all"
+
+
+def rates(table: tuple[FollowUpRate, ...]) -> list[tuple[int, int]]:
+    return [(rate.requests, rate.followed_up) for rate in table]
+
+
+def test_the_follow_up_table_counts_each_sessions_requests_by_what_is_known_when_they_finish() -> None:
+    long_session = [request([0, *range(20, 20 + turn)], output=200) for turn in range(1, 8)]  # D: 7 turns
+    trace = [
+        request([0, 1], output=100),  # A, turn 1, 2 blocks: continued
+        request([0, 5, 6, 7, 8], output=300),  # B, turn 1, 5 blocks: never continued
+        request([0]),  # no session: too short for the two-block key
+        request([0, 1, 2], output=50),  # A, turn 2: continued
+        request([0, 9], output=1500),  # C, turn 1, 2 blocks: continued
+        *long_session[:3],  # D, turns 1-3
+        request([0, 1, 2, 3], output=50),  # A, turn 3: not continued
+        request([0, 9, 10], output=50),  # C, turn 2: not continued
+        *long_session[3:],  # D, turns 4-7, the last not continued
+    ]
+    table = follow_up_table(trace, contexts_of(trace), continued_later(trace, 2))
+    # First turns A, C, D (2 blocks, continued) and B (5 blocks, not).
+    assert [(rate.low, rate.high) for rate in table.first_turns_by_input_blocks] == [
+        (1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, None),
+    ]  # fmt: skip
+    assert rates(table.first_turns_by_input_blocks) == [(3, 3), (0, 0), (1, 0), (0, 0), (0, 0), (0, 0), (0, 0)]
+    # Outputs: A 100, D 200, B 300, C 1500.
+    assert rates(table.first_turns_by_output_tokens) == [(1, 1), (1, 1), (1, 0), (0, 0), (1, 1)]
+    # Turn 2: A, C, D; turn 3: A, D; turns 4, 5: D; turns 6+: D's 6th and 7th.
+    assert rates(table.by_turn) == [(4, 3), (3, 2), (2, 1), (1, 1), (1, 1), (2, 1)]
+    assert table.by_turn[0].rate == 0.75 and table.first_turns_by_input_blocks[1].rate is None
+    assert (table.by_turn[-1].low, table.by_turn[-1].high) == (6, None)
 
 
 def kvci(**advisor_settings: float) -> WorthinessAdmission:
@@ -445,7 +501,11 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     assert report.working_set_blocks == len({b for r in synthetic_trace() for b in r.hash_ids})
     for run in report.runs:
         names = [result.name for result in run.policies]
-        assert names == ["lru", "arc", "store-after-2", "kvci", "kvci@0.4", "kvci-pressure", "random", "oracle"]
+        assert names == [
+            "lru", "arc", "store-after-2", "kvci", "kvci@0.4", "kvci-pressure", "random",
+            "oracle", "oracle-later-first-all", "oracle-later-first-none",
+        ]  # fmt: skip
+        assert [result.name for result in run.policies if result.reads_the_future] == names[-3:]
         bar = run.policy("kvci-pressure").stats["pressure"]
         assert isinstance(bar, dict) and 0.30 <= bar["threshold"] <= 0.75  # type: ignore[operator]
         lru = run.policy("lru")
@@ -468,6 +528,9 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
                 assert f"| {comparison.policy} | {comparison.saved_ratio:.2f}x |" in readme
         for result in run.policies:
             assert f"| {result.name} | {result.saved_tokens:,} |" in readme
+    assert "`oracle`, `oracle-later-first-all`, `oracle-later-first-none` read the future" in readme
+    first = report.follow_up.by_turn[0]
+    assert f"| all turns, by turn | 1 | {first.requests:,} | {first.followed_up:,} |" in readme
     again = run_module("benchmarks.render_results", "--results", str(results))
     assert again.returncode == 0 and (results / "README.md").read_text() == readme
 
