@@ -12,7 +12,7 @@ import torch
 
 import kvci_plugin.connector.worker as worker_module
 from kvci_plugin.connector.config import KVCIConfig
-from kvci_plugin.connector.metadata import DiskLoadJob, KVCIMetadata
+from kvci_plugin.connector.metadata import DiskLoadJob, KVCIMetadata, PersistJob
 from kvci_plugin.connector.worker import KVCIWorker
 from kvci_plugin.tiering.blob_store import FolderBlobRoot
 
@@ -99,3 +99,17 @@ def test_another_tenant_loads_nothing(setup) -> None:
     assert run_load(worker, DiskLoadJob("r3", "mallory", keys, blocks)) == set(blocks)
     assert all(not block_bytes(kv, b).any() for b in blocks)
     assert worker.take_worker_meta() is None  # intact blobs of another tenant are not "bad"
+
+
+def test_a_persist_writes_every_page_of_its_slots(setup) -> None:
+    worker, _, _, blobs = setup
+    keys = [hashlib.sha256(f"persisted-{i}".encode()).digest()[:16] for i in range(3)]
+    slots = [2, 0, 3]
+    for i, slot in enumerate(slots):
+        worker._pool.write(slot, page_of(100 + i))
+    worker.bind(KVCIMetadata(persists=[PersistJob("c1", "alice", keys, slots)]))
+    worker.wait_for_save()
+    worker.clear()
+    assert worker.take_worker_meta().persisted == {"c1": 1}
+    for i, key in enumerate(keys):
+        assert torch.equal(blobs.read(key, "alice"), page_of(100 + i))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worthiness.fixed_scorers import FixedScorer
 
 from kvci_plugin.tiering.admission import PressureAwareAdmission
 from kvci_plugin.worthiness import (
@@ -14,29 +13,14 @@ from kvci_plugin.worthiness import (
     CheckpointObservation,
     CheckpointRecommendation,
     CheckpointScorerRegistry,
-    CheckpointSignal,
     CheckpointTier,
-    SignalKind,
 )
 
 OBS = CheckpointObservation()
 
 
-@dataclass
-class Fixed:
-    name: str
-    weight: float
-    value: float | None
-    veto: bool = False
-
-    def score(self, observation: CheckpointObservation) -> CheckpointSignal:
-        return CheckpointSignal(
-            name=self.name, kind=SignalKind.OPPORTUNITY, value=self.value, reason="fixed", veto=self.veto
-        )
-
-
 def advisor_scoring(value: float, *, veto: bool = False) -> CheckpointAdvisor:
-    registry = CheckpointScorerRegistry([Fixed("evidence", 1.0, value, veto=veto)])  # type: ignore[list-item]
+    registry = CheckpointScorerRegistry([FixedScorer("evidence", 1.0, value, veto=veto)])
     return CheckpointAdvisor(registry)
 
 
