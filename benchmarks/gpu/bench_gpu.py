@@ -209,11 +209,14 @@ def measure_overlap(t: Transfer) -> list[dict]:
     b = torch.randn_like(a)
     c = torch.empty_like(a)
     product_ms = timed_ms(lambda: torch.matmul(a, b, out=c))
-    side = torch.cuda.Stream()
+    copies = ops.PageCopyStream(torch.device("cuda"))  # the worker's own copy stream
     rows = []
     for to_host in (True, False):
         copy = kvci_copy(t, to_host)
-        copy_on_side = on_stream(side, copy)
+
+        def copy_on_side(copy: Run = copy) -> None:
+            copies.run(copy, t.nbytes)
+
         copy_ms = wall_ms(copy_on_side)
         products = max(1, round(copy_ms / product_ms))
         compute = repeated(lambda: torch.matmul(a, b, out=c), products)
@@ -233,17 +236,6 @@ def measure_overlap(t: Transfer) -> list[dict]:
             }
         )
     return rows
-
-
-def on_stream(stream: torch.cuda.Stream, run: Run) -> Run:
-    """`run` enqueued on `stream`, after the work already queued on the current stream."""
-
-    def enqueue() -> None:
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            run()
-
-    return enqueue
 
 
 def repeated(run: Run, times: int) -> Run:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of the CUDA kernels, one run on a CUDA machine, about 3-5 minutes (8 at most):
-# builds kvci_plugin._C with CUDA and the per-page memcpy baseline, runs tests/gpu, then
+# builds kvci_plugin._C with CUDA and the per-page memcpy baseline, runs tests/gpu and the
+# worker's copy tests with the KV cache on the GPU, then
 # benchmarks page transfers and prefix keys (benchmarks/gpu/bench_gpu.py).
 #
 # Uses the machine's python3 and its torch as they are (no venv, nothing downloaded). Writes
@@ -37,13 +38,15 @@ print("CUDA kernels registered:", {n: has("kvci::" + n, "CUDA") for n in
       ("gather_pages", "scatter_pages", "prefix_block_keys", "prefix_block_keys_batched")})'
 echo "built in $((SECONDS - start)) s"
 
-echo "== tests/gpu"
+echo "== tests/gpu and the worker tests (no vLLM there: the worker side imports torch alone)"
 start=$SECONDS
 set +e
-timeout 200 python3 -m pytest tests/gpu -q -p no:cacheprovider --junitxml "$out_dir/gpu_tests.xml"
+timeout 240 python3 -m pytest tests/gpu tests/connector/test_worker_copies.py \
+    tests/connector/test_worker_disk_load.py -q -p no:cacheprovider \
+    --junitxml "$out_dir/gpu_tests.xml"
 tests_status=$?
 set -e
-echo "tests/gpu: exit $tests_status in $((SECONDS - start)) s"
+echo "tests: exit $tests_status in $((SECONDS - start)) s"
 
 echo "== benchmark"
 start=$SECONDS

@@ -21,7 +21,7 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvci_plugin.connector.config import KVCIConfig
-from kvci_plugin.connector.metadata import KVCIMetadata
+from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.namespace import engine_namespace
 from kvci_plugin.connector.scheduler import KVCIScheduler
 from kvci_plugin.connector.stats import KVCIStats
@@ -34,6 +34,7 @@ from kvci_plugin.governance import (
     RevocationList,
     set_persistence_eligibility_gate,
 )
+from kvci_plugin.tiering.blob_backend import open_blob_root
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.secret import load_or_create_secret
 
@@ -50,7 +51,15 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def _namespace(vllm_config: "VllmConfig", config: KVCIConfig, tp_rank: int) -> bytes:
+def _kv_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig") -> str:
+    """The resolved KV cache layout (e.g. LBNHC): pages are copied in memory order, so pages of
+    one layout must never load under another. The engine core records it in the cache config and
+    each worker does before it builds its connector."""
+    layout = vllm_config.cache_config.kv_cache_layout or kv_cache_config.kv_cache_layout
+    return f"{vllm_config.device_config.device_type}/{layout or 'default'}/pages"
+
+
+def _namespace(vllm_config: "VllmConfig", config: KVCIConfig, kv_layout: str, tp_rank: int) -> bytes:
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
     return engine_namespace(
         model=mc.model,
@@ -58,7 +67,7 @@ def _namespace(vllm_config: "VllmConfig", config: KVCIConfig, tp_rank: int) -> b
         revision_override=config.model_revision,
         kv_dtype=f"{cc.cache_dtype}/{mc.dtype}",
         block_size=cc.block_size,
-        kv_layout=f"{vllm_config.device_config.device_type}/pages",
+        kv_layout=kv_layout,
         tp_rank=tp_rank,
         tp_size=pc.tensor_parallel_size,
     )
@@ -92,6 +101,7 @@ class KVCheckpointConnector(KVConnectorBase_V1):
         self._scheduler: KVCIScheduler | None = None
         self._worker: KVCIWorker | None = None
         cfg = self._config
+        self._kv_layout = _kv_layout(vllm_config, kv_cache_config)
         slot_bytes = _slot_bytes(kv_cache_config)
         num_slots = int(cfg.ram_bytes) // slot_bytes
         self._control = None
@@ -107,10 +117,11 @@ class KVCheckpointConnector(KVConnectorBase_V1):
             rank = get_tensor_model_parallel_rank()
             self._worker = KVCIWorker(
                 num_slots=num_slots, expected_slot_bytes=slot_bytes,
-                num_blocks=kv_cache_config.num_blocks, config=cfg,
-                rank_namespace=_namespace(vllm_config, cfg, rank))
-        logger.info("kvci: %s role, %d RAM slots of %d bytes, disk tier %s", role.name,
-                    num_slots, slot_bytes, "on" if cfg.disk_tier else "off")
+                num_blocks=kv_cache_config.num_blocks,
+                rank_namespace=_namespace(vllm_config, cfg, self._kv_layout, rank),
+                blob_root=open_blob_root(cfg.blob_url, cfg.disk_root) if cfg.disk_tier else None)
+        logger.info("kvci: %s role, %d RAM slots of %d bytes, pages %s, disk tier %s", role.name,
+                    num_slots, slot_bytes, self._kv_layout, "on" if cfg.disk_tier else "off")
 
     def _build_scheduler(self, vllm_config: "VllmConfig", slot_bytes: int) -> KVCIScheduler:
         cfg = self._config
@@ -127,14 +138,15 @@ class KVCheckpointConnector(KVConnectorBase_V1):
         # refuses every persist at verified_authority, naming the missing credential.
         set_persistence_eligibility_gate(
             DerivedAuthorityGate(verifier, resolver, durable_store_region=cfg.disk_region))
-        namespace = _namespace(vllm_config, cfg, 0)
+        namespace = _namespace(vllm_config, cfg, self._kv_layout, 0)
         disk = None
         if cfg.disk_tier:
             tp_size = vllm_config.parallel_config.tensor_parallel_size
             disk = KVCheckpointStore(
                 cfg.disk_root, namespace, int(cfg.disk_bytes), catalog_url=cfg.catalog_url,
                 blob_url=cfg.blob_url, lease_s=cfg.lease_s,
-                shards=[_namespace(vllm_config, cfg, rank) for rank in range(1, tp_size)])
+                shards=[_namespace(vllm_config, cfg, self._kv_layout, rank)
+                        for rank in range(1, tp_size)])
             logger.info("kvci: disk tier %s", disk.describe())
         secret = load_or_create_secret(cfg.state_dir)
         return KVCIScheduler(
@@ -184,8 +196,9 @@ class KVCheckpointConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors() if self._worker is not None else set()
 
-    def build_connector_worker_meta(self):
-        return self._worker.take_worker_meta() if self._worker is not None else None
+    def build_connector_worker_meta(self) -> KVCIWorkerMetadata | None:
+        report = self._worker.take_report() if self._worker is not None else None
+        return KVCIWorkerMetadata.of(report) if report is not None else None
 
     def shutdown(self) -> None:
         if self._worker is not None:
@@ -232,7 +245,8 @@ class KVCheckpointConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         part = self._scheduler or self._worker
-        return part.take_stats() if part is not None else None
+        stats = part.take_stats() if part is not None else None
+        return KVCIStats(data=stats.data) if stats is not None else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

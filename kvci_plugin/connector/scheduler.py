@@ -15,14 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvci_plugin.connector.config import KVCIConfig
-from kvci_plugin.connector.metadata import (
-    DiskLoadJob,
-    KVCIMetadata,
-    KVCIWorkerMetadata,
-    LoadJob,
-    PersistJob,
-    StoreJob,
-)
+from kvci_plugin.connector.jobs import DiskLoadJob, LoadJob, PersistJob, StoreJob
+from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_request_params
 from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver

@@ -1,31 +1,30 @@
 """Worker side: owns the host page pool and this rank's disk blobs; executes the step's jobs.
 
-RAM loads run synchronously in `start_load_kv` (before the forward that needs them); stores and
-persists run in `wait_for_save`, after the forward. Disk loads run on a background thread and
-are reported through `get_finished`; a blob that fails verification becomes a load error so
-vLLM recomputes those blocks.
+RAM loads are queued in `start_load_kv`, before the forward that reads them; RAM stores and
+persists in `wait_for_save`, after the forward that wrote the pages. With the KV cache on a GPU,
+the copies run on a side CUDA stream (`PageCopyStream`): the forward waits for a load on the GPU,
+a store overlaps the following steps and its request is reported finished (so vLLM frees its
+blocks) only once the copy has run. On the CPU every copy is done before its call returns.
+Disk loads run on a background thread and are reported through `get_finished`; a blob that fails
+verification becomes a load error so vLLM recomputes those blocks.
+
+Imports torch alone (no vllm), so it is exercised on a GPU machine without vLLM.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 
 import torch
 
-from kvci_plugin.connector.config import KVCIConfig
-from kvci_plugin.connector.metadata import (
-    DiskLoadJob,
-    KVCIMetadata,
-    KVCIWorkerMetadata,
-    PersistJob,
-)
+from kvci_plugin.connector.jobs import DiskLoadJob, PersistJob, StepJobs, WorkerReport
 from kvci_plugin.connector.pages import page_views, slot_bytes
-from kvci_plugin.connector.stats import KVCIStats
-from kvci_plugin.ops import scatter_pages
-from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot, open_blob_root
+from kvci_plugin.connector.tally import StatsTally
+from kvci_plugin.ops import PageCopyStream, PendingCopy, scatter_pages
+from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
 from kvci_plugin.tiering.page_pool import PagePool
 
@@ -40,6 +39,14 @@ only for their loads vLLM steps without pause; each empty step takes the CPU and
 the load it waits for (a 32 MiB load took 2-4x longer). A new request waits at most this long."""
 
 
+@dataclass
+class _DiskLoadResult:
+    failed: set[int] = field(default_factory=set)  # block ids vLLM must recompute
+    bad: list[bytes] = field(default_factory=list)  # missing or corrupt page: the catalog forgets it
+    nbytes: int = 0
+    seconds: float = 0.0
+
+
 class KVCIWorker:
     def __init__(
         self,
@@ -47,28 +54,30 @@ class KVCIWorker:
         num_slots: int,
         expected_slot_bytes: int,
         num_blocks: int,
-        config: KVCIConfig,
         rank_namespace: bytes,
+        blob_root: BlobRoot | None,
     ) -> None:
+        """``blob_root``: the disk tier's blobs (this worker closes it), None without one."""
         self._num_slots = num_slots
         self._expected_slot_bytes = expected_slot_bytes
         self._num_blocks = num_blocks
-        self._config = config
-        self._rank_namespace = rank_namespace
         self._views: list[torch.Tensor] = []
         self._pool: PagePool | None = None
-        self._blob_root: BlobRoot | None = None
-        self._blobs: BlobBackend | None = None
-        self._meta: KVCIMetadata | None = None
+        self._copies: PageCopyStream | None = None
+        self._disk_copies: PageCopyStream | None = None
+        self._blob_root = blob_root
+        self._blobs: BlobBackend | None = (
+            blob_root.store(rank_namespace) if blob_root is not None else None)
+        self._meta: StepJobs | None = None
         self._prev_finished: set[str] = set()
-        self._stored: set[str] = set()
-        self._disk_loads: dict[str, Future[tuple[set[int], list[bytes]]]] = {}
+        self._saves: dict[str, PendingCopy] = {}  # store copies not yet reported, by request
+        self._timed: list[tuple[str, str, PendingCopy]] = []  # RAM copies not yet counted
+        self._disk_loads: dict[str, Future[_DiskLoadResult]] = {}
         self._idle_step = False
         self._staging: torch.Tensor | None = None
         self._load_errors: set[int] = set()
-        self._worker_meta = KVCIWorkerMetadata()
-        self._stats = KVCIStats()
-        self._lock = threading.Lock()
+        self._report = WorkerReport()
+        self._stats = StatsTally()
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvci-disk")
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -79,11 +88,11 @@ class KVCIWorker:
                 f"kvci: worker page bytes {got} != scheduler's {self._expected_slot_bytes}"
             )
         self._pool = PagePool(self._num_slots, got)
-        if self._config.disk_tier:
-            self._blob_root = open_blob_root(self._config.blob_url, self._config.disk_root)
-            self._blobs = self._blob_root.store(self._rank_namespace)
+        device = self._views[0].device
+        # Disk loads get a stream of their own: their scatters need not queue behind the stores.
+        self._copies, self._disk_copies = PageCopyStream(device), PageCopyStream(device)
 
-    def bind(self, meta: KVCIMetadata) -> None:
+    def bind(self, meta: StepJobs) -> None:
         self._meta = meta
 
     def clear(self) -> None:
@@ -93,24 +102,32 @@ class KVCIWorker:
         """Start this step's loads; ``forward`` is False when vLLM steps without computing."""
         self._idle_step = not forward
         meta = self._meta
-        if meta is None or self._pool is None:
+        if meta is None or self._pool is None or self._copies is None:
             return
+        pool, views = self._pool, self._views
         for job in meta.loads:
-            t0 = time.perf_counter()
-            self._pool.load(job.slots, self._views, job.block_ids)
-            self._stats.observe_load("ram", len(job.slots) * self._pool.slot_bytes,
-                                     time.perf_counter() - t0)
-        for job in meta.disk_loads:
-            self._disk_loads[job.req_id] = self._io.submit(self._load_from_disk, job)
+            pending = self._copies.run(
+                lambda job=job: pool.load(job.slots, views, job.block_ids),
+                len(job.slots) * pool.slot_bytes)
+            self._copies.hold(pending)  # this step's forward reads the pages
+            self._timed.append(("load", "ram", pending))
+        if meta.disk_loads:
+            assert self._disk_copies is not None
+            # The blocks may still be written by work queued before this step (e.g. a freed
+            # block's last reader): the I/O thread's scatters wait for this point.
+            fence = self._disk_copies.fence()
+            for djob in meta.disk_loads:
+                self._disk_loads[djob.req_id] = self._io.submit(self._load_from_disk, djob, fence)
 
-    def _load_from_disk(self, job: DiskLoadJob) -> tuple[set[int], list[bytes]]:
+    def _load_from_disk(self, job: DiskLoadJob, fence: torch.cuda.Event | None) -> _DiskLoadResult:
         """Returns the block ids that failed and the bad page; the rest are in the paged cache.
 
         The blobs are read and verified several at a time into the staging buffer, a buffer-full
         at a time, and each run of pages that verified (a leading run: KV is a prefix) is
-        scattered in one call.
+        scattered in one call, waited for before the buffer is refilled or the load reported.
         """
         assert self._blobs is not None and self._pool is not None
+        assert self._disk_copies is not None
         t0 = time.perf_counter()
         staging = self._staging_buffer()
         loaded, error = 0, None
@@ -121,20 +138,22 @@ class KVCIWorker:
             except Exception as exc:  # the store itself failed (e.g. Redis unreachable): a miss
                 verified, error = 0, exc
             if verified:
-                scatter_pages(staging, torch.arange(verified, dtype=torch.int64), self._views,
-                              torch.tensor(job.block_ids[loaded : loaded + verified],
-                                           dtype=torch.int64))
+                slots = torch.arange(verified, dtype=torch.int64)
+                blocks = torch.tensor(job.block_ids[loaded : loaded + verified], dtype=torch.int64)
+                self._disk_copies.run(
+                    lambda slots=slots, blocks=blocks: scatter_pages(staging, slots, self._views,
+                                                                     blocks),
+                    verified * self._pool.slot_bytes, after=fence).wait()
             loaded += verified
-        failed: set[int] = set()
-        bad: list[bytes] = []
+        result = _DiskLoadResult(nbytes=loaded * self._pool.slot_bytes)
         if error is not None:
             logger.warning("kvci: disk load failed (%s: %s); recomputing",
                            type(error).__name__, error)
-            failed.update(job.block_ids[loaded:])  # later blocks depend on this prefix
+            result.failed.update(job.block_ids[loaded:])  # later blocks depend on this prefix
             if isinstance(error, BlobUnavailableError):
-                bad.append(job.keys[loaded])  # missing or corrupt: the catalog forgets it
-        self._stats.observe_load("disk", loaded * self._pool.slot_bytes, time.perf_counter() - t0)
-        return failed, bad
+                result.bad.append(job.keys[loaded])
+        result.seconds = time.perf_counter() - t0
+        return result
 
     def _staging_buffer(self) -> torch.Tensor:
         """The disk loads' staging pages, made once: only the one I/O thread uses it, and a fresh
@@ -149,20 +168,23 @@ class KVCIWorker:
 
     def wait_for_save(self) -> None:
         meta = self._meta
-        if meta is None or self._pool is None:
+        if meta is None or self._pool is None or self._copies is None:
             return
+        pool, views = self._pool, self._views
         for job in meta.stores:
-            t0 = time.perf_counter()
-            self._pool.store(self._views, job.block_ids, job.slots)
-            self._stats.observe_store("ram", len(job.slots) * self._pool.slot_bytes,
-                                      time.perf_counter() - t0)
-            self._stored.add(job.req_id)
+            pending = self._copies.run(
+                lambda job=job: pool.store(views, job.block_ids, job.slots),
+                len(job.slots) * pool.slot_bytes)
+            self._saves[job.req_id] = pending
+            self._timed.append(("store", "ram", pending))
+        if meta.persists:
+            self._copies.drain()  # a persist reads on the host the slots just stored
         for pjob in meta.persists:
             self._persist(pjob)
 
     def _persist(self, job: PersistJob) -> None:
         if self._blobs is None or self._pool is None:
-            self._worker_meta.persist_errors.setdefault(job.checkpoint_id, []).append(
+            self._report.persist_errors.setdefault(job.checkpoint_id, []).append(
                 "no disk tier on this worker")
             return
         t0 = time.perf_counter()
@@ -173,43 +195,63 @@ class KVCIWorker:
         except Exception as exc:  # reported to the scheduler, which records no catalog row
             logger.warning("kvci: persist of %s failed: %s: %s", job.checkpoint_id,
                            type(exc).__name__, exc)
-            self._worker_meta.persist_errors.setdefault(job.checkpoint_id, []).append(
+            self._report.persist_errors.setdefault(job.checkpoint_id, []).append(
                 f"{type(exc).__name__}: {exc}")
             return
         self._stats.observe_store("disk", written, time.perf_counter() - t0)
-        self._worker_meta.persisted[job.checkpoint_id] = 1
+        self._report.persisted[job.checkpoint_id] = 1
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # A store job and its request's finished id arrive in the same step; keep the previous
-        # step's ids too in case async scheduling splits them.
-        sending = self._stored & (finished_req_ids | self._prev_finished)
-        self._stored -= sending
-        self._prev_finished = set(finished_req_ids)
+        # step's ids too in case async scheduling splits them. A store is reported (and vLLM
+        # frees the blocks it reads) only once its copy has run.
+        sending = {req_id for req_id in finished_req_ids | self._prev_finished
+                   if req_id in self._saves and self._saves[req_id].done()}
+        for req_id in sending:
+            del self._saves[req_id]
+        self._prev_finished = set(finished_req_ids) | (self._prev_finished & self._saves.keys())
+        self._count_done_copies()
         recving: set[str] = set()
         if self._idle_step and self._disk_loads:
             wait(self._disk_loads.values(), timeout=IDLE_WAIT_S, return_when=FIRST_COMPLETED)
         for req_id, fut in list(self._disk_loads.items()):
             if fut.done():
-                failed, bad = fut.result()
-                self._load_errors |= failed
-                self._worker_meta.bad_pages.extend(bad)
+                result = fut.result()
+                self._load_errors |= result.failed
+                self._report.bad_pages.extend(result.bad)
+                self._stats.observe_load("disk", result.nbytes, result.seconds)
                 recving.add(req_id)
                 del self._disk_loads[req_id]
         return (sending or None), (recving or None)
+
+    def _count_done_copies(self) -> None:
+        still: list[tuple[str, str, PendingCopy]] = []
+        for kind, tier, pending in self._timed:
+            if not pending.done():
+                still.append((kind, tier, pending))
+            elif kind == "load":
+                self._stats.observe_load(tier, pending.nbytes, pending.seconds())
+            else:
+                self._stats.observe_store(tier, pending.nbytes, pending.seconds())
+        self._timed = still
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
-    def take_worker_meta(self) -> KVCIWorkerMetadata | None:
-        meta, self._worker_meta = self._worker_meta, KVCIWorkerMetadata()
-        return meta if (meta.persisted or meta.persist_errors or meta.bad_pages) else None
+    def take_report(self) -> WorkerReport | None:
+        report, self._report = self._report, WorkerReport()
+        return None if report.is_empty() else report
 
-    def take_stats(self) -> KVCIStats | None:
-        stats, self._stats = self._stats, KVCIStats()
+    def take_stats(self) -> StatsTally | None:
+        self._count_done_copies()
+        stats, self._stats = self._stats, StatsTally()
         return None if stats.is_empty() else stats
 
     def shutdown(self) -> None:
         self._io.shutdown(wait=True)
+        for copies in (self._copies, self._disk_copies):
+            if copies is not None:
+                copies.drain()
         if self._blob_root is not None:
             self._blob_root.close()

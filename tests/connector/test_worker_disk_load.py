@@ -1,5 +1,7 @@
 """The worker's disk load on real blob files and real KV cache tensors (no engine): verified
-pages land in their blocks a staging buffer at a time, and the first bad page ends the prefix."""
+pages land in their blocks a staging buffer at a time, and the first bad page ends the prefix.
+
+Imports no vllm: run.sh runs it on the GPU machine too, with the KV cache there (``device``)."""
 
 from __future__ import annotations
 
@@ -9,41 +11,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from worker_support import KV_DEVICES, NUM_BLOCKS, SLOT, block_bytes, kv_cache, page_of
 
 import kvci_plugin.connector.worker as worker_module
-from kvci_plugin.connector.config import KVCIConfig
-from kvci_plugin.connector.metadata import DiskLoadJob, KVCIMetadata, PersistJob
+from kvci_plugin.connector.jobs import DiskLoadJob, PersistJob, StepJobs
 from kvci_plugin.connector.worker import KVCIWorker
 from kvci_plugin.tiering.blob_store import FolderBlobRoot
 
 NS = hashlib.sha256(b"worker-disk-load").digest()
-NUM_BLOCKS = 16
-# Two layers, blocks outermost: (blocks, 2, block_size, heads, head_size) float32 = 8 KiB a page.
-LAYER_SHAPE = (NUM_BLOCKS, 2, 32, 4, 8)
-SLOT = 2 * 2 * 32 * 4 * 8 * 4
 PAGES = 8
 
 
-def page_of(i: int) -> torch.Tensor:
-    return torch.frombuffer(bytearray(hashlib.shake_128(f"page-{i}".encode()).digest(SLOT)),
-                            dtype=torch.uint8)
-
-
-def block_bytes(kv: dict[str, torch.Tensor], block: int) -> torch.Tensor:
-    return torch.cat([t[block].contiguous().view(torch.uint8).flatten() for t in kv.values()])
-
-
-@pytest.fixture
-def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture(params=KV_DEVICES)
+def setup(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # Three pages a part: the 8-page prefix is read and scattered in three parts.
     monkeypatch.setattr(worker_module, "STAGING_BYTES", 3 * SLOT)
     keys = [hashlib.sha256(f"key-{i}".encode()).digest()[:16] for i in range(PAGES)]
     blobs = FolderBlobRoot(tmp_path / "disk").store(NS)
     for i, key in enumerate(keys):
         blobs.write(key, "alice", page_of(i))
-    kv = {f"layer.{n}": torch.zeros(LAYER_SHAPE) for n in range(2)}
+    kv = kv_cache(request.param)
     worker = KVCIWorker(num_slots=4, expected_slot_bytes=SLOT, num_blocks=NUM_BLOCKS,
-                        config=KVCIConfig(disk_root=tmp_path / "disk"), rank_namespace=NS)
+                        rank_namespace=NS, blob_root=FolderBlobRoot(tmp_path / "disk"))
     worker.register_kv_caches(kv)
     yield worker, kv, keys, blobs
     worker.shutdown()
@@ -51,12 +40,12 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def run_load(worker: KVCIWorker, job: DiskLoadJob) -> set[int]:
     """Start the load in a step that computes nothing and step until it is reported."""
-    worker.bind(KVCIMetadata(disk_loads=[job]))
+    worker.bind(StepJobs(disk_loads=[job]))
     worker.start_load_kv(forward=False)
     worker.clear()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        worker.bind(KVCIMetadata())
+        worker.bind(StepJobs())
         worker.start_load_kv(forward=False)
         _, recving = worker.get_finished(set())
         worker.clear()
@@ -74,7 +63,7 @@ def test_a_prefix_longer_than_the_staging_buffer_lands_whole(setup) -> None:
         assert torch.equal(block_bytes(kv, block), page_of(i)), i
     untouched = set(range(NUM_BLOCKS)) - set(blocks)
     assert all(not block_bytes(kv, b).any() for b in untouched)
-    assert worker.take_worker_meta() is None
+    assert worker.take_report() is None
     assert worker.take_stats().reduce()["loaded_bytes_disk"] == PAGES * SLOT
 
 
@@ -89,7 +78,7 @@ def test_a_bad_page_in_a_later_part_ends_the_prefix_there(setup) -> None:
     for i in range(4):
         assert torch.equal(block_bytes(kv, blocks[i]), page_of(i))
     assert all(not block_bytes(kv, b).any() for b in blocks[4:])  # never a corrupt byte
-    assert worker.take_worker_meta().bad_pages == [keys[4]]
+    assert worker.take_report().bad_pages == [keys[4]]
     assert blobs.quarantined() == 1
 
 
@@ -98,7 +87,7 @@ def test_another_tenant_loads_nothing(setup) -> None:
     blocks = list(range(PAGES))
     assert run_load(worker, DiskLoadJob("r3", "mallory", keys, blocks)) == set(blocks)
     assert all(not block_bytes(kv, b).any() for b in blocks)
-    assert worker.take_worker_meta() is None  # intact blobs of another tenant are not "bad"
+    assert worker.take_report() is None  # intact blobs of another tenant are not "bad"
 
 
 def test_a_persist_writes_every_page_of_its_slots(setup) -> None:
@@ -107,9 +96,9 @@ def test_a_persist_writes_every_page_of_its_slots(setup) -> None:
     slots = [2, 0, 3]
     for i, slot in enumerate(slots):
         worker._pool.write(slot, page_of(100 + i))
-    worker.bind(KVCIMetadata(persists=[PersistJob("c1", "alice", keys, slots)]))
+    worker.bind(StepJobs(persists=[PersistJob("c1", "alice", keys, slots)]))
     worker.wait_for_save()
     worker.clear()
-    assert worker.take_worker_meta().persisted == {"c1": 1}
+    assert worker.take_report().persisted == {"c1": 1}
     for i, key in enumerate(keys):
         assert torch.equal(blobs.read(key, "alice"), page_of(100 + i))

@@ -1,0 +1,83 @@
+"""A step's copy jobs and the worker's report on them: plain dataclasses, no vllm.
+
+`metadata.py` wraps them in vLLM's metadata classes; the worker uses them as they are, so it runs
+(and is tested on a GPU machine) with torch alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """Copy RAM pool slots into the request's paged-cache blocks (before the forward)."""
+
+    req_id: str
+    slots: list[int]
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class DiskLoadJob:
+    """Read verified disk blobs into the request's blocks, asynchronously."""
+
+    req_id: str
+    tenant: str
+    keys: list[bytes]
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class StoreJob:
+    """Copy a finished request's blocks into RAM pool slots (its blocks are held until done)."""
+
+    req_id: str
+    checkpoint_id: str
+    slots: list[int]
+    block_ids: list[int]
+
+
+@dataclass(frozen=True)
+class PersistJob:
+    """Write RAM pool slots to this rank's disk blobs; the scheduler records the catalog row
+    only after every rank reported its shard durable."""
+
+    checkpoint_id: str
+    tenant: str
+    keys: list[bytes]
+    slots: list[int]
+
+
+@dataclass
+class StepJobs:
+    """What one engine step asks of every worker."""
+
+    loads: list[LoadJob] = field(default_factory=list)
+    disk_loads: list[DiskLoadJob] = field(default_factory=list)
+    stores: list[StoreJob] = field(default_factory=list)
+    persists: list[PersistJob] = field(default_factory=list)
+
+
+@dataclass
+class WorkerReport:
+    """Per-step outcome of persist jobs (summed over ranks) and of disk loads."""
+
+    persisted: dict[str, int] = field(default_factory=dict)
+    persist_errors: dict[str, list[str]] = field(default_factory=dict)
+    # Disk pages a load found missing or corrupt: the scheduler forgets them.
+    bad_pages: list[bytes] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.persisted or self.persist_errors or self.bad_pages)
+
+    def merged(self, other: WorkerReport) -> dict[str, object]:
+        """The fields of this report and ``other`` summed, for the caller's class to take."""
+        persisted = dict(self.persisted)
+        for cid, n in other.persisted.items():
+            persisted[cid] = persisted.get(cid, 0) + n
+        errors = {cid: list(errs) for cid, errs in self.persist_errors.items()}
+        for cid, errs in other.persist_errors.items():
+            errors.setdefault(cid, []).extend(errs)
+        return {"persisted": persisted, "persist_errors": errors,
+                "bad_pages": self.bad_pages + other.bad_pages}

@@ -1,0 +1,95 @@
+"""The worker's RAM-tier copies on real KV cache tensors (no engine): stores and loads land
+whole, a store is reported once and only for a finished request, a persist in the same step
+writes what that step stored. Runs with the cache on a GPU too (``KV_DEVICES``)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from worker_support import KV_DEVICES, NUM_BLOCKS, SLOT, block_bytes, kv_cache, page_of
+
+from kvci_plugin.connector.jobs import LoadJob, PersistJob, StepJobs, StoreJob
+from kvci_plugin.connector.worker import KVCIWorker
+from kvci_plugin.tiering.blob_store import FolderBlobRoot
+
+NS = hashlib.sha256(b"worker-copies").digest()
+
+
+@pytest.fixture(params=KV_DEVICES)
+def setup(request: pytest.FixtureRequest, tmp_path: Path):
+    kv = kv_cache(request.param)
+    for block in range(NUM_BLOCKS):
+        write_block(kv, block, page_of(block))
+    worker = KVCIWorker(num_slots=6, expected_slot_bytes=SLOT, num_blocks=NUM_BLOCKS,
+                        rank_namespace=NS, blob_root=FolderBlobRoot(tmp_path / "disk"))
+    worker.register_kv_caches(kv)
+    yield worker, kv, FolderBlobRoot(tmp_path / "disk").store(NS)
+    worker.shutdown()
+
+
+def write_block(kv: dict[str, torch.Tensor], block: int, page: torch.Tensor) -> None:
+    """Put ``page`` (a slot's bytes) into ``block`` of every layer, as a forward would."""
+    offset = 0
+    for t in kv.values():
+        n = t[block].numel() * t.element_size()
+        t[block].view(torch.uint8).view(-1).copy_(page[offset : offset + n])
+        offset += n
+
+
+def step(worker: KVCIWorker, jobs: StepJobs, finished: set[str]) -> set[str]:
+    worker.bind(jobs)
+    worker.start_load_kv(forward=True)
+    worker.wait_for_save()
+    sending, _ = worker.get_finished(finished)
+    worker.clear()
+    return sending or set()
+
+
+def sent_within(worker: KVCIWorker, req_id: str, seen: set[str], seconds: float = 30) -> set[str]:
+    """Step with no jobs until ``req_id``'s store is reported (``seen``: reported so far);
+    everything reported by then."""
+    seen = set(seen)
+    deadline = time.monotonic() + seconds
+    while req_id not in seen and time.monotonic() < deadline:
+        seen |= step(worker, StepJobs(), set())
+    return seen
+
+
+def test_stored_pages_load_back_into_other_blocks(setup) -> None:
+    worker, kv, _ = setup
+    sources, slots = [3, 9, 14], [5, 0, 2]
+    reported = step(worker, StepJobs(stores=[StoreJob("r1", "c1", slots, sources)]), {"r1"})
+    assert sent_within(worker, "r1", reported) == {"r1"}
+    targets = [1, 7, 12]
+    for block in targets:
+        write_block(kv, block, torch.zeros(SLOT, dtype=torch.uint8))
+    step(worker, StepJobs(loads=[LoadJob("r2", slots, targets)]), set())
+    for source, target in zip(sources, targets, strict=True):
+        assert torch.equal(block_bytes(kv, target), page_of(source))
+    totals = worker.take_stats().reduce()
+    assert totals["stored_bytes_ram"] == totals["loaded_bytes_ram"] == 3 * SLOT
+
+
+def test_a_store_is_reported_once_and_only_when_its_request_finished(setup) -> None:
+    worker, _, _ = setup
+    # The finished id came a step before the job (async scheduling may split them).
+    assert step(worker, StepJobs(), {"early"}) == set()
+    reported = step(worker, StepJobs(stores=[StoreJob("early", "c1", [0], [4])]), set())
+    assert sent_within(worker, "early", reported) == {"early"}
+    # A request never reported finished is not reported, nor one with nothing stored.
+    assert step(worker, StepJobs(stores=[StoreJob("running", "c2", [1], [5])]), {"other"}) == set()
+    assert sent_within(worker, "running", set(), seconds=0.5) == set()
+
+
+def test_a_persist_writes_what_its_step_stored(setup) -> None:
+    worker, _, blobs = setup
+    keys = [hashlib.sha256(f"k{i}".encode()).digest()[:16] for i in range(2)]
+    step(worker, StepJobs(stores=[StoreJob("r1", "c1", [4, 1], [10, 6])],
+                          persists=[PersistJob("c1", "alice", keys, [4, 1])]), {"r1"})
+    assert worker.take_report().persisted == {"c1": 1}
+    assert torch.equal(blobs.read(keys[0], "alice"), page_of(10))
+    assert torch.equal(blobs.read(keys[1], "alice"), page_of(6))

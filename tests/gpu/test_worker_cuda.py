@@ -1,0 +1,72 @@
+"""The worker with its KV cache on a GPU: a store copies what the step's forward wrote (even
+while that forward is still running) and is reported only once its copy has run; a load is in
+the cache before the next forward reads it."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from worker_support import NUM_BLOCKS, SLOT, block_bytes, kv_cache, page_of
+
+from kvci_plugin.connector.jobs import LoadJob, StepJobs, StoreJob
+from kvci_plugin.connector.worker import KVCIWorker
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+STALL_CYCLES = 400_000_000  # about 0.2 s at H200 clocks: the "forward"
+
+
+@pytest.fixture
+def worker(tmp_path: Path):
+    kv = kv_cache("cuda")
+    w = KVCIWorker(num_slots=4, expected_slot_bytes=SLOT, num_blocks=NUM_BLOCKS,
+                   rank_namespace=hashlib.sha256(b"worker-cuda").digest(), blob_root=None)
+    w.register_kv_caches(kv)
+    yield w, kv
+    w.shutdown()
+
+
+def fill_block(kv: dict[str, torch.Tensor], block: int, page: torch.Tensor) -> None:
+    """Write ``page`` (on the GPU already: a copy from the host would block on the stream) into
+    ``block`` of every layer, queued like a forward's writes."""
+    offset = 0
+    for t in kv.values():
+        n = t[block].numel() * t.element_size()
+        t[block].view(torch.uint8).view(-1).copy_(page[offset : offset + n])
+        offset += n
+
+
+def test_a_store_waits_for_the_forward_and_is_reported_once_it_ran(worker) -> None:
+    w, kv = worker
+    written = page_of(6).cuda()
+    w.bind(StepJobs(stores=[StoreJob("r1", "c1", [2], [6])]))
+    w.start_load_kv(forward=True)
+    torch.cuda._sleep(STALL_CYCLES)  # the forward, still running when wait_for_save returns
+    fill_block(kv, 6, written)
+    w.wait_for_save()
+    sending, _ = w.get_finished({"r1"})
+    w.clear()
+    assert sending is None  # the copy waits behind the forward: vLLM must not free block 6 yet
+    deadline = time.monotonic() + 30
+    while sending is None and time.monotonic() < deadline:
+        sending, _ = w.get_finished(set())
+    assert sending == {"r1"}
+    assert torch.equal(w._pool.read(2), page_of(6))
+    assert w.take_stats().reduce()["stored_bytes_ram"] == SLOT
+
+
+def test_the_next_forward_reads_a_loaded_page(worker) -> None:
+    w, kv = worker
+    w._pool.write(1, page_of(40))
+    torch.cuda._sleep(STALL_CYCLES)  # an earlier forward keeps the stream busy
+    w.bind(StepJobs(loads=[LoadJob("r2", [1], [9])]))
+    w.start_load_kv(forward=True)
+    assert torch.equal(block_bytes(kv, 9), page_of(40))  # read on the forward's stream
+    w.clear()
