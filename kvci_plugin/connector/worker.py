@@ -113,8 +113,8 @@ class KVCIWorker:
             self._timed.append(("load", "ram", pending))
         if meta.disk_loads:
             assert self._disk_copies is not None
-            # The blocks may still be written by work queued before this step (e.g. a freed
-            # block's last reader): the I/O thread's scatters wait for this point.
+            # Work queued before this step may still use the blocks (a freed block's last
+            # reader or writer): the I/O thread's scatters wait for this point.
             fence = self._disk_copies.fence()
             for djob in meta.disk_loads:
                 self._disk_loads[djob.req_id] = self._io.submit(self._load_from_disk, djob, fence)

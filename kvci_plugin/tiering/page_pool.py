@@ -8,6 +8,7 @@ so that copies to and from the GPU can run asynchronously.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -31,6 +32,21 @@ def _index_tensor(name: str, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(list(ids), dtype=torch.int64)
 
 
+def _page_lock(owner: object, buffer: torch.Tensor) -> None:
+    """Page-lock ``buffer`` for the GPU's copies, exactly its bytes, until ``owner`` is gone.
+
+    Not ``pin_memory=True``: torch's pinned allocator rounds every allocation up to a power of
+    two, so a 40 GiB pool would lock 64 GiB of host memory.
+    """
+    cudart = torch.cuda.cudart()
+    error = cudart.cudaHostRegister(buffer.data_ptr(), buffer.nbytes, 0)
+    if error.value != 0:
+        raise RuntimeError(f"kvci: could not page-lock the {buffer.nbytes}-byte RAM tier "
+                           f"(cudaHostRegister error {error.value}); lower ram_bytes")
+    # The finalizer keeps the buffer alive until it has unregistered it.
+    weakref.finalize(owner, lambda: cudart.cudaHostUnregister(buffer.data_ptr()))
+
+
 class PagePool:
     """``num_slots`` page slots of ``slot_bytes`` each, in one uint8 tensor."""
 
@@ -43,7 +59,10 @@ class PagePool:
         if pin_memory and not cuda:
             raise ValueError("pin_memory=True needs CUDA, and torch.cuda.is_available() is False")
         pin = cuda if pin_memory is None else pin_memory
-        self._pool = torch.empty((num_slots, slot_bytes), dtype=torch.uint8, pin_memory=pin)
+        self._pool = torch.empty((num_slots, slot_bytes), dtype=torch.uint8)
+        self._pinned = pin
+        if pin:
+            _page_lock(self, self._pool)
 
     @property
     def num_slots(self) -> int:
@@ -55,7 +74,7 @@ class PagePool:
 
     @property
     def pinned(self) -> bool:
-        return self._pool.is_pinned()
+        return self._pinned
 
     @staticmethod
     def slot_bytes_for(layers: Sequence[torch.Tensor]) -> int:
