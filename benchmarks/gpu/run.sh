@@ -26,6 +26,8 @@ nvcc --version | tail -n 2
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current \
     --format=csv || echo "nvidia-smi: no answer"
 echo "cpus: $(nproc)"
+# What the tests import beyond torch (no vLLM, no pydantic there): fail here, by name, if missing.
+python3 -c 'import hypothesis, numpy, pytest, safetensors, xxhash'
 
 echo "== build"
 start=$SECONDS

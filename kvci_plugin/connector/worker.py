@@ -78,7 +78,7 @@ class KVCIWorker:
         self._load_errors: set[int] = set()
         self._report = WorkerReport()
         self._stats = StatsTally()
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvci-disk")
+        self._io: ThreadPoolExecutor | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._views = page_views(kv_caches, self._num_blocks)
@@ -91,6 +91,12 @@ class KVCIWorker:
         device = self._views[0].device
         # Disk loads get a stream of their own: their scatters need not queue behind the stores.
         self._copies, self._disk_copies = PageCopyStream(device), PageCopyStream(device)
+        # A new thread starts on GPU 0: on another rank's GPU its stream switches would open a
+        # context on GPU 0, so the I/O thread starts on this worker's device.
+        self._io = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kvci-disk",
+            initializer=torch.cuda.set_device if device.type == "cuda" else None,
+            initargs=(device,) if device.type == "cuda" else ())
 
     def bind(self, meta: StepJobs) -> None:
         self._meta = meta
@@ -115,6 +121,7 @@ class KVCIWorker:
             assert self._disk_copies is not None
             # Work queued before this step may still use the blocks (a freed block's last
             # reader or writer): the I/O thread's scatters wait for this point.
+            assert self._io is not None
             fence = self._disk_copies.fence()
             for djob in meta.disk_loads:
                 self._disk_loads[djob.req_id] = self._io.submit(self._load_from_disk, djob, fence)
@@ -249,7 +256,8 @@ class KVCIWorker:
         return None if stats.is_empty() else stats
 
     def shutdown(self) -> None:
-        self._io.shutdown(wait=True)
+        if self._io is not None:
+            self._io.shutdown(wait=True)
         for copies in (self._copies, self._disk_copies):
             if copies is not None:
                 copies.drain()

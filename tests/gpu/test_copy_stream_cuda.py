@@ -44,10 +44,13 @@ def test_a_copy_after_a_fence_from_another_thread_reads_what_came_before_it(
         copies: PageCopyStream) -> None:
     cache = torch.zeros(MIB, dtype=torch.uint8, device="cuda")
     host = torch.zeros(MIB, dtype=torch.uint8, pin_memory=True)
-    torch.cuda._sleep(STALL_CYCLES)
-    cache.fill_(9)
-    fence = copies.fence()
-    # The I/O thread's current stream is not the forward's: only the fence orders its copy.
+    # vLLM's forward runs on a stream of its own, not the default (legacy) stream that every
+    # thread shares: only the fence orders the I/O thread's copy after it.
+    forward = torch.cuda.Stream()
+    with torch.cuda.stream(forward):
+        torch.cuda._sleep(STALL_CYCLES)
+        cache.fill_(9)
+        fence = copies.fence()
     worker = threading.Thread(target=lambda: copies.run(
         lambda: host.copy_(cache, non_blocking=True), MIB, after=fence).wait())
     worker.start()

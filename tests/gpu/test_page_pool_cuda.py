@@ -19,12 +19,15 @@ SLOT = 1 << 20
 
 
 def test_the_pool_is_page_locked_outside_torchs_rounding_allocator() -> None:
-    before = torch.cuda.host_memory_stats().get("active_bytes.current", 0)
+    torch.cuda.init()
+    before = torch.cuda.host_memory_stats()["num_host_alloc"]
     pool = PagePool(33, SLOT)  # 33 MiB: torch's allocator would lock 64
-    assert pool.pinned
-    assert torch.cuda.host_memory_stats().get("active_bytes.current", 0) == before
+    assert pool.pinned and pool._pool.is_pinned()
+    assert torch.cuda.host_memory_stats()["num_host_alloc"] == before
+    buffer = pool._pool
     del pool
     gc.collect()
+    assert not buffer.is_pinned()  # unlocked with its pool
 
 
 def test_the_cuda_copies_read_and_write_the_locked_pool() -> None:

@@ -29,6 +29,9 @@ def worker(tmp_path: Path):
     w = KVCIWorker(num_slots=4, expected_slot_bytes=SLOT, num_blocks=NUM_BLOCKS,
                    rank_namespace=hashlib.sha256(b"worker-cuda").digest(), blob_root=None)
     w.register_kv_caches(kv)
+    # One copy first: the first one allocates (pinned staging, side-stream memory), which may
+    # synchronize, and the tests below need a copy that queues behind a running forward.
+    w._copies.run(lambda: w._pool.store(w._views, [0], [0]), SLOT).wait()
     yield w, kv
     w.shutdown()
 
@@ -46,13 +49,16 @@ def fill_block(kv: dict[str, torch.Tensor], block: int, page: torch.Tensor) -> N
 def test_a_store_waits_for_the_forward_and_is_reported_once_it_ran(worker) -> None:
     w, kv = worker
     written = page_of(6).cuda()
-    w.bind(StepJobs(stores=[StoreJob("r1", "c1", [2], [6])]))
-    w.start_load_kv(forward=True)
-    torch.cuda._sleep(STALL_CYCLES)  # the forward, still running when wait_for_save returns
-    fill_block(kv, 6, written)
-    w.wait_for_save()
-    sending, _ = w.get_finished({"r1"})
-    w.clear()
+    torch.cuda.synchronize()
+    forward = torch.cuda.Stream()  # vLLM's forward runs on a stream of its own
+    with torch.cuda.stream(forward):
+        w.bind(StepJobs(stores=[StoreJob("r1", "c1", [2], [6])]))
+        w.start_load_kv(forward=True)
+        torch.cuda._sleep(STALL_CYCLES)  # the forward, still running when wait_for_save returns
+        fill_block(kv, 6, written)
+        w.wait_for_save()
+        sending, _ = w.get_finished({"r1"})
+        w.clear()
     assert sending is None  # the copy waits behind the forward: vLLM must not free block 6 yet
     deadline = time.monotonic() + 30
     while sending is None and time.monotonic() < deadline:
