@@ -67,9 +67,11 @@ class WorkerReport:
     persist_errors: dict[str, list[str]] = field(default_factory=dict)
     # Disk pages a load found missing or corrupt: the scheduler forgets them.
     bad_pages: list[bytes] = field(default_factory=list)
+    # (bytes, seconds) of each disk load this rank finished: the scheduler's LoadOrRecompute.
+    disk_loads: list[tuple[int, float]] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not (self.persisted or self.persist_errors or self.bad_pages)
+        return not (self.persisted or self.persist_errors or self.bad_pages or self.disk_loads)
 
     def merged(self, other: WorkerReport) -> dict[str, object]:
         """The fields of this report and ``other`` summed, for the caller's class to take."""
@@ -80,4 +82,5 @@ class WorkerReport:
         for cid, errs in other.persist_errors.items():
             errors.setdefault(cid, []).extend(errs)
         return {"persisted": persisted, "persist_errors": errors,
-                "bad_pages": self.bad_pages + other.bad_pages}
+                "bad_pages": self.bad_pages + other.bad_pages,
+                "disk_loads": self.disk_loads + other.disk_loads}

@@ -24,7 +24,7 @@ class KVCIMetadata(StepJobs, KVConnectorMetadata):
 class KVCIWorkerMetadata(WorkerReport, KVConnectorWorkerMetadata):
     @classmethod
     def of(cls, report: WorkerReport) -> KVCIWorkerMetadata:
-        return cls(report.persisted, report.persist_errors, report.bad_pages)
+        return cls(report.persisted, report.persist_errors, report.bad_pages, report.disk_loads)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVCIWorkerMetadata:
         assert isinstance(other, KVCIWorkerMetadata)

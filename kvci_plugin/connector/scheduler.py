@@ -22,6 +22,7 @@ from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import key_bytes, prefix_block_keys
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
+from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.manager import CheckpointOutcome, TieredCheckpointManager
 from kvci_plugin.tiering.ram_index import RAMIndex
@@ -78,6 +79,7 @@ class _Req:
     prefill_s: float | None = None
     scheduled_tokens: int = 0
     bar_saw_lookup: bool = False
+    disk_declined: bool = False  # counted once a request, however often vLLM asks
 
 
 class _ConnectorMover:
@@ -156,6 +158,7 @@ class KVCIScheduler:
         self._armed: dict[tuple[str, str], ArmedCheckpoint] = {}
         self._reuse: OrderedDict[PageKey, int] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._load_rule = LoadOrRecompute()
         self._stats = KVCIStats()
         self._stats.gauge("ram_threshold", self.ram_threshold)
         self._bar_reported = self._bar.stats() if self._bar is not None else None
@@ -241,11 +244,22 @@ class KVCIScheduler:
         disk = 0
         if self.manager.disk is not None and ram < cap:
             disk = min(self.manager.disk.longest_prefix(st.keys, st.tenant), cap)
+            if disk > max(ram, local) and not self._worth_loading(st, disk, max(ram, local), local):
+                disk = 0
         best = max(ram, disk)
         if best <= local:
             return 0, False
         st.hit_tier = "ram" if ram >= disk else "disk"
         return (best - local) * bs, st.hit_tier == "disk"
+
+    def _worth_loading(self, st: _Req, disk: int, otherwise: int, local: int) -> bool:
+        """Load blocks [local, disk) from disk, or recompute those past ``otherwise``?"""
+        verdict = self._load_rule.judge((disk - otherwise) * self.block_size,
+                                        (disk - local) * self.manager.index.slot_bytes)
+        if not verdict.load and not st.disk_declined:
+            st.disk_declined = True
+            self._stats.count("disk_hits_declined")
+        return verdict.load
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         st = self._reqs.get(request.request_id)
@@ -284,6 +298,9 @@ class KVCIScheduler:
             if st.prompt_done and st.prefill_s is None:
                 # The step after the one that completed the prompt: that forward has run.
                 st.prefill_s = now - (st.first_scheduled or now)
+                computed = st.prompt_tokens - st.local_tokens
+                if st.ext_tokens == 0 and computed >= self.block_size:  # a recompute rate
+                    self._load_rule.observe_prefill(computed, st.prefill_s)
             if st.first_scheduled is None:
                 st.first_scheduled = now
             st.scheduled_tokens += n
@@ -309,6 +326,8 @@ class KVCIScheduler:
         meta = output.kv_connector_worker_meta
         if not isinstance(meta, KVCIWorkerMetadata):
             return
+        for nbytes, seconds in meta.disk_loads:
+            self._load_rule.observe_load(nbytes, seconds)
         if meta.bad_pages and self.manager.disk is not None:
             removal = self.manager.disk.discard(meta.bad_pages)
             self._stats.count("disk_load_errors", len(meta.bad_pages))

@@ -227,6 +227,8 @@ class KVCIWorker:
                 self._load_errors |= result.failed
                 self._report.bad_pages.extend(result.bad)
                 self._stats.observe_load("disk", result.nbytes, result.seconds)
+                if result.nbytes:
+                    self._report.disk_loads.append((result.nbytes, result.seconds))
                 recving.add(req_id)
                 del self._disk_loads[req_id]
         return (sending or None), (recving or None)
