@@ -22,8 +22,8 @@ from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import key_bytes, prefix_block_keys
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
-from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
 from kvci_plugin.tiering.manager import CheckpointOutcome, TieredCheckpointManager
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import PageKey, Reservation

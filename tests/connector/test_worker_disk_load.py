@@ -63,7 +63,9 @@ def test_a_prefix_longer_than_the_staging_buffer_lands_whole(setup) -> None:
         assert torch.equal(block_bytes(kv, block), page_of(i)), i
     untouched = set(range(NUM_BLOCKS)) - set(blocks)
     assert all(not block_bytes(kv, b).any() for b in untouched)
-    assert worker.take_report() is None
+    report = worker.take_report()  # the load's bytes and time, for the scheduler's LoadOrRecompute
+    assert report.bad_pages == [] and [n for n, _ in report.disk_loads] == [PAGES * SLOT]
+    assert report.disk_loads[0][1] > 0
     assert worker.take_stats().reduce()["loaded_bytes_disk"] == PAGES * SLOT
 
 
