@@ -2,8 +2,8 @@
 
 RAM loads are queued in `start_load_kv`, before the forward that reads them; RAM stores and
 persists in `wait_for_save`, after the forward that wrote the pages. With the KV cache on a GPU,
-the copies run on a side CUDA stream (`PageCopyStream`): the forward waits for a load on the GPU,
-a store overlaps the following steps and its request is reported finished (so vLLM frees its
+the copies run on side CUDA streams (`PageCopyStream`; loads, stores and disk loads apart): the
+forward waits for a load on the GPU, a store overlaps the following steps and its request is reported finished (so vLLM frees its
 blocks) only once the copy has run. On the CPU every copy is done before its call returns.
 Disk loads run on a background thread and are reported through `get_finished`; a blob that fails
 verification becomes a load error so vLLM recomputes those blocks.
@@ -63,7 +63,8 @@ class KVCIWorker:
         self._num_blocks = num_blocks
         self._views: list[torch.Tensor] = []
         self._pool: PagePool | None = None
-        self._copies: PageCopyStream | None = None
+        self._load_copies: PageCopyStream | None = None
+        self._store_copies: PageCopyStream | None = None
         self._disk_copies: PageCopyStream | None = None
         self._blob_root = blob_root
         self._blobs: BlobBackend | None = (
@@ -89,8 +90,11 @@ class KVCIWorker:
             )
         self._pool = PagePool(self._num_slots, got)
         device = self._views[0].device
-        # Disk loads get a stream of their own: their scatters need not queue behind the stores.
-        self._copies, self._disk_copies = PageCopyStream(device), PageCopyStream(device)
+        # A stream each, so that a load never queues behind a store: a slot becomes loadable only
+        # once every worker reported its store done, and a slot a load reads is reused only by a
+        # store queued after the forward that waited for that load.
+        self._load_copies, self._store_copies, self._disk_copies = (
+            PageCopyStream(device), PageCopyStream(device), PageCopyStream(device))
         # A new thread starts on GPU 0: on another rank's GPU its stream switches would open a
         # context on GPU 0, so the I/O thread starts on this worker's device.
         self._io = ThreadPoolExecutor(
@@ -108,14 +112,14 @@ class KVCIWorker:
         """Start this step's loads; ``forward`` is False when vLLM steps without computing."""
         self._idle_step = not forward
         meta = self._meta
-        if meta is None or self._pool is None or self._copies is None:
+        if meta is None or self._pool is None or self._load_copies is None:
             return
         pool, views = self._pool, self._views
         for job in meta.loads:
-            pending = self._copies.run(
+            pending = self._load_copies.run(
                 lambda job=job: pool.load(job.slots, views, job.block_ids),
                 len(job.slots) * pool.slot_bytes)
-            self._copies.hold(pending)  # this step's forward reads the pages
+            self._load_copies.hold(pending)  # this step's forward reads the pages
             self._timed.append(("load", "ram", pending))
         if meta.disk_loads:
             assert self._disk_copies is not None
@@ -175,17 +179,17 @@ class KVCIWorker:
 
     def wait_for_save(self) -> None:
         meta = self._meta
-        if meta is None or self._pool is None or self._copies is None:
+        if meta is None or self._pool is None or self._store_copies is None:
             return
         pool, views = self._pool, self._views
         for job in meta.stores:
-            pending = self._copies.run(
+            pending = self._store_copies.run(
                 lambda job=job: pool.store(views, job.block_ids, job.slots),
                 len(job.slots) * pool.slot_bytes)
             self._saves[job.req_id] = pending
             self._timed.append(("store", "ram", pending))
         if meta.persists:
-            self._copies.drain()  # a persist reads on the host the slots just stored
+            self._store_copies.drain()  # a persist reads on the host the slots just stored
         for pjob in meta.persists:
             self._persist(pjob)
 
@@ -260,7 +264,7 @@ class KVCIWorker:
     def shutdown(self) -> None:
         if self._io is not None:
             self._io.shutdown(wait=True)
-        for copies in (self._copies, self._disk_copies):
+        for copies in (self._load_copies, self._store_copies, self._disk_copies):
             if copies is not None:
                 copies.drain()
         if self._blob_root is not None:

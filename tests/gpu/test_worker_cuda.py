@@ -1,6 +1,6 @@
 """The worker with its KV cache on a GPU: a store copies what the step's forward wrote (even
 while that forward is still running) and is reported only once its copy has run; a load is in
-the cache before the next forward reads it."""
+the cache before the next forward reads it, and does not wait for a store still in flight."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def worker(tmp_path: Path):
     w.register_kv_caches(kv)
     # One copy first: the first one allocates (pinned staging, side-stream memory), which may
     # synchronize, and the tests below need a copy that queues behind a running forward.
-    w._copies.run(lambda: w._pool.store(w._views, [0], [0]), SLOT).wait()
+    w._store_copies.run(lambda: w._pool.store(w._views, [0], [0]), SLOT).wait()
+    w._load_copies.run(lambda: w._pool.load([0], w._views, [0]), SLOT).wait()
     yield w, kv
     w.shutdown()
 
@@ -76,3 +77,24 @@ def test_the_next_forward_reads_a_loaded_page(worker) -> None:
     w.start_load_kv(forward=True)
     assert torch.equal(block_bytes(kv, 9), page_of(40))  # read on the forward's stream
     w.clear()
+
+
+def test_a_load_does_not_queue_behind_a_store_in_flight(worker) -> None:
+    w, kv = worker
+    w._pool.write(1, page_of(41))
+    stalled = torch.cuda.Stream()  # a forward still running when the next step starts
+    with torch.cuda.stream(stalled):
+        w.bind(StepJobs(stores=[StoreJob("r1", "c1", [2], [6])]))
+        w.start_load_kv(forward=True)
+        torch.cuda._sleep(STALL_CYCLES)
+        w.wait_for_save()  # queued behind the stall
+        w.clear()
+    nxt = torch.cuda.Stream()  # the next step's forward
+    with torch.cuda.stream(nxt):
+        w.bind(StepJobs(loads=[LoadJob("r2", [1], [9])]))
+        w.start_load_kv(forward=True)
+        assert torch.equal(block_bytes(kv, 9), page_of(41))  # waits for the load only
+        sending, _ = w.get_finished({"r1"})
+        w.clear()
+    assert sending is None  # the store is still behind the stalled forward
+    torch.cuda.synchronize()
