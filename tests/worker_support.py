@@ -34,3 +34,13 @@ def kv_cache(device: str) -> dict[str, torch.Tensor]:
 def block_bytes(kv: dict[str, torch.Tensor], block: int) -> torch.Tensor:
     """What a pool slot holds for ``block``: its page of every layer, on the host."""
     return torch.cat([t[block].contiguous().view(torch.uint8).flatten().cpu() for t in kv.values()])
+
+
+def write_block(kv: dict[str, torch.Tensor], block: int, page: torch.Tensor) -> None:
+    """Put ``page`` (a slot's bytes) into ``block`` of every layer, as a forward would. A page
+    already on the cache's GPU is queued like a forward's writes; one from the host blocks."""
+    offset = 0
+    for t in kv.values():
+        n = t[block].numel() * t.element_size()
+        t[block].view(torch.uint8).view(-1).copy_(page[offset : offset + n])
+        offset += n

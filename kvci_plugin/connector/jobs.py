@@ -73,14 +73,13 @@ class WorkerReport:
     def is_empty(self) -> bool:
         return not (self.persisted or self.persist_errors or self.bad_pages or self.disk_loads)
 
-    def merged(self, other: WorkerReport) -> dict[str, object]:
-        """The fields of this report and ``other`` summed, for the caller's class to take."""
+    def merged(self, other: WorkerReport) -> WorkerReport:
+        """This report and ``other`` (another rank's) summed."""
         persisted = dict(self.persisted)
         for cid, n in other.persisted.items():
             persisted[cid] = persisted.get(cid, 0) + n
         errors = {cid: list(errs) for cid, errs in self.persist_errors.items()}
         for cid, errs in other.persist_errors.items():
             errors.setdefault(cid, []).extend(errs)
-        return {"persisted": persisted, "persist_errors": errors,
-                "bad_pages": self.bad_pages + other.bad_pages,
-                "disk_loads": self.disk_loads + other.disk_loads}
+        return WorkerReport(persisted, errors, self.bad_pages + other.bad_pages,
+                            self.disk_loads + other.disk_loads)

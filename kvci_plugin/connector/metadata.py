@@ -5,7 +5,7 @@ The jobs and the report themselves live in `jobs.py`, free of vllm.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
@@ -24,8 +24,8 @@ class KVCIMetadata(StepJobs, KVConnectorMetadata):
 class KVCIWorkerMetadata(WorkerReport, KVConnectorWorkerMetadata):
     @classmethod
     def of(cls, report: WorkerReport) -> KVCIWorkerMetadata:
-        return cls(report.persisted, report.persist_errors, report.bad_pages, report.disk_loads)
+        return cls(**{f.name: getattr(report, f.name) for f in fields(WorkerReport)})
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVCIWorkerMetadata:
         assert isinstance(other, KVCIWorkerMetadata)
-        return KVCIWorkerMetadata(**self.merged(other))
+        return KVCIWorkerMetadata.of(self.merged(other))

@@ -244,7 +244,8 @@ class KVCIScheduler:
         disk = 0
         if self.manager.disk is not None and ram < cap:
             disk = min(self.manager.disk.longest_prefix(st.keys, st.tenant), cap)
-            if disk > max(ram, local) and not self._worth_loading(st, disk, max(ram, local), local):
+            otherwise = max(ram, local)  # computed or loaded from RAM without this hit
+            if disk > otherwise and not self._worth_loading(st, disk, otherwise, local):
                 disk = 0
         best = max(ram, disk)
         if best <= local:

@@ -3,8 +3,9 @@
 RAM loads are queued in `start_load_kv`, before the forward that reads them; RAM stores and
 persists in `wait_for_save`, after the forward that wrote the pages. With the KV cache on a GPU,
 the copies run on side CUDA streams (`PageCopyStream`; loads, stores and disk loads apart): the
-forward waits for a load on the GPU, a store overlaps the following steps and its request is reported finished (so vLLM frees its
-blocks) only once the copy has run. On the CPU every copy is done before its call returns.
+forward waits for a load on the GPU, a store overlaps the following steps and its request is
+reported finished (so vLLM frees its blocks) only once the copy has run. On the CPU every copy is
+done before its call returns.
 Disk loads run on a background thread and are reported through `get_finished`; a blob that fails
 verification becomes a load error so vLLM recomputes those blocks.
 
@@ -72,7 +73,7 @@ class KVCIWorker:
         self._meta: StepJobs | None = None
         self._prev_finished: set[str] = set()
         self._saves: dict[str, PendingCopy] = {}  # store copies not yet reported, by request
-        self._timed: list[tuple[str, str, PendingCopy]] = []  # RAM copies not yet counted
+        self._timed: list[tuple[str, PendingCopy]] = []  # ("load" | "store", RAM copy) to count
         self._disk_loads: dict[str, Future[_DiskLoadResult]] = {}
         self._idle_step = False
         self._staging: torch.Tensor | None = None
@@ -120,7 +121,7 @@ class KVCIWorker:
                 lambda job=job: pool.load(job.slots, views, job.block_ids),
                 len(job.slots) * pool.slot_bytes)
             self._load_copies.hold(pending)  # this step's forward reads the pages
-            self._timed.append(("load", "ram", pending))
+            self._timed.append(("load", pending))
         if meta.disk_loads:
             assert self._disk_copies is not None
             # Work queued before this step may still use the blocks (a freed block's last
@@ -187,7 +188,7 @@ class KVCIWorker:
                 lambda job=job: pool.store(views, job.block_ids, job.slots),
                 len(job.slots) * pool.slot_bytes)
             self._saves[job.req_id] = pending
-            self._timed.append(("store", "ram", pending))
+            self._timed.append(("store", pending))
         if meta.persists:
             self._store_copies.drain()  # a persist reads on the host the slots just stored
         for pjob in meta.persists:
@@ -216,12 +217,13 @@ class KVCIWorker:
         # A store job and its request's finished id arrive in the same step; keep the previous
         # step's ids too in case async scheduling splits them. A store is reported (and vLLM
         # frees the blocks it reads) only once its copy has run.
-        sending = {req_id for req_id in finished_req_ids | self._prev_finished
-                   if req_id in self._saves and self._saves[req_id].done()}
-        for req_id in sending:
-            del self._saves[req_id]
+        sending: set[str] = set()
+        if self._saves:
+            sending = {req_id for req_id in finished_req_ids | self._prev_finished
+                       if req_id in self._saves and self._saves[req_id].done()}
+            for req_id in sending:
+                del self._saves[req_id]
         self._prev_finished = set(finished_req_ids) | (self._prev_finished & self._saves.keys())
-        self._count_done_copies()
         recving: set[str] = set()
         if self._idle_step and self._disk_loads:
             wait(self._disk_loads.values(), timeout=IDLE_WAIT_S, return_when=FIRST_COMPLETED)
@@ -238,14 +240,15 @@ class KVCIWorker:
         return (sending or None), (recving or None)
 
     def _count_done_copies(self) -> None:
-        still: list[tuple[str, str, PendingCopy]] = []
-        for kind, tier, pending in self._timed:
+        """Count the RAM copies that have run (on CUDA their times are known only then)."""
+        still: list[tuple[str, PendingCopy]] = []
+        for kind, pending in self._timed:
             if not pending.done():
-                still.append((kind, tier, pending))
+                still.append((kind, pending))
             elif kind == "load":
-                self._stats.observe_load(tier, pending.nbytes, pending.seconds())
+                self._stats.observe_load("ram", pending.nbytes, pending.seconds())
             else:
-                self._stats.observe_store(tier, pending.nbytes, pending.seconds())
+                self._stats.observe_store("ram", pending.nbytes, pending.seconds())
         self._timed = still
 
     def get_block_ids_with_load_errors(self) -> set[int]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from worker_support import KV_DEVICES, NUM_BLOCKS, SLOT, block_bytes, kv_cache, page_of
+from worker_support import KV_DEVICES, NUM_BLOCKS, SLOT, block_bytes, kv_cache, page_of, write_block
 
 from kvci_plugin.connector.jobs import LoadJob, PersistJob, StepJobs, StoreJob
 from kvci_plugin.connector.worker import KVCIWorker
@@ -29,15 +29,6 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path):
     worker.register_kv_caches(kv)
     yield worker, kv, FolderBlobRoot(tmp_path / "disk").store(NS)
     worker.shutdown()
-
-
-def write_block(kv: dict[str, torch.Tensor], block: int, page: torch.Tensor) -> None:
-    """Put ``page`` (a slot's bytes) into ``block`` of every layer, as a forward would."""
-    offset = 0
-    for t in kv.values():
-        n = t[block].numel() * t.element_size()
-        t[block].view(torch.uint8).view(-1).copy_(page[offset : offset + n])
-        offset += n
 
 
 def step(worker: KVCIWorker, jobs: StepJobs, finished: set[str]) -> set[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from worker_support import NUM_BLOCKS, SLOT, block_bytes, kv_cache, page_of
+from worker_support import NUM_BLOCKS, SLOT, block_bytes, kv_cache, page_of, write_block
 
 from kvci_plugin.connector.jobs import LoadJob, StepJobs, StoreJob
 from kvci_plugin.connector.worker import KVCIWorker
@@ -37,16 +37,6 @@ def worker(tmp_path: Path):
     w.shutdown()
 
 
-def fill_block(kv: dict[str, torch.Tensor], block: int, page: torch.Tensor) -> None:
-    """Write ``page`` (on the GPU already: a copy from the host would block on the stream) into
-    ``block`` of every layer, queued like a forward's writes."""
-    offset = 0
-    for t in kv.values():
-        n = t[block].numel() * t.element_size()
-        t[block].view(torch.uint8).view(-1).copy_(page[offset : offset + n])
-        offset += n
-
-
 def test_a_store_waits_for_the_forward_and_is_reported_once_it_ran(worker) -> None:
     w, kv = worker
     written = page_of(6).cuda()
@@ -56,7 +46,7 @@ def test_a_store_waits_for_the_forward_and_is_reported_once_it_ran(worker) -> No
         w.bind(StepJobs(stores=[StoreJob("r1", "c1", [2], [6])]))
         w.start_load_kv(forward=True)
         torch.cuda._sleep(STALL_CYCLES)  # the forward, still running when wait_for_save returns
-        fill_block(kv, 6, written)
+        write_block(kv, 6, written)  # queued, as the page is on the GPU
         w.wait_for_save()
         sending, _ = w.get_finished({"r1"})
         w.clear()
