@@ -34,7 +34,8 @@ def _extensions():
 
     here = os.path.dirname(os.path.abspath(__file__))
     cpu_sources = sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
-    cxx_flags = ["-O3", "-std=c++17", "-fvisibility=hidden"]
+    # No -std: torch's cpp_extension sets the standard its headers need (C++20 since 2.14).
+    cxx_flags = ["-O3", "-fvisibility=hidden"]
     if _want_cuda():
         cuda_sources = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
         cuda_sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
@@ -44,7 +45,7 @@ def _extensions():
                 cpu_sources + cuda_sources,
                 include_dirs=[os.path.join(here, "csrc")],
                 define_macros=[("KVCI_WITH_CUDA", "1")],
-                extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17"]},
+                extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
             )
         ]
     return [

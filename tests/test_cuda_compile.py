@@ -2,7 +2,8 @@
 
 The kernels are plain CUDA C++ behind a small C API (``csrc/cuda/*.h``); only the torch bindings
 (``csrc/cuda/*_binding.cpp``) see torch, and they build in CUDA builds alone. That split is what
-lets ``nvcc -c`` check the kernels beside a CPU-only torch.
+lets ``nvcc -c`` check the kernels beside a CPU-only torch; the bindings are checked against the
+headers of a CUDA torch wheel.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -74,6 +78,7 @@ def test_c_api_header_compiles_as_host_cpp(header: Path, tmp_path: Path) -> None
     result = subprocess.run(
         [NVCC, "-x", "c++", "-std=c++17", "-c", "-Xcompiler", "-Wall,-Werror", "-I", str(CSRC),
          "-o", str(tmp_path / "includer.o"), str(source)],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -100,3 +105,60 @@ def test_kernels_do_not_include_torch(source: Path) -> None:
             local = CSRC / name
             if local.is_file():
                 pending.append(local)
+
+
+# The bindings include torch's CUDA headers, which a CPU torch wheel lacks: check them against the
+# headers of a CUDA torch wheel instead (headers only, ~40 MB out of the wheel; nothing installed).
+# 2.14.1 is the CUDA (cu130, like this nvcc) build that pip reaches on the machines this runs on.
+CUDA_TORCH = "torch==2.14.1"
+BINDINGS = sorted((CSRC / "cuda").glob("*_binding.cpp"))
+HEADERS_CACHE = REPO / "build" / "cuda-torch-headers" / CUDA_TORCH.replace("==", "-")
+
+
+def _cuda_torch_include() -> Path:
+    """torch/include of the CUDA wheel, unpacked once under build/ (the wheel itself is not kept)."""
+    include = HEADERS_CACHE / "torch" / "include"
+    if include.is_dir():
+        return include
+    HEADERS_CACHE.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as wheels, tempfile.TemporaryDirectory(dir=HEADERS_CACHE.parent) as part:
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "-d", wheels, CUDA_TORCH],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if fetched.returncode != 0:
+            pytest.skip(f"pip could not fetch {CUDA_TORCH} for its CUDA headers: {fetched.stderr[-500:]}")
+        (wheel,) = Path(wheels).glob("torch-*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(part, [n for n in archive.namelist() if n.startswith("torch/include/")])
+        # Renamed whole, so an interrupted unpack is never taken for the headers.
+        Path(part).rename(HEADERS_CACHE)
+    return include
+
+
+@needs_nvcc
+@pytest.mark.parametrize("binding", BINDINGS, ids=_rel)
+def test_torch_binding_compiles_against_cuda_torch(binding: Path, tmp_path: Path) -> None:
+    # The flags torch's cpp_extension gives a CUDA build (C++20 since torch 2.14); torch's own
+    # headers are system headers, so -Werror holds the bindings alone to -Wall.
+    include = _cuda_torch_include()
+    assert NVCC is not None
+    result = subprocess.run(
+        [NVCC, "-x", "c++", "-std=c++20", "-c", "-Xcompiler", "-Wall,-Werror", "-I", str(CSRC),
+         "-isystem", str(include), "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
+         "-DKVCI_WITH_CUDA=1", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C",
+         "-o", str(tmp_path / "binding.o"), str(binding)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_kernel_has_a_checked_binding() -> None:
+    assert {p.name for p in BINDINGS} == {"pages_binding.cpp", "prefix_keys_binding.cpp"}
