@@ -16,6 +16,12 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if ! command -v nvcc >/dev/null; then
     export PATH="/usr/local/cuda/bin:$PATH"
 fi
+# torch looks for the toolkit beside the nvcc on the PATH, which may be a wrapper script
+# elsewhere (then cuda_runtime.h is not found): ask nvcc where it really lives.
+if [ -z "${CUDA_HOME:-}" ]; then
+    nvcc_bin="$(nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -n 1)"
+    export CUDA_HOME="$(dirname "$nvcc_bin")"
+fi
 
 echo "== versions"
 uname -m
@@ -23,6 +29,7 @@ python3 --version
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
     "device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)'
 nvcc --version | tail -n 2
+echo "CUDA_HOME=$CUDA_HOME"
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current \
     --format=csv || echo "nvidia-smi: no answer"
 echo "cpus: $(nproc)"
