@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PARAMS_KEY = "kvci"
 
@@ -38,8 +38,21 @@ class KVCIRequestParams(BaseModel):
     context_bundle: dict[str, Any] | None = Field(None, description="a context-compile result")
     trigger: Literal["user", "agent"] | None = Field(
         None, description="who asks for checkpoint/persist (provenance only, grants nothing)")
-    checkpoint: Literal["now"] | None = Field(None, description="keep this request's KV in RAM")
+    checkpoint: Literal["now", "never"] | None = Field(
+        None, description="`now`: keep this request's KV in RAM; `never`: keep nothing of it (the "
+        "system trigger and a checkpoint armed for its session pass it by; it may still hit)")
     persist: bool = Field(False, description="also ask the gate for a durable disk copy")
+
+    @model_validator(mode="after")
+    def _one_wish(self) -> KVCIRequestParams:
+        if self.opted_out and self.persist:
+            raise ValueError("persist asks to keep this request's KV and checkpoint 'never' not to")
+        return self
+
+    @property
+    def opted_out(self) -> bool:
+        """The client asked that nothing of this request be kept."""
+        return self.checkpoint == "never"
 
     @property
     def explicit_trigger(self) -> str | None:

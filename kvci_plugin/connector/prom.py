@@ -11,6 +11,7 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_checkpoints_total                 checkpoints kept in RAM
     vllm:kvci_evicted_checkpoints_total         RAM checkpoints evicted to make room
     vllm:kvci_store_declined_total              keeps that did not fit the RAM tier
+    vllm:kvci_store_opted_out_total             requests whose client asked for checkpoint "never"
     vllm:kvci_disk_hits_declined_total          disk hits recomputed: measured to be clearly faster
     vllm:kvci_persisted_checkpoints_total       checkpoints made durable on disk
     vllm:kvci_persist_failures_total            persists whose blob writes failed
@@ -54,6 +55,7 @@ _PLAIN = {
     "checkpoints_ram": ("vllm:kvci_checkpoints", "Checkpoints kept in the RAM tier."),
     "evicted_checkpoints": ("vllm:kvci_evicted_checkpoints", "RAM checkpoints evicted to make room."),
     "store_declined": ("vllm:kvci_store_declined", "Keeps that did not fit the RAM tier."),
+    "store_opted_out": ("vllm:kvci_store_opted_out", "Requests whose client asked for checkpoint 'never'."),
     "disk_hits_declined": ("vllm:kvci_disk_hits_declined",
                            "Disk hits recomputed because recomputing was measured clearly faster."),
     "persisted_checkpoints": ("vllm:kvci_persisted_checkpoints", "Checkpoints made durable on disk."),

@@ -367,14 +367,18 @@ class KVCIScheduler:
         rec = self.manager.advisor.recommend(obs, ram_threshold=self.ram_threshold)
         self._stats.count(f"recommendations_{rec.tier.value}")
 
+        opted_out = params is not None and params.opted_out
         trigger = params.explicit_trigger if params is not None else None
         armed = None
-        if params is not None and params.session_id is not None:
+        # An opted-out request leaves its session's armed checkpoint to the next request.
+        if params is not None and params.session_id is not None and not opted_out:
             armed = self._armed.pop((st.tenant, params.session_id), None)
             if trigger is None and armed is not None:
                 trigger = armed.trigger
         gate = None
-        if trigger is None and self.config.system_trigger and rec.worth_it:
+        if opted_out:
+            self._stats.count("store_opted_out")
+        elif trigger is None and self.config.system_trigger and rec.worth_it:
             gate = self.cache_gate.decide(params.session_id if params else None)
             if gate.allow:
                 trigger = "system"
@@ -409,7 +413,8 @@ class KVCIScheduler:
         if self._bar is not None:
             if outcome is not None and outcome.evicted_pages:
                 self._bar.evicted(outcome.evicted_pages)
-            if prompt_keys and n_full:
+            # The client's choice, not the bar's: an opted-out request teaches it nothing.
+            if prompt_keys and n_full and not opted_out:
                 self._teach_bar(self._bar, prompt_keys, n_full, trigger, rec, outcome)
         if params is None:
             return delay, None  # nothing asked, nothing said: the advisory channel stays silent
@@ -426,6 +431,8 @@ class KVCIScheduler:
         }
         if outcome is not None and outcome.tier == "none":
             reply["not_kept"] = outcome.reason
+        elif opted_out:
+            reply["not_kept"] = "the client asked for checkpoint 'never'"
         return delay, {"kvci": reply}
 
     def _state_once(self, request: Any) -> _Req:

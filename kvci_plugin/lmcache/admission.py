@@ -54,6 +54,9 @@ class AdmissionPolicy:
         ]
         trigger = self._trigger(params, rec, reasons)
         save = trigger is not None
+        if save and params is not None and params.opted_out:
+            save = False
+            reasons.append("the client asked for checkpoint 'never': LMCache saves nothing")
         if save and client_skips_save(kv_transfer_params):
             save = False
             reasons.append(f"the client set {SKIP_SAVE}: LMCache saves nothing")

@@ -46,6 +46,8 @@ PROMPTS["plain_again"] = list(PROMPTS["plain"])
 FLOOD = [_tokens(4 * BLOCK_SIZE + 5) for _ in range(12)]
 PROMPTS["flood_last"] = FLOOD[-1]
 HELD = _tokens(4 * BLOCK_SIZE + 5)
+PROMPTS["opted"] = _tokens(4 * BLOCK_SIZE + 5)
+OPTED_MIDDLING = _tokens(4 * BLOCK_SIZE + 5)
 RAM_PAGES = 16
 # A client observation that scores ~0.93: the system trigger keeps it at any bar.
 WORTHY = {"tool_calls": 8, "retrievals": 6, "phase": "plan", "phase_completed": True,
@@ -116,9 +118,12 @@ def test_bad_params_fail_only_kvci(llm, baseline):
 
 
 def _kvci_metrics(llm) -> dict[str, float]:
+    """kvci's counters and gauges, summed over their labels."""
+    from vllm.v1.metrics.reader import Counter, Gauge
+
     values: dict[str, float] = {}
     for m in llm.get_metrics():
-        if m.name.startswith("vllm:kvci_ram_"):
+        if m.name.startswith("vllm:kvci_") and isinstance(m, Counter | Gauge):
             values[m.name] = values.get(m.name, 0.0) + m.value
     return values
 
@@ -154,3 +159,32 @@ def test_the_ram_bar_rises_with_unused_evictions_and_falls_with_a_missed_reuse(l
     hit = generate_one(llm, FLOOD[-1], worthy)
     assert hit.kv_transfer_params["kvci"]["hit_tokens"] == 4 * BLOCK_SIZE
     assert list(hit.outputs[0].token_ids) == baseline["flood_last"]
+
+
+def test_checkpoint_never_keeps_nothing_and_teaches_the_bar_nothing(llm, baseline):
+    before = _kvci_metrics(llm)
+    never = kvci_params(tenant="acme", observation=WORTHY, checkpoint="never")
+    first = generate_one(llm, PROMPTS["opted"], never)
+    reply = first.kv_transfer_params["kvci"]
+    assert reply["recommendation"]["tier"] != "none"  # worthy: the system trigger would keep it
+    assert (reply["trigger"], reply["tier"], reply["checkpoint_id"]) == (None, "none", None)
+    assert "never" in reply["not_kept"]
+    assert list(first.outputs[0].token_ids) == baseline["opted"]
+    again = generate_one(llm, PROMPTS["opted"], kvci_params(tenant="acme", checkpoint="never"))
+    assert again.kv_transfer_params["kvci"]["hit_tokens"] == 0
+
+    # Sent twice without opting out, this one would be a missed reuse that lowers the bar.
+    middling = kvci_params(tenant="acme", observation=MIDDLING, checkpoint="never")
+    replies = [generate_one(llm, OPTED_MIDDLING, middling).kv_transfer_params["kvci"] for _ in range(2)]
+    assert replies[0]["recommendation"]["score"] < replies[0]["recommendation"]["ram_threshold"]
+    after = _kvci_metrics(llm)
+    assert after["vllm:kvci_store_opted_out"] - before.get("vllm:kvci_store_opted_out", 0) == 4
+    assert after.get("vllm:kvci_ram_missed_reuses", 0) == before.get("vllm:kvci_ram_missed_reuses", 0)
+    assert after["vllm:kvci_ram_threshold"] == pytest.approx(replies[0]["recommendation"]["ram_threshold"])
+    assert replies[1]["recommendation"]["ram_threshold"] == replies[0]["recommendation"]["ram_threshold"]
+
+
+def test_checkpoint_never_with_persist_fails_only_kvci(llm, baseline):
+    out = generate_one(llm, PROMPTS["opted"], kvci_params(tenant="acme", checkpoint="never", persist=True))
+    assert list(out.outputs[0].token_ids) == baseline["opted"]
+    assert "checkpoint 'never'" in out.kv_transfer_params["kvci"]["error"]

@@ -118,8 +118,16 @@ def test_the_clients_own_skip_save_always_wins(skip: Any):
     assert any("lmcache.skip_save" in reason for reason in decision.reasons)
 
 
+def test_checkpoint_never_saves_nothing_however_worthy():
+    decision = _policy(auto_promote=True).decide("r", _kvci(checkpoint="never", observation=DISK_WORTHY), 200_000)
+    assert decision.recommendation is not None and decision.recommendation.worth_it
+    assert not decision.save and not decision.durable and decision.persist is None
+    assert any("checkpoint 'never'" in reason for reason in decision.reasons)
+
+
 @pytest.mark.parametrize(("params", "error"), [
     (_kvci(bogus=1), "bogus"),
+    (_kvci(checkpoint="never", persist=True), "checkpoint 'never'"),
     ({"kvci": "now"}, "must be an object"),
     (_kvci(session_token="x.y.z"), "verifies no credentials"),
     (_kvci(observation={"retrieved_items": 1, "novel_items": 2}), "invalid observation"),
@@ -209,7 +217,7 @@ _client_params = st.fixed_dictionaries(
     {"session_id": st.just("s-1")},
     optional={
         "tenant": st.sampled_from(["acme", "globex"]),
-        "checkpoint": st.just("now"),
+        "checkpoint": st.sampled_from(["now", "never"]),
         "persist": st.booleans(),
         "trigger": st.sampled_from(["user", "agent"]),
         "source_ids": st.lists(st.sampled_from(["wiki", "crm", "unknown"]), max_size=3),
@@ -231,7 +239,7 @@ def test_decisions_never_widen(derived_gate, issuer_and_verifier, kvci, skip, wi
     if skip is not None:
         params["lmcache.skip_save"] = skip
     decision = _policy(verifier, tiers=tiers).decide("r", params, prompt_tokens)
-    if skip:
+    if skip or (kvci is not None and kvci.get("checkpoint") == "never"):
         assert not decision.save
     if decision.durable:
         assert decision.save and decision.persist is not None and decision.persist.permitted
