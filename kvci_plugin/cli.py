@@ -3,7 +3,7 @@
     kvci demo [ARGS...]                 the main job on an embedded default (kvci_plugin.demo)
     kvci serve MODEL [options] [vLLM options]
                                         vLLM's OpenAI server with the kvci connector configured
-    kvci recommend | checkpoint-now | promote | explain | stats
+    kvci recommend | checkpoint-now | promote | explain | stats | advisory
                                         one `graph_kv_checkpoint` action on a running engine
     kvci mcp [--transport stdio|streamable-http]
                                         the MCP tool, forwarding to the engine's control endpoint
@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("checkpoint_id")
     credentials(explain, delegations=False)
     control("stats", "RAM-tier occupancy, the RAM admission bar, the gate in force, the registered scorers")
+    advisory = control("advisory", "what a session's latest finished request was told (for streaming clients)")
+    advisory.add_argument("--session-id", required=True)
+    credentials(advisory, delegations=False)
 
     mcp = control("mcp", "serve the MCP tool graph_kv_checkpoint", prints=False)
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
@@ -319,6 +322,17 @@ def _render_checkpoint_now(body: dict[str, Any], console: Console) -> None:
     _render_recommendation(body["recommendation"], console)
 
 
+def _render_advisory(body: dict[str, Any], console: Console) -> None:
+    kvci = body["kvci"]
+    if "error" in kvci:
+        console.print(Text(f"session {body['session_id']}: kvci refused the request: {kvci['error']}"))
+        return
+    console.print(_kv_table(escape(f"session {body['session_id']} (tenant {body['tenant']})"), [
+        (key.replace("_", " "), kvci.get(key))
+        for key in ("trigger", "tier", "checkpoint_id", "hit_tokens", "hit_tier", "not_kept")]))
+    _render_recommend(kvci, console)
+
+
 def _render_promote(body: dict[str, Any], console: Console) -> None:
     console.print(f"checkpoint {body['checkpoint_id']}: [bold]{body['status']}[/] - "
                   f"{escape(body['reason'])}", highlight=False)
@@ -371,6 +385,7 @@ _RENDER = {
     "promote": _render_promote,
     "explain": _render_explain,
     "ram_stats": _render_stats,
+    "advisory": _render_advisory,
 }
 
 

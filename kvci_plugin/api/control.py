@@ -1,4 +1,5 @@
-"""ControlPlane: the five `graph_kv_checkpoint` actions over the engine's checkpoint manager.
+"""ControlPlane: the `graph_kv_checkpoint` actions over the engine's checkpoint manager: the
+seed's five, and `advisory`, which hands a streaming client the verdict its response could not carry.
 
 It runs on the control server's threads, beside vLLM's scheduler thread: everything it changes
 goes through `TieredCheckpointManager` (which takes its lock) or through `arm_checkpoint`, and
@@ -16,6 +17,8 @@ from pydantic import ValidationError
 
 from kvci_plugin.api.errors import ControlError, ErrorCode
 from kvci_plugin.api.schema import (
+    AdvisoryRequest,
+    AdvisoryResponse,
     CheckpointExplanation,
     CheckpointNowRequest,
     CheckpointNowResponse,
@@ -33,11 +36,20 @@ from kvci_plugin.api.schema import (
 from kvci_plugin.tiering.admission import AdmissionStats
 from kvci_plugin.tiering.manager import TieredCheckpointManager
 from kvci_plugin.tiering.types import CheckpointNotFoundError, TenantMismatchError
-from kvci_plugin.worthiness import CheckpointObservation, CheckpointRecommendation, render_advisory
+from kvci_plugin.worthiness import (
+    CheckpointObservation,
+    CheckpointRecommendation,
+    PublishedVerdict,
+    render_advisory,
+)
 
-ControlRequest = RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest
+ControlRequest = (
+    RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest
+    | AdvisoryRequest
+)
 ControlResponse = (
     RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse
+    | AdvisoryResponse
 )
 
 
@@ -67,6 +79,10 @@ class ControlTarget(Protocol):
         """Keep the KV of this session's next finished request with this trigger."""
         ...
 
+    def latest_verdict(self, tenant: str, session_id: str) -> PublishedVerdict | None:
+        """What this tenant's session's latest finished request was told; None if nothing."""
+        ...
+
 
 class ControlPlane:
     def __init__(self, target: ControlTarget) -> None:
@@ -87,6 +103,8 @@ class ControlPlane:
             return self.explain(request)
         if isinstance(request, RamStatsRequest):
             return self.ram_stats()
+        if isinstance(request, AdvisoryRequest):
+            return self.advisory(request)
         raise TypeError(f"not a control request: {type(request).__name__}")
 
     # ---- actions --------------------------------------------------------------------------------
@@ -142,6 +160,16 @@ class ControlPlane:
     def ram_stats(self) -> RamStatsResponse:
         stats = RAMTierStats.model_validate({**self.manager.ram_stats(), "admission": self._admission()})
         return RamStatsResponse(action="ram_stats", stats=stats)
+
+    def advisory(self, request: AdvisoryRequest) -> AdvisoryResponse:
+        tenant = self._verified_tenant(request.tenant, request.session_token)
+        verdict = self._target.latest_verdict(tenant, request.session_id)
+        if verdict is None:
+            # One answer for "no such session" and "another tenant's session": no existence oracle.
+            raise ControlError(ErrorCode.NO_ADVISORY,
+                               f"no finished request of session {request.session_id!r} for this caller")
+        return AdvisoryResponse(action="advisory", tenant=tenant, session_id=request.session_id,
+                                finished_at=verdict.finished_at, kvci=verdict.kvci)
 
     # ---- helpers --------------------------------------------------------------------------------
 

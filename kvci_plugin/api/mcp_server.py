@@ -34,6 +34,8 @@ action=promote: RAM -> disk through the gate, with authority derived from your s
 action=explain: why a checkpoint exists and why it is where it is (checkpoint_id).
 action=ram_stats: RAM-tier occupancy, the RAM admission bar, the gate in force and the
   registered scorers.
+action=advisory: what your session's latest finished request was told (session_id; session_token
+  or tenant) - the kvci reply a streamed response does not carry.
 Explicit observation_json fields win over anything derived from a bundle."""
 
 Transport = Literal["stdio", "streamable-http"]

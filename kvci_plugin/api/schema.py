@@ -24,7 +24,7 @@ from kvci_plugin.worthiness import (
 )
 
 ENDPOINT = "/api/graph/kv_checkpoint"
-ACTIONS = ("recommend", "checkpoint_now", "promote", "explain", "ram_stats")
+ACTIONS = ("recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory")
 
 _IN = ConfigDict(extra="forbid", frozen=True)
 
@@ -112,8 +112,21 @@ class RamStatsRequest(BaseModel):
     action: Literal["ram_stats"]
 
 
+class AdvisoryRequest(BaseModel):
+    """The `kvci` object the session's latest finished request would have carried back: for
+    streaming clients, whose responses carry no kv_transfer_params. Visible to its tenant only."""
+
+    model_config = _IN
+
+    action: Literal["advisory"]
+    session_id: SessionId = Field(description="the session_id the request sent in its kvci params")
+    tenant: TenantName | None = Field(None, description=_TENANT_DOC)
+    session_token: Credential | None = Field(None, description=_SESSION_DOC)
+
+
 KVCheckpointRequest = Annotated[
-    RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest,
+    RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest
+    | AdvisoryRequest,
     Field(discriminator="action"),
 ]
 REQUEST_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointRequest)
@@ -243,8 +256,21 @@ class RamStatsResponse(BaseModel):
     stats: RAMTierStats
 
 
+class AdvisoryResponse(BaseModel):
+    model_config = _OUT
+
+    action: Literal["advisory"]
+    tenant: str
+    session_id: str
+    finished_at: float = Field(description="when that request finished (Unix time)")
+    kvci: dict[str, Any] = Field(
+        description="that request's kv_transfer_params.kvci: recommendation, advisory, trigger, "
+        "tier, checkpoint_id, hit_tokens, hit_tier, cache_gate, persist, not_kept (or error)")
+
+
 KVCheckpointResponse = Annotated[
-    RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse,
+    RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse
+    | AdvisoryResponse,
     Field(discriminator="action"),
 ]
 RESPONSE_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointResponse)
@@ -271,7 +297,7 @@ def tool_input_schema() -> dict[str, Any]:
     for name, prop in properties.items():
         note = "action " + ", ".join(takers[name])
         prop["description"] = f"{prop['description']}; {note}" if "description" in prop else note
-    action_doc = "recommend | checkpoint_now | promote | explain | ram_stats"
+    action_doc = " | ".join(ACTIONS)
     return {"type": "object", "additionalProperties": False, "required": ["action"],
             "properties": {"action": {"type": "string", "enum": actions, "description": action_doc},
                            **properties},

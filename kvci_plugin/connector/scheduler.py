@@ -33,6 +33,8 @@ from kvci_plugin.worthiness import (
     CheckpointObservation,
     CheckpointRecommendation,
     CheckpointTier,
+    PublishedVerdict,
+    PublishedVerdicts,
     render_advisory,
 )
 
@@ -163,6 +165,7 @@ class KVCIScheduler:
         self._stats.gauge("ram_threshold", self.ram_threshold)
         self._bar_reported = self._bar.stats() if self._bar is not None else None
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
+        self.verdicts = PublishedVerdicts()
 
     @property
     def num_slots(self) -> int:
@@ -363,7 +366,7 @@ class KVCIScheduler:
             obs = self._observation(request, st)
         except ValueError as exc:
             self._stats.count("params_errors")
-            return False, {"kvci": {"error": f"invalid observation: {exc}"}}
+            return False, {"kvci": self._publish(st, {"error": f"invalid observation: {exc}"})}
         rec = self.manager.advisor.recommend(obs, ram_threshold=self.ram_threshold)
         self._stats.count(f"recommendations_{rec.tier.value}")
 
@@ -433,7 +436,13 @@ class KVCIScheduler:
             reply["not_kept"] = outcome.reason
         elif opted_out:
             reply["not_kept"] = "the client asked for checkpoint 'never'"
-        return delay, {"kvci": reply}
+        return delay, {"kvci": self._publish(st, reply)}
+
+    def _publish(self, st: _Req, reply: dict[str, Any]) -> dict[str, Any]:
+        """Keep the reply of a request that named its session, for the `advisory` action."""
+        if st.params is not None and st.params.session_id is not None:
+            self.verdicts.publish(st.tenant, st.params.session_id, reply)
+        return reply
 
     def _state_once(self, request: Any) -> _Req:
         st = self._state(request)
@@ -547,6 +556,10 @@ class KVCIScheduler:
                 delegation_tokens=delegation_tokens)
             while len(self._armed) > _MAX_TRACKED:
                 self._armed.pop(next(iter(self._armed)))
+
+    def latest_verdict(self, tenant: str, session_id: str) -> PublishedVerdict | None:
+        """Control surface: what this session's latest finished request was told."""
+        return self.verdicts.latest(tenant, session_id)
 
     def has_pending_work(self) -> bool:
         """Jobs queued between steps (e.g. a promote from the control surface) keep the engine

@@ -32,6 +32,7 @@ from kvci_plugin.worthiness.recommendation import CheckpointRecommendation, Chec
 from kvci_plugin.worthiness.registry import CheckpointScorerRegistry, RegisteredScorer, default_registry
 from kvci_plugin.worthiness.scorer import CheckpointScorer
 from kvci_plugin.worthiness.signal import CheckpointSignal, SignalKind
+from kvci_plugin.worthiness.verdicts import PublishedVerdict, PublishedVerdicts
 
 __all__ = [
     "DEFAULT_RAM_THRESHOLD",
@@ -53,6 +54,8 @@ __all__ = [
     "Driver",
     "EvidenceBundle",
     "ModelSelfReport",
+    "PublishedVerdict",
+    "PublishedVerdicts",
     "RebuildCostEstimate",
     "RebuildCostModel",
     "RegisteredScorer",

@@ -4,7 +4,7 @@ The manager is the real `TieredCheckpointManager` over a real `RAMIndex`, `PageP
 `LocalPageMover`), `KVCheckpointStore` and `DerivedAuthorityGate` with a real HS256 verifier and SQLite label
 catalog. `EngineSide` plays the scheduler's part of `ControlTarget`: the tenant rule of the
 connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused),
-a record of armed sessions, and the RAM admission bar (a real `PressureAwareAdmission` when the
+a record of armed sessions, the verdicts finished requests published, and the RAM admission bar (a real `PressureAwareAdmission` when the
 test gives one, else the advisor's fixed threshold).
 """
 
@@ -38,6 +38,7 @@ from kvci_plugin.tiering.local_mover import LocalPageMover
 from kvci_plugin.tiering.manager import TieredCheckpointManager
 from kvci_plugin.tiering.page_pool import PagePool
 from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.worthiness import PublishedVerdict, PublishedVerdicts
 
 TENANT = "acme"
 SLOT_BYTES = 256
@@ -51,6 +52,7 @@ class EngineSide:
     verifier: CredentialVerifier
     armed: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     bar: PressureAwareAdmission[bytes] | None = None
+    verdicts: PublishedVerdicts = field(default_factory=PublishedVerdicts)
 
     @property
     def ram_threshold(self) -> float:
@@ -75,6 +77,9 @@ class EngineSide:
         self.armed[(tenant, session_id)] = dict(trigger=trigger, persist=persist,
                                                 session_token=session_token,
                                                 delegation_tokens=delegation_tokens)
+
+    def latest_verdict(self, tenant: str, session_id: str) -> PublishedVerdict | None:
+        return self.verdicts.latest(tenant, session_id)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from mcp import Client, StdioServerParameters
 from prometheus_client.parser import text_string_to_metric_families
 from server import free_port, wait_healthy
 
-from kvci_plugin.api.client import ControlClient
+from kvci_plugin.api.client import ControlCallError, ControlClient
 from kvci_plugin.api.mcp_server import TOOL_NAME
 from kvci_plugin.governance import CredentialIssuer, write_hmac_key_file
 
@@ -45,6 +45,7 @@ PROMPT_A = [rng.randrange(2, 1000) for _ in range(7 * BLOCK_SIZE + 5)]  # 7 full
 PROMPT_B = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]  # 4 full blocks
 PROMPT_C = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]
 PROMPT_D = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]
+PROMPT_E = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]
 OBSERVATION = {"tool_calls": 6, "retrievals": 4, "phase": "plan", "phase_completed": True}
 RAM_THRESHOLD, RAM_THRESHOLD_MIN, BAR_STEP = 0.5, 0.35, 0.01
 
@@ -116,6 +117,10 @@ class Engine:
             model=self.model, prompt=tokens, max_tokens=4, temperature=0.0,
             extra_body={"kv_transfer_params": {"kvci": kvci}})
         reply: dict[str, Any] = response.model_extra["kv_transfer_params"]["kvci"]
+        return self.count(reply)
+
+    def count(self, reply: dict[str, Any]) -> dict[str, Any]:
+        """Count what a request did, from its kvci reply."""
         assert "error" not in reply, reply
         self.sent["requests"] += 1
         self.sent[f"recommendations_{reply['recommendation']['tier']}"] += 1
@@ -334,3 +339,29 @@ def test_metrics_match_the_traffic(engine: Engine, checkpoint_id: str) -> None:
     assert values[("vllm:kvci_store_seconds_count", "disk")] == 1
     # Numbers only: no tenant, credential or token text on /metrics.
     assert token not in text and "acme" not in text and "doc-public" not in text
+
+
+def test_a_streaming_client_reads_its_advisory_over_rest(engine: Engine) -> None:
+    """vLLM sends no kv_transfer_params on a stream: the `advisory` action hands the verdict over,
+    the same object a non-streaming response carries."""
+    token = engine.session()
+    # Every engine-measured field given, so both requests are scored alike.
+    kvci = {"session_token": token, "observation": {**OBSERVATION, **measured(3.0)}, "checkpoint": "never"}
+    plain = engine.complete(PROMPT_E, session_id="plain-1", **kvci)
+    assert engine.act(action="advisory", session_id="plain-1", session_token=token)["kvci"] == plain
+
+    chunks = list(engine.openai.completions.create(
+        model=engine.model, prompt=PROMPT_E, max_tokens=4, temperature=0.0, stream=True,
+        extra_body={"kv_transfer_params": {"kvci": {**kvci, "session_id": "stream-1"}}}))
+    assert chunks and not any((c.model_extra or {}).get("kv_transfer_params") for c in chunks)
+    body = engine.act(action="advisory", session_id="stream-1", session_token=token)
+    streamed = engine.count(body["kvci"])
+    assert (body["tenant"], body["session_id"]) == ("acme", "stream-1")
+    assert streamed["recommendation"] == plain["recommendation"] and streamed["advisory"] == plain["advisory"]
+    assert streamed["advisory"].startswith("KV-CHECKPOINT ADVISORY")
+    assert (streamed["tier"], streamed["not_kept"]) == ("none", plain["not_kept"])
+
+    # Another tenant naming the same session learns nothing, not even that it exists.
+    with pytest.raises(ControlCallError) as other:
+        engine.act(action="advisory", session_id="stream-1", tenant="globex")
+    assert other.value.code == "no_advisory"

@@ -23,6 +23,7 @@ from kvci_plugin.api.client import ControlCallError, ControlClient
 from kvci_plugin.api.mcp_server import TOOL_NAME
 from kvci_plugin.api.schema import (
     REQUEST_ADAPTER,
+    AdvisoryRequest,
     CheckpointNowRequest,
     ExplainRequest,
     PromoteRequest,
@@ -32,6 +33,7 @@ from kvci_plugin.api.schema import (
 )
 from kvci_plugin.api.server import ControlServer, serve_control_plane
 from kvci_plugin.cli import main
+from kvci_plugin.worthiness import CheckpointObservation, render_advisory
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -126,6 +128,18 @@ def test_cli_actions_as_json(served: ControlServer, module_world: Any, tmp_path:
     code, out = run_cli(capsys, "explain", "f" * 32, *url)
     assert code == 1 and json.loads(out)["error"]["code"] == "checkpoint_not_found"
 
+    code, out = run_cli(capsys, "advisory", *url, "--session-id", "cli-2", "--tenant", "beta")
+    assert code == 1 and json.loads(out)["error"]["code"] == "no_advisory"
+    rec = module_world.manager.advisor.recommend(CheckpointObservation(tool_calls=8, retrievals=6))
+    module_world.side.verdicts.publish("beta", "cli-2", {
+        "recommendation": rec.model_dump(mode="json"), "advisory": render_advisory(rec), "trigger": None,
+        "tier": "none", "checkpoint_id": None, "hit_tokens": 0, "not_kept": "opted out"})
+    code, out = run_cli(capsys, "advisory", *url, "--session-id", "cli-2", "--tenant", "beta")
+    assert code == 0 and json.loads(out)["kvci"]["not_kept"] == "opted out"
+    code, out = run_cli(capsys, "advisory", url[0], url[1], "--session-id", "cli-2", "--tenant", "beta")
+    assert code == 0 and "session cli-2 (tenant beta)" in out and "opted out" in out
+    assert "rebuild_cost" in out  # the recommendation's signals table
+
 
 def test_cli_promote_exit_status_and_tables(served: ControlServer, module_world: Any, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -219,15 +233,17 @@ def test_mcp_tool_schema_is_one_flat_object() -> None:
     schema = tool_input_schema()
     assert schema["type"] == "object" and "oneOf" not in schema and schema["required"] == ["action"]
     assert schema["properties"]["action"]["enum"] == [
-        "recommend", "checkpoint_now", "promote", "explain", "ram_stats"]
-    models = (RecommendRequest, CheckpointNowRequest, PromoteRequest, ExplainRequest, RamStatsRequest)
+        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory"]
+    models = (RecommendRequest, CheckpointNowRequest, PromoteRequest, ExplainRequest, RamStatsRequest,
+              AdvisoryRequest)
     assert set(schema["properties"]) == set().union(*(m.model_fields for m in models))
     validator = jsonschema.Draft202012Validator(schema)
     for request in ({"action": "recommend", "evidence_bundle_json": {"claims": []}},
                     {"action": "checkpoint_now", "session_id": "s", "persist": True},
                     {"action": "promote", "checkpoint_id": "ab12", "delegation_tokens": ["t"]},
                     {"action": "explain", "checkpoint_id": "ab12", "tenant": "acme"},
-                    {"action": "ram_stats"}):
+                    {"action": "ram_stats"},
+                    {"action": "advisory", "session_id": "s", "tenant": "acme"}):
         assert not list(validator.iter_errors(request)), request
         REQUEST_ADAPTER.validate_python(request)
     assert list(validator.iter_errors({"action": "recommend", "surprise": 1}))
