@@ -9,8 +9,10 @@ read — do not depend on which one is configured.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -101,13 +103,18 @@ def read_prefix(
             return exc
         return None
 
-    if not keys:
-        return 0, None
-    with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(keys))) as pool:
-        for i, error in enumerate(pool.map(one, range(len(keys)))):
+    futures = [_pool("read", READ_THREADS).submit(one, i) for i in range(len(keys))]
+    try:
+        for i, future in enumerate(futures):
+            error = future.result()
             if error is not None:
                 return i, error
-    return len(keys), None
+        return len(keys), None
+    finally:
+        # No read may still be writing into ``out`` once the caller has it back.
+        for future in futures:
+            future.cancel()
+        wait(futures)
 
 
 def write_each(
@@ -120,8 +127,34 @@ def write_each(
     """
     if len(keys) != len(pages):
         raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
-    with ThreadPoolExecutor(max_workers=max(1, min(WRITE_THREADS, len(keys)))) as pool:
-        return list(pool.map(lambda i: store.write(keys[i], tenant, pages[i]), range(len(keys))))
+    futures = [_pool("write", WRITE_THREADS).submit(store.write, keys[i], tenant, pages[i])
+               for i in range(len(keys))]
+    wait(futures)
+    return [future.result() for future in futures]
+
+
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _forget_pools_after_fork() -> None:
+    # A forked child (vLLM forks its engine and workers) has none of the parent's pool threads.
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
+
+
+def _pool(kind: str, threads: int) -> ThreadPoolExecutor:
+    """One pool per kind for the process, started on first use: a pool per call cost ~0.4 ms of
+    thread starts, more than reading a small page."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(kind)
+        if pool is None:
+            pool = _POOLS[kind] = ThreadPoolExecutor(threads, thread_name_prefix=f"kvci-blob-{kind}")
+        return pool
 
 
 def open_blob_root(blob_url: str | None, disk_root: Path | None) -> BlobRoot:
