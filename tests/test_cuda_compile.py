@@ -72,16 +72,21 @@ def test_cuda_source_compiles(source: Path, compiled: dict[Path, subprocess.Comp
 @pytest.mark.parametrize("header", C_API_HEADERS, ids=_rel)
 def test_c_api_header_compiles_as_host_cpp(header: Path, tmp_path: Path) -> None:
     # The bindings include these headers through the host compiler, which nvcc drives for C++.
-    assert NVCC is not None
     source = tmp_path / "includer.cpp"
     source.write_text(f'#include "{header.relative_to(CSRC)}"\n')
+    _host_compile(source, tmp_path / "includer.o", "-std=c++17")
+
+
+def _host_compile(source: Path, output: Path, *flags: str) -> None:
+    """Compile C++ ``source`` as nvcc's host compiler does, warnings as errors."""
+    assert NVCC is not None
     result = subprocess.run(
-        [NVCC, "-x", "c++", "-std=c++17", "-c", "-Xcompiler", "-Wall,-Werror", "-I", str(CSRC),
-         "-o", str(tmp_path / "includer.o"), str(source)],
+        [NVCC, "-x", "c++", "-c", "-Xcompiler", "-Wall,-Werror", "-I", str(CSRC), *flags,
+         "-o", str(output), str(source)],
         check=False,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -146,18 +151,9 @@ def test_torch_binding_compiles_against_cuda_torch(binding: Path, tmp_path: Path
     # The flags torch's cpp_extension gives a CUDA build (C++20 since torch 2.14); torch's own
     # headers are system headers, so -Werror holds the bindings alone to -Wall.
     include = _cuda_torch_include()
-    assert NVCC is not None
-    result = subprocess.run(
-        [NVCC, "-x", "c++", "-std=c++20", "-c", "-Xcompiler", "-Wall,-Werror", "-I", str(CSRC),
-         "-isystem", str(include), "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
-         "-DKVCI_WITH_CUDA=1", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C",
-         "-o", str(tmp_path / "binding.o"), str(binding)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _host_compile(binding, tmp_path / "binding.o", "-std=c++20",
+                  "-isystem", str(include), "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
+                  "-DKVCI_WITH_CUDA=1", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C")
 
 
 def test_every_kernel_has_a_checked_binding() -> None:
