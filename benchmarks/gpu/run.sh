@@ -2,11 +2,13 @@
 # The GPU check of the CUDA kernels, one run on a CUDA machine, about 3-5 minutes (8 at most):
 # builds kvci_plugin._C with CUDA and the per-page memcpy baseline, runs tests/gpu and the
 # worker's copy tests with the KV cache on the GPU, then
-# benchmarks page transfers and prefix keys (benchmarks/gpu/bench_gpu.py).
+# benchmarks page transfers and prefix keys (benchmarks/gpu/bench_gpu.py), then runs the kernel
+# tests under compute-sanitizer's memcheck in the time left.
 #
 # Uses the machine's python3 and its torch as they are (no venv, nothing downloaded). Writes
 # gpu_run.log, gpu_tests.xml and gpu_bench.json to $OUT when it is set, else to
-# benchmarks/results/. Exits with the test status; the benchmark runs whatever the tests say.
+# benchmarks/results/. Every stage runs whatever the one before said; exits with the first
+# failing status of the tests (memcheck errors count as 97), then of the benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out_dir="${OUT:-benchmarks/results}"
@@ -59,7 +61,32 @@ echo "tests: exit $tests_status in $((SECONDS - start)) s"
 
 echo "== benchmark"
 start=$SECONDS
+set +e
 timeout 200 python3 benchmarks/gpu/bench_gpu.py \
     --memcpy-each-lib build/gpu_bench/libkvci_memcpy_each.so --json "$out_dir/gpu_bench.json"
-echo "benchmark: $((SECONDS - start)) s"
-exit "$tests_status"
+bench_status=$?
+set -e
+echo "benchmark: exit $bench_status in $((SECONDS - start)) s"
+
+# The kernels under compute-sanitizer's memcheck, in what is left of the 8 minutes: an access
+# out of bounds can leave the bytes the tests compare intact. Not every runtime supports it
+# (gVisor refuses the device); only errors it reports fail the run.
+left=$((480 - SECONDS))
+if command -v compute-sanitizer >/dev/null && [ "$left" -gt 60 ]; then
+    echo "== memcheck (${left} s at most)"
+    set +e
+    timeout "$left" compute-sanitizer --tool memcheck --error-exitcode 97 --target-processes all \
+        python3 -m pytest tests/gpu/test_pages_cuda.py tests/gpu/test_prefix_keys_cuda.py -q -x \
+        -p no:cacheprovider
+    memcheck_status=$?
+    set -e
+    case "$memcheck_status" in
+        0) echo "memcheck: clean" ;;
+        97) echo "memcheck: errors reported (above)"; tests_status=97 ;;
+        *) echo "memcheck: did not complete here (exit $memcheck_status)" ;;
+    esac
+fi
+if [ "$tests_status" -ne 0 ]; then
+    exit "$tests_status"
+fi
+exit "$bench_status"
