@@ -2,8 +2,10 @@
 
 Makes (or reuses) the tiny model, starts vLLM with the kvci connector, and plays a scripted
 multi-turn agent session: the system trigger keeping a worthy context, the agent acting on the
-advisory with `checkpoint: "now"`, a user persist with a valid session credential (permitted)
-and one without (refused), then a second engine on the same disk tier that hits from disk.
+advisory with `checkpoint: "now"`, a user persist with a valid session credential (permitted),
+the same reply read back through the control surface's `advisory` action (as a streaming client
+would), a request that opts out with `checkpoint: "never"`, a persist without credentials
+(refused), then a second engine on the same disk tier that hits from disk.
 It prints the advisories, tiers, hit tokens, TTFT of recompute vs RAM hit vs disk hit, and the
 explain record of one persisted and one refused checkpoint.
 """
@@ -145,6 +147,19 @@ class Demo:
         persisted_id = k3["checkpoint_id"]
         console.print(f"persist: {k3['persist']['status']} — {k3['persist']['reason']}")
 
+        console.rule("a streaming client reads the same reply from the control surface")
+        latest = self.control("advisory", session_id=SESSION, session_token=self.token)
+        console.print(f"advisory action for session {SESSION!r}: tier={latest['kvci']['tier']} "
+                      f"persist={latest['kvci']['persist']['status']} "
+                      f"(same as turn 3's response: {latest['kvci'] == k3})")
+
+        console.rule("an opted-out request: checkpoint \"never\" keeps nothing, however worthy")
+        private = [self.rng.randrange(2, 1000) for _ in range(self.prompt_tokens // 2)]
+        out, _ = self.ask(private, tenant="acme", observation=observation, checkpoint="never")
+        k_never = out.kv_transfer_params["kvci"]
+        console.print(f"recommended tier={k_never['recommendation']['tier']}, kept tier={k_never['tier']} "
+                      f"— {k_never['not_kept']}")
+
         console.rule("turn 4 — a persist without credentials is refused")
         other = [self.rng.randrange(2, 1000) for _ in range(self.prompt_tokens // 2)]
         out, _ = self.ask(other, tenant="acme", source_ids=["doc:handbook"], persist=True)
@@ -179,7 +194,8 @@ class Demo:
         console.print_json(data=_explain_summary(explain_persisted))
         console.rule("explain — the refused checkpoint")
         console.print_json(data=_explain_summary(explain_refused))
-        ok = k5["hit_tier"] == "disk" and k4["persist"]["status"] == "refused"
+        ok = (k5["hit_tier"] == "disk" and k4["persist"]["status"] == "refused" and latest["kvci"] == k3
+              and k_never["tier"] == "none")
         console.print("[bold green]demo complete[/]" if ok else "[bold red]demo finished with surprises[/]")
         return 0 if ok else 1
 
