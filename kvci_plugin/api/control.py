@@ -79,8 +79,9 @@ class ControlTarget(Protocol):
         """Keep the KV of this session's next finished request with this trigger."""
         ...
 
-    def latest_verdict(self, tenant: str, session_id: str) -> PublishedVerdict | None:
-        """What this tenant's session's latest finished request was told; None if nothing."""
+    def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
+        """What this tenant's session's latest finished request was told; None if nothing, or if
+        it was published under a verified credential and the caller (``verified``) has none."""
         ...
 
 
@@ -163,7 +164,9 @@ class ControlPlane:
 
     def advisory(self, request: AdvisoryRequest) -> AdvisoryResponse:
         tenant = self._verified_tenant(request.tenant, request.session_token)
-        verdict = self._target.latest_verdict(tenant, request.session_id)
+        # A session_token that reaches here verified (_verified_tenant refuses any other).
+        verdict = self._target.latest_verdict(tenant, request.session_id,
+                                              verified=request.session_token is not None)
         if verdict is None:
             # One answer for "no such session" and "another tenant's session": no existence oracle.
             raise ControlError(ErrorCode.NO_ADVISORY,

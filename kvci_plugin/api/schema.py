@@ -114,7 +114,8 @@ class RamStatsRequest(BaseModel):
 
 class AdvisoryRequest(BaseModel):
     """The `kvci` object the session's latest finished request would have carried back: for
-    streaming clients, whose responses carry no kv_transfer_params. Visible to its tenant only."""
+    streaming clients, whose responses carry no kv_transfer_params. Visible to its tenant only;
+    a request made with a session credential is visible only with one (of that tenant)."""
 
     model_config = _IN
 

@@ -240,7 +240,9 @@ class KVCIScheduler:
         local = num_computed_tokens // bs
         resident = self.manager.index.longest_prefix(st.keys, st.tenant)
         if self._bar is not None and not st.bar_saw_lookup:
-            # vLLM may ask again for the same request (after a preemption): one lookup each.
+            # vLLM may ask again for the same request (after a preemption): one lookup each. An
+            # opted-out request counts too: its hit, or its miss on a prefix the bar held back, is
+            # a reuse of KV that others' requests built.
             st.bar_saw_lookup = True
             self._bar.observe_lookup(st.keys, resident)
         ram = min(resident, cap)
@@ -416,7 +418,7 @@ class KVCIScheduler:
         if self._bar is not None:
             if outcome is not None and outcome.evicted_pages:
                 self._bar.evicted(outcome.evicted_pages)
-            # The client's choice, not the bar's: an opted-out request teaches it nothing.
+            # The client's choice, not the bar's: an opted-out request's own KV is no lesson.
             if prompt_keys and n_full and not opted_out:
                 self._teach_bar(self._bar, prompt_keys, n_full, trigger, rec, outcome)
         if params is None:
@@ -441,7 +443,9 @@ class KVCIScheduler:
     def _publish(self, st: _Req, reply: dict[str, Any]) -> dict[str, Any]:
         """Keep the reply of a request that named its session, for the `advisory` action."""
         if st.params is not None and st.params.session_id is not None:
-            self.verdicts.publish(st.tenant, st.params.session_id, reply)
+            # A token reaching here verified: a refused one fails the params, and nothing is published.
+            self.verdicts.publish(st.tenant, st.params.session_id, reply,
+                                  verified=st.params.session_token is not None)
         return reply
 
     def _state_once(self, request: Any) -> _Req:
@@ -557,9 +561,9 @@ class KVCIScheduler:
             while len(self._armed) > _MAX_TRACKED:
                 self._armed.pop(next(iter(self._armed)))
 
-    def latest_verdict(self, tenant: str, session_id: str) -> PublishedVerdict | None:
+    def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
         """Control surface: what this session's latest finished request was told."""
-        return self.verdicts.latest(tenant, session_id)
+        return self.verdicts.latest(tenant, session_id, verified=verified)
 
     def has_pending_work(self) -> bool:
         """Jobs queued between steps (e.g. a promote from the control surface) keep the engine

@@ -78,8 +78,8 @@ class EngineSide:
                                                 session_token=session_token,
                                                 delegation_tokens=delegation_tokens)
 
-    def latest_verdict(self, tenant: str, session_id: str) -> PublishedVerdict | None:
-        return self.verdicts.latest(tenant, session_id)
+    def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
+        return self.verdicts.latest(tenant, session_id, verified=verified)
 
 
 @dataclass

@@ -325,21 +325,24 @@ def test_bearer_token_guards_every_path(world: Any) -> None:
 
 def test_advisory_returns_what_the_sessions_latest_request_was_told(client: TestClient, world: Any) -> None:
     first, latest = {"tier": "none", "hit_tokens": 0}, {"tier": "ram", "checkpoint_id": "c1", "hit_tokens": 64}
-    world.side.verdicts.publish("acme", "run-1", first)
-    world.side.verdicts.publish("acme", "run-1", latest)
-    world.side.verdicts.publish("beta", "run-1", {"tier": "none"})
+    world.side.verdicts.publish("acme", "run-1", first, verified=True)
+    world.side.verdicts.publish("acme", "run-1", latest, verified=True)
+    world.side.verdicts.publish("beta", "run-1", {"tier": "none"}, verified=False)
 
     body = post(client, action="advisory", session_id="run-1", session_token=world.session()).json()
     assert (body["tenant"], body["session_id"], body["kvci"]) == ("acme", "run-1", latest)
     assert body["finished_at"] <= time.time()
     declared = post(client, action="advisory", session_id="run-1", tenant="beta").json()
     assert declared["kvci"] == {"tier": "none"}
+    # Declaring acme proves nothing: a verdict published under acme's credential needs one.
+    unproven = post(client, action="advisory", session_id="run-1", tenant="acme")
+    assert unproven.status_code == 404 and unproven.json()["error"]["code"] == "no_advisory"
 
 
 @pytest.mark.parametrize("caller", [{"tenant": "gamma"}, {}, {"tenant": "acme"}])
 def test_advisory_of_another_tenants_or_an_unknown_session_is_not_found(
         client: TestClient, world: Any, caller: dict[str, str]) -> None:
-    world.side.verdicts.publish("acme", "run-2", {"tier": "ram"})
+    world.side.verdicts.publish("acme", "run-2", {"tier": "ram"}, verified=False)
     session = "run-2" if caller.get("tenant") != "acme" else "run-3"
     response = post(client, action="advisory", session_id=session, **caller)
     assert response.status_code == 404
@@ -348,6 +351,6 @@ def test_advisory_of_another_tenants_or_an_unknown_session_is_not_found(
 
 
 def test_advisory_refuses_a_credential_that_does_not_verify(client: TestClient, world: Any) -> None:
-    world.side.verdicts.publish("acme", "run-4", {"tier": "ram"})
+    world.side.verdicts.publish("acme", "run-4", {"tier": "ram"}, verified=False)
     response = post(client, action="advisory", session_id="run-4", session_token=world.expired_session())
     assert response.status_code == 403 and response.json()["error"]["code"] == "credential_refused"

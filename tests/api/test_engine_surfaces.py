@@ -361,7 +361,9 @@ def test_a_streaming_client_reads_its_advisory_over_rest(engine: Engine) -> None
     assert streamed["advisory"].startswith("KV-CHECKPOINT ADVISORY")
     assert (streamed["tier"], streamed["not_kept"]) == ("none", plain["not_kept"])
 
-    # Another tenant naming the same session learns nothing, not even that it exists.
-    with pytest.raises(ControlCallError) as other:
-        engine.act(action="advisory", session_id="stream-1", tenant="globex")
-    assert other.value.code == "no_advisory"
+    # Another tenant naming the same session learns nothing, not even that it exists; nor does
+    # a caller that only declares acme, since the request proved its tenant with a credential.
+    for caller in ({"tenant": "globex"}, {"tenant": "acme"}, {"session_token": engine.session(tenant="globex")}):
+        with pytest.raises(ControlCallError) as refused:
+            engine.act(action="advisory", session_id="stream-1", **caller)
+        assert refused.value.code == "no_advisory"

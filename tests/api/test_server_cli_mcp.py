@@ -133,7 +133,7 @@ def test_cli_actions_as_json(served: ControlServer, module_world: Any, tmp_path:
     rec = module_world.manager.advisor.recommend(CheckpointObservation(tool_calls=8, retrievals=6))
     module_world.side.verdicts.publish("beta", "cli-2", {
         "recommendation": rec.model_dump(mode="json"), "advisory": render_advisory(rec), "trigger": None,
-        "tier": "none", "checkpoint_id": None, "hit_tokens": 0, "not_kept": "opted out"})
+        "tier": "none", "checkpoint_id": None, "hit_tokens": 0, "not_kept": "opted out"}, verified=False)
     code, out = run_cli(capsys, "advisory", *url, "--session-id", "cli-2", "--tenant", "beta")
     assert code == 0 and json.loads(out)["kvci"]["not_kept"] == "opted out"
     code, out = run_cli(capsys, "advisory", url[0], url[1], "--session-id", "cli-2", "--tenant", "beta")
