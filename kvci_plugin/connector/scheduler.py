@@ -165,7 +165,7 @@ class KVCIScheduler:
         self._stats.gauge("ram_threshold", self.ram_threshold)
         self._bar_reported = self._bar.stats() if self._bar is not None else None
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
-        self.verdicts = PublishedVerdicts()
+        self._verdicts = PublishedVerdicts()
 
     @property
     def num_slots(self) -> int:
@@ -444,7 +444,7 @@ class KVCIScheduler:
         """Keep the reply of a request that named its session, for the `advisory` action."""
         if st.params is not None and st.params.session_id is not None:
             # A token reaching here verified: a refused one fails the params, and nothing is published.
-            self.verdicts.publish(st.tenant, st.params.session_id, reply,
+            self._verdicts.publish(st.tenant, st.params.session_id, reply,
                                   verified=st.params.session_token is not None)
         return reply
 
@@ -563,7 +563,7 @@ class KVCIScheduler:
 
     def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
         """Control surface: what this session's latest finished request was told."""
-        return self.verdicts.latest(tenant, session_id, verified=verified)
+        return self._verdicts.latest(tenant, session_id, verified=verified)
 
     def has_pending_work(self) -> bool:
         """Jobs queued between steps (e.g. a promote from the control surface) keep the engine
