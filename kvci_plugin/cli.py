@@ -3,15 +3,16 @@
     kvci demo [ARGS...]                 the main job on an embedded default (kvci_plugin.demo)
     kvci serve MODEL [options] [vLLM options]
                                         vLLM's OpenAI server with the kvci connector configured
-    kvci recommend | checkpoint-now | promote | explain | stats | advisory
+    kvci recommend | checkpoint-now | promote | explain | stats | advisory | reset
                                         one `graph_kv_checkpoint` action on a running engine
     kvci mcp [--transport stdio|streamable-http]
                                         the MCP tool, forwarding to the engine's control endpoint
 
 `--json` prints the response body for machines; otherwise a readable table. Credentials are
 read from files (`--session-token-file`), never taken on the command line, where other users
-could read them. Exit status: 0 done, 1 the endpoint refused or did not answer, 2 bad usage,
-3 a promotion the gate refused.
+could read them. Exit status: 0 done (a reset still `pending` too: the engine applies it before
+its next lookup), 1 the endpoint refused or did not answer, 2 bad usage, 3 a promotion the gate
+refused.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from rich.text import Text
 
 from kvci_plugin.api.access import check_bind
 from kvci_plugin.api.client import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_URL, ControlCallError, ControlClient
+from kvci_plugin.api.schema import RESET_WAIT_S_DEFAULT, RESET_WAIT_S_MAX
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_GATE_REFUSED = 0, 1, 2, 3
 
@@ -94,6 +96,11 @@ def _parser() -> argparse.ArgumentParser:
     advisory = control("advisory", "what a session's latest finished request was told (for streaming clients)")
     advisory.add_argument("--session-id", required=True)
     credentials(advisory, delegations=False)
+    reset = control("reset", "fence every checkpoint in kvci's RAM and disk tiers (after a weight "
+                    "update); not vLLM's own prefix cache")
+    reset.add_argument("--wait-s", type=float, metavar="SECONDS",
+                       help=f"wait for the engine to apply it (0..{RESET_WAIT_S_MAX:g}, default "
+                       f"{RESET_WAIT_S_DEFAULT:g}); then it answers pending")
 
     mcp = control("mcp", "serve the MCP tool graph_kv_checkpoint", prints=False)
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
@@ -234,7 +241,7 @@ def control_request(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, option, None)
         if value is not None:
             request[field] = _json_object(value, "--" + option.replace("_", "-"))
-    for field in ("checkpoint_id", "session_id", "tenant", "trigger"):
+    for field in ("checkpoint_id", "session_id", "tenant", "trigger", "wait_s"):
         value = getattr(args, field, None)
         if value is not None:
             request[field] = value
@@ -353,6 +360,17 @@ def _render_explain(body: dict[str, Any], console: Console) -> None:
     _render_decision(e.get("eligibility_decision"), console)
 
 
+def _render_reset(body: dict[str, Any], console: Console) -> None:
+    if body["status"] == "done":
+        console.print(_kv_table("kvci cache reset: done", [
+            ("generation", body["generation"]), ("RAM checkpoints fenced", body["ram_checkpoints"]),
+            ("disk checkpoints fenced", body["disk_checkpoints"])]))
+    else:
+        console.print("kvci cache reset: [bold]pending[/]", highlight=False)
+    console.print(Text(body["detail"]))
+    console.print(Text("resets " + body["scope"]))
+
+
 def _render_stats(body: dict[str, Any], console: Console) -> None:
     s = body["stats"]
     console.print(_kv_table("RAM tier", [
@@ -386,6 +404,7 @@ _RENDER = {
     "explain": _render_explain,
     "ram_stats": _render_stats,
     "advisory": _render_advisory,
+    "reset": _render_reset,
 }
 
 

@@ -36,20 +36,25 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "missing or wrong bearer credential (when the server requires one)"),
         (403, "a session credential did not verify, or disagrees with the declared tenant"),
         (404, "the checkpoint is not held for this caller, or the session has no finished request"),
+        (410, "the checkpoint was fenced by a cache reset: its KV predates the reset and is never loaded"),
         (413, "the request body is over the size limit"),
         (422, "the request does not match the schema, or its observation does not compose"),
+        (500, "an internal error, or a cache reset the engine failed to apply"),
     )
 }
 
 _DESCRIPTION = """The kvci control surface, served by the scheduler side of the vLLM engine.
 
-One endpoint, six actions (`action`): `recommend` scores a moment at the engine's RAM
+One endpoint, seven actions (`action`): `recommend` scores a moment at the engine's RAM
 admission bar and returns the advisory; `checkpoint_now` arms a session so its next finished
 request keeps its KV; `promote` asks the eligibility gate for a disk copy with authority derived
 from the caller's session credential; `explain` says why a checkpoint exists and why it is where
 it is; `ram_stats` reports RAM-tier occupancy, the RAM admission bar, the gate in force and the
 registered scorers; `advisory` returns the kvci reply of a session's latest finished request
-(streaming responses carry no kv_transfer_params)."""
+(streaming responses carry no kv_transfer_params); `reset` (an operator action: no tenant
+credential, the surface itself is loopback-only or bearer-protected) fences every checkpoint kvci
+holds, in RAM and on disk, so no KV from before it is loaded after it (kvci's tiers only, not
+vLLM's own prefix cache)."""
 
 
 def build_app(plane: ControlPlane, *, bearer_token: bytes | None = None,

@@ -10,7 +10,7 @@ import httpx
 
 from kvci_plugin.api.access import load_bearer_token
 from kvci_plugin.api.errors import ErrorCode
-from kvci_plugin.api.schema import ENDPOINT
+from kvci_plugin.api.schema import ENDPOINT, RESET_WAIT_S_MAX
 
 DEFAULT_CONTROL_PORT = 8477
 DEFAULT_CONTROL_URL = f"http://127.0.0.1:{DEFAULT_CONTROL_PORT}"
@@ -39,12 +39,19 @@ class ControlClient:
             raise ValueError(f"control url must start with http:// or https://, got {url!r}")
         headers = {"Authorization": f"Bearer {load_bearer_token(token_file).decode()}"} if token_file else {}
         self.url = url.rstrip("/")
+        self._timeout_s = timeout_s
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
 
     def call(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """The action's response body; ControlCallError for an error response or no answer."""
+        # A reset waits up to its wait_s for the engine before answering: the read may take that long.
+        wait_s = request.get("wait_s")
+        timeout: Any = httpx.USE_CLIENT_DEFAULT
+        if (isinstance(wait_s, (int, float)) and not isinstance(wait_s, bool)
+                and 0 < wait_s <= RESET_WAIT_S_MAX):
+            timeout = self._timeout_s + float(wait_s)
         try:
-            response = self._http.post(ENDPOINT, json=dict(request))
+            response = self._http.post(ENDPOINT, json=dict(request), timeout=timeout)
         except httpx.HTTPError as exc:
             raise ControlCallError(None, UNREACHABLE,
                                    f"no answer from {self.url}: {type(exc).__name__}: {exc}") from None

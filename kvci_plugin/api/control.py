@@ -1,16 +1,20 @@
 """ControlPlane: the `graph_kv_checkpoint` actions over the engine's checkpoint manager: the
-seed's five, and `advisory`, which hands a streaming client the verdict its response could not carry.
+seed's five, `advisory`, which hands a streaming client the verdict its response could not carry,
+and `reset`, the operator's cache reset of kvci's tiers.
 
 It runs on the control server's threads, beside vLLM's scheduler thread: everything it changes
 goes through `TieredCheckpointManager` (which takes its lock) or through `arm_checkpoint`, and
-nothing here waits on the engine. A persist queued by `promote` reaches the workers at the
-engine's next step. `recommend` and `checkpoint_now` score at the engine's RAM admission bar as
-it stands, so their advisory is the engine's verdict for the same observation.
+only `reset` waits on the engine (up to its `wait_s`, for the scheduler thread to apply it). A
+persist queued by `promote` reaches the workers at the engine's next step. `recommend` and
+`checkpoint_now` score at the engine's RAM admission bar as it stands, so their advisory is the
+engine's verdict for the same observation.
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -32,10 +36,17 @@ from kvci_plugin.api.schema import (
     RamStatsResponse,
     RecommendRequest,
     RecommendResponse,
+    RESET_SCOPE,
+    ResetRequest,
+    ResetResponse,
 )
 from kvci_plugin.tiering.admission import AdmissionStats
-from kvci_plugin.tiering.manager import TieredCheckpointManager
-from kvci_plugin.tiering.types import CheckpointNotFoundError, TenantMismatchError
+from kvci_plugin.tiering.manager import ResetOutcome, TieredCheckpointManager
+from kvci_plugin.tiering.types import (
+    CheckpointFencedError,
+    CheckpointNotFoundError,
+    TenantMismatchError,
+)
 from kvci_plugin.worthiness import (
     CheckpointObservation,
     CheckpointRecommendation,
@@ -45,11 +56,11 @@ from kvci_plugin.worthiness import (
 
 ControlRequest = (
     RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest
-    | AdvisoryRequest
+    | AdvisoryRequest | ResetRequest
 )
 ControlResponse = (
     RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse
-    | AdvisoryResponse
+    | AdvisoryResponse | ResetResponse
 )
 
 
@@ -84,6 +95,13 @@ class ControlTarget(Protocol):
         it was published under a verified credential and the caller (``verified``) has none."""
         ...
 
+    def ask_reset(self) -> Future[ResetOutcome]:
+        """A cache reset of kvci's tiers (`TieredCheckpointManager.reset`), applied by the
+        scheduler's thread at its next hook, before its next lookup; asked again before then, the
+        same future. It raises when the reset failed: the disk tier is then not loaded from until
+        a reset succeeds."""
+        ...
+
 
 class ControlPlane:
     def __init__(self, target: ControlTarget) -> None:
@@ -106,6 +124,8 @@ class ControlPlane:
             return self.ram_stats()
         if isinstance(request, AdvisoryRequest):
             return self.advisory(request)
+        if isinstance(request, ResetRequest):
+            return self.reset(request)
         raise TypeError(f"not a control request: {type(request).__name__}")
 
     # ---- actions --------------------------------------------------------------------------------
@@ -152,6 +172,9 @@ class ControlPlane:
             tenant = self._verified_tenant(request.tenant, request.session_token)
         try:
             raw = self.manager.explain(request.checkpoint_id, tenant)
+        except CheckpointFencedError as exc:
+            # Raised to the owning tenant, or to an explain naming none: its message names no tenant.
+            raise ControlError(ErrorCode.CHECKPOINT_FENCED, str(exc)) from None
         except (CheckpointNotFoundError, TenantMismatchError):
             raise _not_found(request.checkpoint_id) from None
         # Through JSON: the stored recommendation and decision are JSON dumps of strict models.
@@ -173,6 +196,37 @@ class ControlPlane:
                                f"no finished request of session {request.session_id!r} for this caller")
         return AdvisoryResponse(action="advisory", tenant=tenant, session_id=request.session_id,
                                 finished_at=verdict.finished_at, kvci=verdict.kvci)
+
+    def reset(self, request: ResetRequest) -> ResetResponse:
+        # An operator action: reaching this surface at all needs loopback or its bearer token.
+        asked = self._target.ask_reset()
+        wait_for([asked], timeout=request.wait_s)
+        if not asked.done():
+            return ResetResponse(
+                action="reset", status="pending", generation=None, ram_checkpoints=None,
+                disk_checkpoints=None, scope=RESET_SCOPE,
+                detail="asked: the engine applies it before its next lookup (an idle engine, when "
+                       "its next request arrives), so no KV from before it is loaded after it; a "
+                       "reset asked again until then is this same one")
+        disk = self.manager.disk is not None
+        if asked.cancelled() or asked.exception() is not None:
+            # The scheduler logged the failure; its text may name paths or hosts: only its type.
+            what = "cancelled" if asked.cancelled() else type(asked.exception()).__name__
+            suspended = (" Until a reset succeeds the engine loads nothing from the disk tier."
+                         if disk else "")
+            raise ControlError(ErrorCode.INTERNAL_ERROR,
+                               f"the cache reset failed ({what}); see the engine's log.{suspended} "
+                               "Ask again to retry.")
+        outcome = asked.result()
+        shared = (", nor by any node from the disk tier its catalog shares (another node's RAM tier "
+                  "needs that node's own reset)") if disk else ""
+        return ResetResponse(
+            action="reset", status="done", generation=outcome.generation,
+            ram_checkpoints=outcome.ram_checkpoints, disk_checkpoints=outcome.disk_checkpoints,
+            scope=RESET_SCOPE,
+            detail=f"fenced {outcome.ram_checkpoints} RAM and {outcome.disk_checkpoints} disk "
+                   f"checkpoints: no KV from before the reset is loaded after it from this node's "
+                   f"tiers{shared}; KV is keyed in generation {outcome.generation} from now on")
 
     # ---- helpers --------------------------------------------------------------------------------
 

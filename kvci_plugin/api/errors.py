@@ -20,6 +20,7 @@ class ErrorCode(str, Enum):
     CREDENTIAL_REFUSED = "credential_refused"  # 403: a session credential did not verify
     CHECKPOINT_NOT_FOUND = "checkpoint_not_found"  # 404: not held (or held for another tenant)
     NO_ADVISORY = "no_advisory"  # 404: no finished request of that session (for this tenant)
+    CHECKPOINT_FENCED = "checkpoint_fenced"  # 410: a cache reset dropped it (its KV predates it)
     NOT_FOUND = "not_found"  # 404: no such path
     METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
     INTERNAL_ERROR = "internal_error"  # 500
@@ -34,6 +35,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.CREDENTIAL_REFUSED: 403,
     ErrorCode.CHECKPOINT_NOT_FOUND: 404,
     ErrorCode.NO_ADVISORY: 404,
+    ErrorCode.CHECKPOINT_FENCED: 410,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.INTERNAL_ERROR: 500,

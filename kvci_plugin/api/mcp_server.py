@@ -36,6 +36,10 @@ action=ram_stats: RAM-tier occupancy, the RAM admission bar, the gate in force a
   registered scorers.
 action=advisory: what your session's latest finished request was told (session_id; session_token
   or tenant) - the kvci reply a streamed response does not carry.
+action=reset: operator action (no tenant credential: reaching the endpoint is the authority) -
+  fence every checkpoint kvci holds, RAM and disk, so no KV from before it is loaded after it (after
+  an in-place weight update); waits up to wait_s seconds for the engine: status done, or pending
+  (applied before the engine's next lookup). Resets kvci's tiers only, not vLLM's prefix cache.
 Explicit observation_json fields win over anything derived from a bundle."""
 
 Transport = Literal["stdio", "streamable-http"]
@@ -61,7 +65,8 @@ def build_mcp_server(client: ControlClient) -> Server[Any]:
                                     structured_content=body)
 
     return Server("kvci", version=kvci_plugin.__version__,
-                  instructions="graph_kv_checkpoint: score, keep, promote and explain KV checkpoints.",
+                  instructions="graph_kv_checkpoint: score, keep, promote and explain KV checkpoints; "
+                               "reset kvci's tiers.",
                   on_list_tools=list_tools, on_call_tool=call_tool)
 
 

@@ -7,6 +7,9 @@ misplaced credential must not be silently ignored).
 `observation_json`, `evidence_bundle_json` and `context_bundle_json` are JSON objects (the
 names are the seed's): the bundles fill the grounding, contradiction and novelty axes, and every
 non-null `observation_json` field wins over a value derived from a bundle.
+
+`reset` is the operator's: it takes no tenant credential, because reaching the control surface
+at all already needs loopback or its bearer token.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from kvci_plugin.worthiness import (
 )
 
 ENDPOINT = "/api/graph/kv_checkpoint"
-ACTIONS = ("recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory")
+ACTIONS = ("recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset")
+
+RESET_WAIT_S_DEFAULT = 10.0
+RESET_WAIT_S_MAX = 60.0
+RESET_SCOPE = ("kvci's RAM and disk tiers only: vLLM's own prefix cache (the KV in its GPU blocks) "
+               "is not reset; for that, use vLLM's reset_prefix_cache (LLM.reset_prefix_cache(), "
+               "or POST /reset_prefix_cache on a server in dev mode)")
 
 _IN = ConfigDict(extra="forbid", frozen=True)
 
@@ -94,7 +103,8 @@ class PromoteRequest(BaseModel):
 
 class ExplainRequest(BaseModel):
     """Why this checkpoint exists and why it is where it is. With a session credential or a
-    tenant, only that tenant's checkpoints are visible."""
+    tenant, only that tenant's checkpoints are visible. One a cache reset fenced answers 410
+    checkpoint_fenced (to its tenant, or to a caller naming none)."""
 
     model_config = _IN
 
@@ -125,9 +135,27 @@ class AdvisoryRequest(BaseModel):
     session_token: Credential | None = Field(None, description=_SESSION_DOC)
 
 
+class ResetRequest(BaseModel):
+    """Operator action: a cache reset of kvci's tiers, as vLLM's `reset_cache` does after an
+    in-place weight update. Every checkpoint computed before it is fenced: RAM forgets it, and the
+    disk tier starts a new generation for every node sharing its catalog, so no KV from before the
+    reset is loaded after it; `explain` of a fenced checkpoint answers 410 checkpoint_fenced. The
+    engine's scheduler applies it before its next lookup. Takes no tenant credential: the control
+    surface is already loopback-only or bearer-token protected. Resets kvci's tiers only, not
+    vLLM's own prefix cache (for that: vLLM's reset_prefix_cache)."""
+
+    model_config = _IN
+
+    action: Literal["reset"]
+    wait_s: float = Field(
+        RESET_WAIT_S_DEFAULT, ge=0, le=RESET_WAIT_S_MAX, strict=True, allow_inf_nan=False,
+        description="seconds to wait for the engine to apply it (an idle engine applies it when "
+        "its next request arrives); after them the answer is `pending`")
+
+
 KVCheckpointRequest = Annotated[
     RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest
-    | AdvisoryRequest,
+    | AdvisoryRequest | ResetRequest,
     Field(discriminator="action"),
 ]
 REQUEST_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointRequest)
@@ -269,9 +297,23 @@ class AdvisoryResponse(BaseModel):
         "tier, checkpoint_id, hit_tokens, hit_tier, cache_gate, persist, not_kept (or error)")
 
 
+class ResetResponse(BaseModel):
+    model_config = _OUT
+
+    action: Literal["reset"]
+    status: Literal["done", "pending"] = Field(
+        description="`done`: applied; `pending`: asked, and applied before the engine's next lookup")
+    generation: int | None = Field(
+        description="the generation KV is keyed in from now on; none while pending")
+    ram_checkpoints: int | None = Field(description="RAM checkpoints fenced; none while pending")
+    disk_checkpoints: int | None = Field(description="disk checkpoints fenced; none while pending")
+    detail: str
+    scope: str = Field(description="what a reset covers: kvci's tiers, never vLLM's prefix cache")
+
+
 KVCheckpointResponse = Annotated[
     RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse
-    | AdvisoryResponse,
+    | AdvisoryResponse | ResetResponse,
     Field(discriminator="action"),
 ]
 RESPONSE_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointResponse)

@@ -161,6 +161,20 @@ class KVCheckpointConnector(KVConnectorBase_V1):
         assert self._worker is not None
         self._worker.register_kv_caches(kv_caches)
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        # vLLM 0.33 resets the connector's cache before a sleep of level 1 or 2 (so KV from
+        # before weights were discarded never loads), then calls the hooks below.
+        return True
+
+    def unregister_kv_caches(self) -> None:
+        if self._worker is not None:
+            self._worker.unregister_kv_caches()
+
+    def restore_kv_caches(self) -> None:
+        if self._worker is not None:
+            self._worker.restore_kv_caches()
+
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if self._worker is not None:
@@ -174,8 +188,7 @@ class KVCheckpointConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         if self._worker is not None:
-            # vLLM runs the connector without attention metadata when a step computes nothing.
-            self._worker.start_load_kv(forward=forward_context.attn_metadata is not None)
+            self._worker.start_load_kv()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # whole pages are loaded in start_load_kv, before the forward
@@ -230,6 +243,19 @@ class KVCheckpointConnector(KVConnectorBase_V1):
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         return self._scheduler.request_finished(request, block_ids)
+
+    def reset_cache(self) -> bool:
+        """`reset_prefix_cache(reset_connector=True)`: after it, no KV computed before it is
+        loaded from any kvci tier, on this node or any node sharing the disk catalog."""
+        if self._scheduler is None:
+            return True  # the workers follow the scheduler's generation at the next step
+        try:
+            self._scheduler.reset()
+        except Exception:
+            logger.exception("kvci: cache reset failed; the disk tier is not loaded from until "
+                             "a reset succeeds")
+            return False
+        return True
 
     def has_pending_push_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_work()

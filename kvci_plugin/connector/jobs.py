@@ -57,6 +57,11 @@ class StepJobs:
     disk_loads: list[DiskLoadJob] = field(default_factory=list)
     stores: list[StoreJob] = field(default_factory=list)
     persists: list[PersistJob] = field(default_factory=list)
+    # The generation of the keys: a cache reset moves it, and the workers' blobs with it.
+    generation: int = 0
+    # Whether this step computes anything: the scheduler knows, on every vLLM version (the
+    # forward context cannot say: model runner V2 loads under an empty one).
+    forward: bool = True
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +24,9 @@ from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import key_bytes, prefix_block_keys
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
-from kvci_plugin.tiering.manager import CheckpointOutcome, TieredCheckpointManager
+from kvci_plugin.tiering.manager import CheckpointOutcome, ResetOutcome, TieredCheckpointManager
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import PageKey, Reservation
 from kvci_plugin.worthiness import (
@@ -71,6 +73,7 @@ class _Req:
     tenant: str
     key_tenant: str
     keys: list[PageKey] | None  # None: this request is never matched or stored (not keyable)
+    generation: int = 0  # the generation its keys were made in: after a reset they are stale
     local_tokens: int = 0
     ext_tokens: int = 0
     hit_tier: str | None = None
@@ -81,6 +84,7 @@ class _Req:
     prefill_s: float | None = None
     scheduled_tokens: int = 0
     bar_saw_lookup: bool = False
+    resident: int | None = None  # the RAM run its lookup found; the bar learns it once it runs
     disk_declined: bool = False  # counted once a request, however often vLLM asks
 
 
@@ -121,7 +125,7 @@ class KVCIScheduler:
     ) -> None:
         self.config = config
         self.block_size = block_size
-        self.namespace = namespace
+        self._base_namespace = namespace
         self._secret = secret
         self._tp_size = tp_size
         self._tenants = tenants
@@ -166,6 +170,12 @@ class KVCIScheduler:
         self._bar_reported = self._bar.stats() if self._bar is not None else None
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
         self._verdicts = PublishedVerdicts()
+        # Keys are made in the manager's generation (a disk tier's comes from its catalog).
+        self.generation = self.manager.generation
+        self.namespace = generation_namespace(namespace, self.generation)
+        # A reset asked for from the control surface's thread, applied on the scheduler's.
+        self._reset_asked: Future[ResetOutcome] | None = None
+        self._disk_suspended = False  # a reset failed to fence the disk tier
 
     @property
     def num_slots(self) -> int:
@@ -185,6 +195,7 @@ class KVCIScheduler:
     # ---- per-request state ------------------------------------------------------------------
 
     def _state(self, request: Any) -> _Req:
+        self._apply_asked_reset()
         st = self._reqs.get(request.request_id)
         if st is not None:
             return st
@@ -200,7 +211,7 @@ class KVCIScheduler:
         if error is None and self._keyable(request):
             keys = self.keys_for(request.prompt_token_ids, key_tenant)
         st = _Req(params=params, error=error, tenant=tenant, key_tenant=key_tenant, keys=keys,
-                  prompt_tokens=request.num_prompt_tokens)
+                  generation=self.generation, prompt_tokens=request.num_prompt_tokens)
         self._reqs[request.request_id] = st
         return st
 
@@ -233,21 +244,17 @@ class KVCIScheduler:
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         st = self._state(request)
         st.local_tokens = num_computed_tokens
-        if not st.keys:
+        if not st.keys or st.generation != self.generation:
             return 0, False
         bs = self.block_size
         cap = (request.num_tokens - 1) // bs  # never match every token: one must be computed
         local = num_computed_tokens // bs
         resident = self.manager.index.longest_prefix(st.keys, st.tenant)
-        if self._bar is not None and not st.bar_saw_lookup:
-            # vLLM may ask again for the same request (after a preemption): one lookup each. An
-            # opted-out request counts too: its hit, or its miss on a prefix the bar held back, is
-            # a reuse of KV that others' requests built.
-            st.bar_saw_lookup = True
-            self._bar.observe_lookup(st.keys, resident)
+        if st.resident is None:
+            st.resident = resident  # the bar learns the first lookup, once the request runs
         ram = min(resident, cap)
         disk = 0
-        if self.manager.disk is not None and ram < cap:
+        if self.manager.disk is not None and ram < cap and not self._disk_suspended:
             disk = min(self.manager.disk.longest_prefix(st.keys, st.tenant), cap)
             otherwise = max(ram, local)  # computed or loaded from RAM without this hit
             if disk > otherwise and not self._worth_loading(st, disk, otherwise, local):
@@ -301,6 +308,14 @@ class KVCIScheduler:
             st = self._reqs.get(req_id)
             if st is None:
                 continue
+            if self._bar is not None and not st.bar_saw_lookup and st.resident is not None:
+                # Once a request, though vLLM may look it up again (after a preemption), and only
+                # once it runs: one aborted before it ran leaves no trace. An opted-out request
+                # counts too: its hit, or its miss on a prefix the bar held back, is a reuse of
+                # KV that others' requests built.
+                st.bar_saw_lookup = True
+                if st.keys is not None and st.generation == self.generation:
+                    self._bar.observe_lookup(st.keys, st.resident)
             if st.prompt_done and st.prefill_s is None:
                 # The step after the one that completed the prompt: that forward has run.
                 st.prefill_s = now - (st.first_scheduled or now)
@@ -314,7 +329,9 @@ class KVCIScheduler:
                 st.prompt_done = True
         with self.manager.lock:  # the control surface may queue a persist from its thread
             meta = KVCIMetadata(loads=self._loads, disk_loads=self._disk_loads,
-                                stores=self._mover.stores, persists=self._mover.persists)
+                                stores=self._mover.stores, persists=self._mover.persists,
+                                generation=self.generation,
+                                forward=scheduler_output.total_num_scheduled_tokens > 0)
             self._mover.stores, self._mover.persists = [], []
         # Every worker runs this step's loads before its forward and its stores after it, and
         # steps in order, so a slot unpinned now can only be overwritten by a later job.
@@ -322,9 +339,13 @@ class KVCIScheduler:
             self.manager.index.unpin(keys)
         self._pinned = []
         self._loads, self._disk_loads = [], []
+        # After this step's jobs, which were planned before it: the next step's carry the
+        # new generation to the workers.
+        self._apply_asked_reset()
         return meta
 
     def update_connector_output(self, output: Any) -> None:
+        self._apply_asked_reset()
         for req_id in output.finished_sending or ():
             cid = self._store_of.pop(req_id, None)
             if cid is not None:
@@ -343,8 +364,7 @@ class KVCIScheduler:
             self._stats.count("persist_failures")
         for cid, n in meta.persisted.items():
             if cid not in meta.persist_errors and n >= self._tp_size:
-                self.manager.on_persisted(cid, ok=True)
-                self._stats.count("persisted_checkpoints")
+                self._after_persist_started(self.manager.on_persisted(cid, ok=True))
 
     def _after_persist_started(self, outcome: Any) -> None:
         if outcome is not None and outcome.status == "persisted":
@@ -355,6 +375,13 @@ class KVCIScheduler:
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         st = self._reqs.pop(request.request_id, None) or self._state_once(request)
         params = st.params
+        if st.first_scheduled is None and request.status.name not in _FINISHED_OK:
+            # Aborted before it ran (e.g. sent while generation was paused): it built no KV and
+            # used none, so it leaves no trace — no lookup, session turn, armed checkpoint
+            # consumed or lesson for the bar.
+            return False, None
+        if st.generation != self.generation:
+            st.keys = None  # keyed before a cache reset: its KV is neither matched nor kept
         if st.error is not None:
             self._stats.count("params_errors")
             return False, {"kvci": {"error": st.error}}
@@ -568,7 +595,57 @@ class KVCIScheduler:
     def has_pending_work(self) -> bool:
         """Jobs queued between steps (e.g. a promote from the control surface) keep the engine
         stepping until they reach the workers."""
-        return bool(self._mover.stores or self._mover.persists)
+        return bool(self._mover.stores or self._mover.persists
+                    or (self._reset_asked is not None and not self._reset_asked.done()))
+
+    # ---- cache reset --------------------------------------------------------------------------
+
+    def reset(self) -> ResetOutcome:
+        """vLLM's `reset_cache` (the documented step after an in-place weight update): from now
+        on no KV computed before this call is loaded (`TieredCheckpointManager.reset`). Runs on
+        the scheduler's thread. Requests in flight were keyed in the old generation: they
+        neither hit nor keep. Queued RAM copies still run (vLLM frees their blocks once they
+        have), but what they copy is never loadable."""
+        with self.manager.lock:
+            try:
+                outcome = self.manager.reset()
+            except Exception:
+                # RAM is empty, but the disk tier's generation could not move: its KV from
+                # before stays unloadable here until a reset succeeds.
+                self._disk_suspended = True
+                self._stats.count("cache_reset_failures")
+                raise
+            self._disk_suspended = False
+            self.namespace = generation_namespace(self._base_namespace, outcome.generation)
+            self.generation = outcome.generation
+            self._mover.persists = []
+            self._pinned = []  # the index that pinned them is gone; their jobs are planned
+            self._reuse.clear()
+            for session in self._sessions.values():
+                session.prefix = ()  # its keys are the old generation's: not a rewrite
+        self._stats.count("cache_resets")
+        self._stats.count("checkpoints_fenced", outcome.ram_checkpoints + outcome.disk_checkpoints)
+        logger.info("kvci: cache reset: generation %d; fenced %d RAM and %d disk checkpoints",
+                    outcome.generation, outcome.ram_checkpoints, outcome.disk_checkpoints)
+        return outcome
+
+    def ask_reset(self) -> Future[ResetOutcome]:
+        """Control surface (another thread): a reset, applied by the scheduler's thread at its
+        next hook — before the next lookup, and after the jobs of a step already planned."""
+        with self.manager.lock:
+            if self._reset_asked is None or self._reset_asked.done():
+                self._reset_asked = Future()
+            return self._reset_asked
+
+    def _apply_asked_reset(self) -> None:
+        asked = self._reset_asked
+        if asked is None or asked.done():
+            return
+        try:
+            asked.set_result(self.reset())
+        except Exception as exc:  # told to the caller that asked; the engine goes on
+            logger.exception("kvci: cache reset failed")
+            asked.set_exception(exc)
 
     def hit_tier(self, req_id: str) -> str | None:
         st = self._reqs.get(req_id)

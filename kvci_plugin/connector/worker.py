@@ -27,6 +27,7 @@ from kvci_plugin.connector.tally import StatsTally
 from kvci_plugin.ops import PageCopyStream, PendingCopy, scatter_pages
 from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
+from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.page_pool import PagePool
 
 logger = logging.getLogger(__name__)
@@ -68,19 +69,23 @@ class KVCIWorker:
         self._store_copies: PageCopyStream | None = None
         self._disk_copies: PageCopyStream | None = None
         self._blob_root = blob_root
+        self._rank_namespace = rank_namespace
+        self._generation = 0  # the scheduler's, from each step's jobs: a cache reset moves it
         self._blobs: BlobBackend | None = (
             blob_root.store(rank_namespace) if blob_root is not None else None)
         self._meta: StepJobs | None = None
         self._prev_finished: set[str] = set()
         self._saves: dict[str, PendingCopy] = {}  # store copies not yet reported, by request
         self._timed: list[tuple[str, PendingCopy]] = []  # ("load" | "store", RAM copy) to count
-        self._disk_loads: dict[str, Future[_DiskLoadResult]] = {}
+        # Disk loads in flight: the read, its job and the generation it was planned in.
+        self._disk_loads: dict[str, tuple[Future[_DiskLoadResult], DiskLoadJob, int]] = {}
         self._idle_step = False
         self._staging: torch.Tensor | None = None
         self._load_errors: set[int] = set()
         self._report = WorkerReport()
         self._stats = StatsTally()
         self._io: ThreadPoolExecutor | None = None
+        self._asleep = False  # sleep mode: the KV cache memory is released
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._views = page_views(kv_caches, self._num_blocks)
@@ -103,16 +108,44 @@ class KVCIWorker:
             initializer=torch.cuda.set_device if device.type == "cuda" else None,
             initargs=(device,) if device.type == "cuda" else ())
 
+    def unregister_kv_caches(self) -> None:
+        """Sleep mode (vLLM 0.33): the KV cache memory is about to be released. Every copy in
+        flight runs to its end first (vLLM has reset kvci's cache before: what they copy is
+        never loaded again), and no job touches the cache until ``restore_kv_caches``."""
+        for fut, _, _ in self._disk_loads.values():
+            fut.exception()  # waits; the result is reported as usual, failed by the reset
+        for copies in (self._load_copies, self._store_copies, self._disk_copies):
+            if copies is not None:
+                copies.drain()
+        self._asleep = True
+
+    def restore_kv_caches(self) -> None:
+        """Wake-up: the KV cache is mapped again at the addresses the page views name."""
+        self._asleep = False
+
     def bind(self, meta: StepJobs) -> None:
+        if self._asleep and (meta.loads or meta.disk_loads or meta.stores or meta.persists):
+            raise RuntimeError("kvci: copy jobs reached a worker whose KV cache is released "
+                               "(asleep): vLLM must wake it first")
         self._meta = meta
+        if meta.generation != self._generation:
+            self._enter_generation(meta.generation)
+
+    def _enter_generation(self, generation: int) -> None:
+        """A cache reset: this rank's blobs are keyed in the new generation's namespace; a disk
+        load still in flight is reported failed (its KV predates the reset: recomputed)."""
+        self._generation = generation
+        if self._blob_root is not None:
+            self._blobs = self._blob_root.store(
+                generation_namespace(self._rank_namespace, generation))
 
     def clear(self) -> None:
         self._meta = None
 
-    def start_load_kv(self, *, forward: bool) -> None:
-        """Start this step's loads; ``forward`` is False when vLLM steps without computing."""
-        self._idle_step = not forward
+    def start_load_kv(self) -> None:
+        """Start this step's loads (before the forward that reads them)."""
         meta = self._meta
+        self._idle_step = meta is None or not meta.forward
         if meta is None or self._pool is None or self._load_copies is None:
             return
         pool, views = self._pool, self._views
@@ -129,16 +162,19 @@ class KVCIWorker:
             assert self._io is not None
             fence = self._disk_copies.fence()
             for djob in meta.disk_loads:
-                self._disk_loads[djob.req_id] = self._io.submit(self._load_from_disk, djob, fence)
+                self._disk_loads[djob.req_id] = (
+                    self._io.submit(self._load_from_disk, djob, self._blobs, fence), djob,
+                    self._generation)
 
-    def _load_from_disk(self, job: DiskLoadJob, fence: torch.cuda.Event | None) -> _DiskLoadResult:
+    def _load_from_disk(self, job: DiskLoadJob, blobs: BlobBackend | None,
+                        fence: torch.cuda.Event | None) -> _DiskLoadResult:
         """Returns the block ids that failed and the bad page; the rest are in the paged cache.
 
         The blobs are read and verified several at a time into the staging buffer, a buffer-full
         at a time, and each run of pages that verified (a leading run: KV is a prefix) is
         scattered in one call, waited for before the buffer is refilled or the load reported.
         """
-        assert self._blobs is not None and self._pool is not None
+        assert blobs is not None and self._pool is not None
         assert self._disk_copies is not None
         t0 = time.perf_counter()
         staging = self._staging_buffer()
@@ -146,7 +182,7 @@ class KVCIWorker:
         while loaded < len(job.keys) and error is None:
             chunk = job.keys[loaded : loaded + len(staging)]
             try:
-                verified, error = self._blobs.read_many(chunk, job.tenant, staging)
+                verified, error = blobs.read_many(chunk, job.tenant, staging)
             except Exception as exc:  # the store itself failed (e.g. Redis unreachable): a miss
                 verified, error = 0, exc
             if verified:
@@ -226,10 +262,13 @@ class KVCIWorker:
         self._prev_finished = set(finished_req_ids) | (self._prev_finished & self._saves.keys())
         recving: set[str] = set()
         if self._idle_step and self._disk_loads:
-            wait(self._disk_loads.values(), timeout=IDLE_WAIT_S, return_when=FIRST_COMPLETED)
-        for req_id, fut in list(self._disk_loads.items()):
+            wait([fut for fut, _, _ in self._disk_loads.values()], timeout=IDLE_WAIT_S,
+                 return_when=FIRST_COMPLETED)
+        for req_id, (fut, job, generation) in list(self._disk_loads.items()):
             if fut.done():
                 result = fut.result()
+                if generation != self._generation:
+                    result = _DiskLoadResult(failed=set(job.block_ids))  # fenced by a reset
                 self._load_errors |= result.failed
                 self._report.bad_pages.extend(result.bad)
                 self._stats.observe_load("disk", result.nbytes, result.seconds)

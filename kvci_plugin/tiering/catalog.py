@@ -71,6 +71,8 @@ _HEX_KEY = r"^[0-9a-f]{32}$"
 _HEX_NAMESPACE = r"^[0-9a-f]{64}$"
 # Keeps each IN (...) list well under SQLite's bound on host parameters.
 _CHUNK = 500
+FENCED_GENERATIONS_KEPT = 16
+"""Generations whose fenced checkpoints explain still names (older tombstones are deleted)."""
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -126,6 +128,23 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             shard TEXT NOT NULL,
             PRIMARY KEY (namespace, shard)
         ) WITHOUT ROWID""",
+    ),
+    (
+        # The generation each engine namespace is in (a cache reset starts the next one), and
+        # the checkpoints a reset fenced, kept for explain.
+        """CREATE TABLE generations (
+            namespace TEXT PRIMARY KEY,
+            gen INTEGER NOT NULL,
+            reset_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+        """CREATE TABLE fenced_checkpoints (
+            checkpoint_id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            namespace TEXT NOT NULL,
+            gen INTEGER NOT NULL,
+            fenced_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX fenced_by_generation ON fenced_checkpoints (namespace, gen)",
     ),
 )
 """Schema migrations in order, in SQLite's words (``migration_sql`` gives PostgreSQL's); the
@@ -401,6 +420,70 @@ class CheckpointCatalog:
                     bytes.fromhex(row["shard"])
                 )
         return {ns: tuple(shards) for ns, shards in found.items()}
+
+    # ---- generations ------------------------------------------------------------------------
+
+    def generation(self, base: bytes) -> int:
+        """The generation engines of namespace ``base`` key their KV in (0 before any reset)."""
+        with self._db.read() as db:
+            row = db.execute(
+                "SELECT gen FROM generations WHERE namespace = ?", (check_namespace(base).hex(),)
+            ).fetchone()
+        return 0 if row is None else int(row["gen"])
+
+    def advance_generation(self, base: bytes, current: int, namespace: bytes) -> tuple[int, Removal]:
+        """A cache reset by an engine of ``base`` keyed in generation ``current`` (as
+        ``namespace``): forget every checkpoint and page of ``namespace``, for every node at once,
+        and return the generation to key in from now on, with what was removed.
+
+        The next generation, unless another node's reset already started a later one: then this
+        engine joins it, so nodes that reset together share KV again.
+        """
+        base_hex, ns = check_namespace(base).hex(), check_namespace(namespace).hex()
+        now = self._clock()
+        with self._db.write() as db:
+            row = db.execute("SELECT gen FROM generations WHERE namespace = ?", (base_hex,)).fetchone()
+            latest = 0 if row is None else int(row["gen"])
+            new = latest if latest > current else current + 1
+            db.execute(
+                "INSERT INTO generations (namespace, gen, reset_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (namespace) DO UPDATE SET gen = excluded.gen,"
+                " reset_at = excluded.reset_at",
+                (base_hex, new, now),
+            )
+            fenced = db.execute(
+                "SELECT checkpoint_id, tenant FROM checkpoints WHERE namespace = ?"
+                " ORDER BY checkpoint_id",
+                (ns,),
+            ).fetchall()
+            db.executemany(
+                "INSERT INTO fenced_checkpoints (checkpoint_id, tenant, namespace, gen, fenced_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (checkpoint_id) DO NOTHING",
+                [(r["checkpoint_id"], r["tenant"], base_hex, new, now) for r in fenced],
+            )
+            # Tombstones only answer explain: the last few generations' are kept.
+            db.execute(
+                "DELETE FROM fenced_checkpoints WHERE namespace = ? AND gen <= ?",
+                (base_hex, new - FENCED_GENERATIONS_KEPT),
+            )
+            db.execute("DELETE FROM checkpoints WHERE namespace = ?", (ns,))
+            pages = [
+                _page_id(r)
+                for r in db.execute("SELECT namespace, key FROM pages WHERE namespace = ?", (ns,))
+            ]
+            db.execute("DELETE FROM pages WHERE namespace = ?", (ns,))
+            return new, Removal(
+                tuple(r["checkpoint_id"] for r in fenced), self._unleased(db, pages))
+
+    def fenced(self, checkpoint_id: str) -> tuple[str, float, int] | None:
+        """(tenant, fenced_at, generation begun) of a checkpoint a cache reset fenced, or None."""
+        check_checkpoint_id(checkpoint_id)
+        with self._db.read() as db:
+            row = db.execute(
+                "SELECT tenant, fenced_at, gen FROM fenced_checkpoints WHERE checkpoint_id = ?",
+                (checkpoint_id,),
+            ).fetchone()
+        return None if row is None else (row["tenant"], float(row["fenced_at"]), int(row["gen"]))
 
     # ---- writes -----------------------------------------------------------------------------
 

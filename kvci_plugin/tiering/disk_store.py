@@ -19,6 +19,10 @@ a write under way on another node). Every node verifies every blob it reads.
 
 Writing here is not a decision: the persistence eligibility gate runs before ``persist`` is ever
 called, and its decision is what ``decision_json`` records.
+
+``reset`` (a cache reset, after an in-place weight update) starts the next generation of the
+namespace: the catalog fences every checkpoint of the last one for every node at once, and keys
+change, so no KV computed before a reset is ever loaded after it, a restart included.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from kvci_plugin.tiering.catalog import (
     PageRef,
     Removal,
 )
+from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -72,6 +77,14 @@ class ReconcileReport:
     """Pages whose blob had vanished, and the checkpoints that needed them."""
     expired: Removal
     evicted: Removal
+
+
+@dataclass(frozen=True)
+class GenerationFence:
+    """What a cache reset did to the disk tier: the generation begun, the checkpoints fenced."""
+
+    generation: int
+    checkpoint_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -137,7 +150,8 @@ class KVCheckpointStore:
         if root is None and (catalog_url is None or blob_url is None):
             raise ValueError("root is needed unless both catalog_url and blob_url are given")
         self._root = None if root is None else Path(root)
-        self._namespace = check_namespace(namespace)
+        self._base = self._namespace = check_namespace(namespace)
+        self._generation = 0
         self._disk_bytes = disk_bytes
         self._clock = clock
         self._lease_s = float(lease_s)
@@ -158,14 +172,11 @@ class KVCheckpointStore:
             self._catalog = CheckpointCatalog(
                 None if self._shared else self._root / CATALOG_NAME, clock, url=catalog_url
             )
-            self._shards = tuple(check_namespace(ns) for ns in shards if ns != namespace)
-            if self._shards:
-                self._catalog.register_shards(namespace, self._shards)
+            self._base_shards = tuple(check_namespace(ns) for ns in shards if ns != namespace)
             if not self._shared:
                 # The folder lock is ours: a lease left in the catalog is a dead writer's.
                 self._catalog.release_all()
-            self._blobs = self._blob_root.store(namespace)
-            self._stores: dict[bytes, BlobBackend] = {namespace: self._blobs}
+            self._enter_generation(self._catalog.generation(self._base))
             self.last_reconcile = self.reconcile()
         except BaseException:
             self._release_resources()
@@ -177,7 +188,12 @@ class KVCheckpointStore:
 
     @property
     def namespace(self) -> bytes:
+        """The namespace keys are made in now: the engine's, in its current generation."""
         return self._namespace
+
+    @property
+    def generation(self) -> int:
+        return self._generation
 
     @property
     def disk_bytes(self) -> int:
@@ -251,6 +267,38 @@ class KVCheckpointStore:
             removal = self._catalog.gc_expired(self._clock() if now is None else now)
             self._delete_blobs(removal)
             return removal
+
+    def reset(self) -> GenerationFence:
+        """A cache reset: fence every checkpoint of the current generation, on every node that
+        shares the catalog, and key in the next generation from now on (kept in the catalog, so
+        a restart keeps the fence). The fenced pages' blobs are deleted."""
+        with self._write_lock, self._catalog.locked():
+            with self._touch_lock:
+                self._touched, self._touched_since = set(), None  # the fenced generation's pages
+            new, removal = self._catalog.advance_generation(
+                self._base, self._generation, self._namespace)
+            self._delete_blobs(removal)
+            self._enter_generation(new)
+        return GenerationFence(generation=new, checkpoint_ids=removal.checkpoint_ids)
+
+    def fenced(self, checkpoint_id: str) -> tuple[str, float, int] | None:
+        """(tenant, fenced_at, generation begun) of a checkpoint a cache reset fenced."""
+        return self._catalog.fenced(checkpoint_id)
+
+    def end_lease(self, checkpoint_id: str) -> None:
+        """End the lease of a write that a reset fenced: it is never recorded, and its blobs,
+        named by no row, go at the next reconcile."""
+        self._catalog.release(check_checkpoint_id(checkpoint_id))
+
+    def _enter_generation(self, generation: int) -> None:
+        assert self._blob_root is not None
+        self._generation = generation
+        self._namespace = generation_namespace(self._base, generation)
+        self._shards = tuple(generation_namespace(ns, generation) for ns in self._base_shards)
+        if self._shards:
+            self._catalog.register_shards(self._namespace, self._shards)
+        self._blobs = self._blob_root.store(self._namespace)
+        self._stores: dict[bytes, BlobBackend] = {self._namespace: self._blobs}
 
     # ---- writes -----------------------------------------------------------------------------
 

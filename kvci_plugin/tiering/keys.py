@@ -62,6 +62,21 @@ def namespace_fingerprint(
     return hashlib.sha256(encoded.encode("ascii")).digest()
 
 
+def generation_namespace(namespace: bytes, generation: int) -> bytes:
+    """The namespace KV is keyed under in ``generation`` of an engine's ``namespace``.
+
+    A cache reset (the step after an in-place weight update) starts a new generation: every key
+    changes, so nothing computed before it can be found after it, whichever tier holds it.
+    Generation 0 is the namespace itself, so KV kept before generations existed still loads.
+    """
+    if len(namespace) != NAMESPACE_BYTES:
+        raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, not {len(namespace)}")
+    gen = _count("generation", generation, minimum=0)
+    if gen == 0:
+        return namespace
+    return hashlib.sha256(b"kvci-generation\0" + namespace + gen.to_bytes(8, "big")).digest()
+
+
 def _text(name: str, value: object) -> str:
     if type(value) is not str:
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")

@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, get_args
@@ -40,6 +41,7 @@ from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import (
     CheckpointEntry,
+    CheckpointFencedError,
     CheckpointNotFoundError,
     DoesNotFitError,
     PageKey,
@@ -57,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 _TRIGGERS = frozenset(get_args(Trigger))
 _NO_DISK = "refused: no disk tier is configured (disk_root)"
+_MAX_FENCED = 4096  # RAM checkpoints a reset fenced that explain still names
 
 
 class PageMover(Protocol):
@@ -76,6 +79,14 @@ class PromotionOutcome(BaseModel):
     status: Literal["persisting", "persisted", "refused", "failed"]
     reason: str
     decision: EligibilityDecision | None = None
+
+
+class ResetOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    generation: int
+    ram_checkpoints: int
+    disk_checkpoints: int
 
 
 class CheckpointOutcome(BaseModel):
@@ -127,6 +138,17 @@ class TieredCheckpointManager:
         self._clock = clock  # decides whether a disk record's retention has passed
         self.lock = threading.RLock()
         self._persists: dict[str, _Persist] = {}
+        # The RAM-only generation (a disk tier keeps its own, in its catalog).
+        self._generation = 0
+        # Checkpoints a reset fenced: (tenant, when, generation begun), for explain; and the
+        # writes under way then, whose report must record nothing.
+        self._fenced: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
+        self._fenced_writes: set[str] = set()
+
+    @property
+    def generation(self) -> int:
+        """The generation KV is keyed in now: it moves at every cache reset."""
+        return self.disk.generation if self.disk is not None else self._generation
 
     @property
     def gate(self) -> PersistenceEligibilityGate:
@@ -217,6 +239,8 @@ class TieredCheckpointManager:
         Returns the outcome of this checkpoint's own persist when one started now.
         """
         with self.lock:
+            if checkpoint_id in self._fenced:
+                return None  # a copy of KV from before a reset: never loadable
             if ok:
                 self.index.commit(checkpoint_id)
             else:
@@ -288,6 +312,12 @@ class TieredCheckpointManager:
         A report for a checkpoint with no write under way (a duplicate report) changes nothing.
         """
         with self.lock:
+            if checkpoint_id in self._fenced_writes:
+                self._fenced_writes.discard(checkpoint_id)
+                assert self.disk is not None
+                self.disk.end_lease(checkpoint_id)
+                return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed",
+                                        reason="fenced by a cache reset: not recorded")
             job = self._persists.get(checkpoint_id)
             if job is None or not job.writing:
                 logger.warning("kvci: persist report for %s, which has no write under way",
@@ -376,6 +406,34 @@ class TieredCheckpointManager:
             return f"catalog row not written: {type(exc).__name__}: {exc}"
         return ""
 
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def reset(self) -> ResetOutcome:
+        """A cache reset (after an in-place weight update): no KV computed before it is ever
+        loaded after it. RAM forgets every checkpoint, copies in flight included (their reports
+        are ignored); the persists not yet recorded never are; the disk tier fences its
+        generation for every node sharing its catalog. Keys move to the next generation."""
+        with self.lock:
+            now = self._clock()
+            ram = self.index.entries()
+            self.index.clear()
+            self._fenced_writes.update(cid for cid, job in self._persists.items() if job.writing)
+            self._persists.clear()
+            generation, durable = self.generation + 1, ()
+            try:
+                if self.disk is not None:
+                    fence = self.disk.reset()
+                    generation, durable = fence.generation, fence.checkpoint_ids
+                else:
+                    self._generation = generation
+            finally:  # RAM is empty even when the disk tier failed: explain says why
+                for entry in ram:
+                    self._fenced[entry.checkpoint_id] = (entry.tenant, now, generation)
+                while len(self._fenced) > _MAX_FENCED:
+                    self._fenced.popitem(last=False)
+            return ResetOutcome(generation=generation, ram_checkpoints=len(ram),
+                                disk_checkpoints=len(durable))
+
     # ---- inspection -----------------------------------------------------------------------------
 
     def explain(self, checkpoint_id: str, tenant: str | None = None) -> dict[str, Any]:
@@ -402,6 +460,7 @@ class TieredCheckpointManager:
                     retention_expiry=None if record is None else record.retention_expiry)
                 return out
         if record is None:
+            self._raise_if_fenced(checkpoint_id, tenant)
             raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held")
         out.update(
             tier="disk", tenant=record.tenant, trigger=record.trigger, pages=len(record.pages),
@@ -429,6 +488,14 @@ class TieredCheckpointManager:
             "scorers": {e.name: e.weight for e in self.advisor.registry.entries()},
             "disk": None if self.disk is None else asdict(self.disk.stats()),
         }
+
+    def _raise_if_fenced(self, checkpoint_id: str, tenant: str | None) -> None:
+        """CheckpointFencedError when a reset fenced it (and it is the caller's, if one is named)."""
+        fenced = self._fenced.get(checkpoint_id)
+        if fenced is None and self.disk is not None:
+            fenced = self.disk.fenced(checkpoint_id)
+        if fenced is not None and tenant in (None, fenced[0]):
+            raise CheckpointFencedError(checkpoint_id, fenced[1], fenced[2])
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------
 

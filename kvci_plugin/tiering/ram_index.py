@@ -354,6 +354,20 @@ class RAMIndex:
                 )
             self._drop(checkpoint_id)
 
+    def clear(self) -> tuple[str, ...]:
+        """Forget every checkpoint, pending or pinned ones too (a cache reset); returns their ids.
+
+        The caller makes sure nothing still loads from or copies into a slot when a new store
+        may take it: the connector's copies run in step order, so a slot freed now is written
+        again only after the jobs already sent."""
+        with self._lock:
+            ids = tuple(self._entries)
+            self._entries.clear()
+            self._pages.clear()
+            self._tenant_pages.clear()
+            self._free = list(range(self._num_slots - 1, -1, -1))
+            return ids
+
     def set_meta(self, checkpoint_id: str, **values: Any) -> None:
         """Attach or replace metadata on a held checkpoint (trigger, recommendation, refusal...)."""
         with self._lock:

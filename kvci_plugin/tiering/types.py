@@ -6,6 +6,7 @@ what crosses between them and out to the connector, so they are plain frozen dat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,18 @@ class CheckpointNotFoundError(RAMTierError, KeyError):
     def __str__(self) -> str:
         # KeyError's str() wraps the message in quotes; keep it readable.
         return str(self.args[0]) if self.args else ""
+
+
+class CheckpointFencedError(CheckpointNotFoundError):
+    """The checkpoint was dropped by a cache reset: its KV predates the reset and never loads."""
+
+    def __init__(self, checkpoint_id: str, fenced_at: float, generation: int) -> None:
+        super().__init__(
+            f"checkpoint {checkpoint_id!r} was fenced by a cache reset at "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(fenced_at))} (generation "
+            f"{generation} began): its KV was computed before the reset and is never loaded")
+        self.fenced_at = fenced_at
+        self.generation = generation
 
 
 class PageNotFoundError(RAMTierError, KeyError):

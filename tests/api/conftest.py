@@ -4,14 +4,17 @@ The manager is the real `TieredCheckpointManager` over a real `RAMIndex`, `PageP
 `LocalPageMover`), `KVCheckpointStore` and `DerivedAuthorityGate` with a real HS256 verifier and SQLite label
 catalog. `EngineSide` plays the scheduler's part of `ControlTarget`: the tenant rule of the
 connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused),
-a record of armed sessions, the verdicts finished requests published, and the RAM admission bar (a real `PressureAwareAdmission` when the
-test gives one, else the advisor's fixed threshold).
+a record of armed sessions, the verdicts finished requests published, the RAM admission bar (a real `PressureAwareAdmission` when the
+test gives one, else the advisor's fixed threshold), and a cache reset asked for from the control
+surface, applied to the real manager at the scheduler's next hook (`step`): at once by default, as
+a busy engine does; when `idle`, only once the test steps it.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +38,7 @@ from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.blob_store import BlobStore
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.local_mover import LocalPageMover
-from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.manager import ResetOutcome, TieredCheckpointManager
 from kvci_plugin.tiering.page_pool import PagePool
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.worthiness import PublishedVerdict, PublishedVerdicts
@@ -53,6 +56,8 @@ class EngineSide:
     armed: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     bar: PressureAwareAdmission[bytes] | None = None
     verdicts: PublishedVerdicts = field(default_factory=PublishedVerdicts)
+    idle: bool = False  # no scheduler hook runs until the test calls `step`
+    reset_asked: Future[ResetOutcome] | None = None
 
     @property
     def ram_threshold(self) -> float:
@@ -80,6 +85,26 @@ class EngineSide:
 
     def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
         return self.verdicts.latest(tenant, session_id, verified=verified)
+
+    def ask_reset(self) -> Future[ResetOutcome]:
+        # As KVCIScheduler.ask_reset: one future until the scheduler's thread applies it.
+        with self.manager.lock:
+            if self.reset_asked is None or self.reset_asked.done():
+                self.reset_asked = Future()
+            asked = self.reset_asked
+        if not self.idle:
+            self.step()
+        return asked
+
+    def step(self) -> None:
+        """The scheduler's next hook: it applies an asked reset (its failure goes to the asker)."""
+        asked = self.reset_asked
+        if asked is None or asked.done():
+            return
+        try:
+            asked.set_result(self.manager.reset())
+        except Exception as exc:
+            asked.set_exception(exc)
 
 
 @dataclass

@@ -3,6 +3,7 @@ refusals recorded for `explain`, stable error codes, the body cap and the bearer
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from starlette.testclient import TestClient
 from kvci_plugin.api.app import DEFAULT_MAX_BODY_BYTES, build_app
 from kvci_plugin.api.schema import ENDPOINT
 from kvci_plugin.tiering.admission import PressureAwareAdmission
+from kvci_plugin.tiering.types import CheckpointFencedError
 from kvci_plugin.worthiness import CheckpointObservation
 
 TOKEN = b"0123456789abcdef-control-token"
@@ -354,3 +356,117 @@ def test_advisory_refuses_a_credential_that_does_not_verify(client: TestClient, 
     world.side.verdicts.publish("acme", "run-4", {"tier": "ram"}, verified=False)
     response = post(client, action="advisory", session_id="run-4", session_token=world.expired_session())
     assert response.status_code == 403 and response.json()["error"]["code"] == "credential_refused"
+
+
+# ---- reset ----------------------------------------------------------------------------------------
+
+def fenced_message(world: Any, checkpoint_id: str) -> str:
+    with pytest.raises(CheckpointFencedError) as fenced:
+        world.manager.explain(checkpoint_id)
+    return str(fenced.value)
+
+
+def test_reset_fences_every_checkpoint_and_explain_says_so(client: TestClient, world: Any) -> None:
+    in_ram = world.checkpoint()
+    on_disk = world.checkpoint(pages=2)
+    assert post(client, action="promote", checkpoint_id=on_disk,
+                session_token=world.session()).json()["status"] == "persisted"
+
+    body = post(client, action="reset").json()  # no credential: an operator action
+    assert (body["action"], body["status"], body["generation"]) == ("reset", "done", 1)
+    assert (body["ram_checkpoints"], body["disk_checkpoints"]) == (2, 1)
+    assert body["detail"].startswith("fenced 2 RAM and 1 disk checkpoints")
+    assert "generation 1" in body["detail"]
+    assert "kvci's RAM and disk tiers only" in body["scope"] and "reset_prefix_cache" in body["scope"]
+    stats = post(client, action="ram_stats").json()["stats"]
+    assert (stats["entries"], stats["disk"]["checkpoints"]) == (0, 0)
+
+    for cid in (in_ram, on_disk):
+        message = fenced_message(world, cid)
+        assert "fenced by a cache reset" in message and "acme" not in message
+        for who in ({}, {"tenant": "acme"}, {"session_token": world.session()}):
+            response = explain(client, cid, **who)
+            assert response.status_code == 410, who
+            assert response.json()["error"] == {"code": "checkpoint_fenced", "message": message,
+                                                "fields": []}
+
+
+def test_another_tenants_fenced_checkpoint_is_not_found_like_an_unknown_one(
+        client: TestClient, world: Any) -> None:
+    cid = world.checkpoint()
+    assert post(client, action="reset").json()["status"] == "done"
+    unknown = "0" * 32
+    expected = explain(client, unknown).json()["error"]
+    expected["message"] = expected["message"].replace(unknown, cid)
+    for who in ({"tenant": "globex"}, {"session_token": world.session(tenant="globex")}):
+        response = explain(client, cid, **who)
+        assert response.status_code == 404 and response.json()["error"] == expected, who
+        assert "fenced" not in response.text
+
+
+def test_reset_on_an_idle_engine_is_pending_until_its_next_hook(client: TestClient, world: Any) -> None:
+    world.side.idle = True
+    cid = world.checkpoint()
+    started = time.monotonic()
+    body = post(client, action="reset", wait_s=0.2).json()
+    assert time.monotonic() - started >= 0.2
+    assert (body["status"], body["generation"], body["ram_checkpoints"], body["disk_checkpoints"]) == (
+        "pending", None, None, None)
+    assert "before its next lookup" in body["detail"] and "reset_prefix_cache" in body["scope"]
+    asked = world.side.reset_asked
+    assert explain(client, cid).status_code == 200  # not applied yet
+
+    assert post(client, action="reset", wait_s=0).json()["status"] == "pending"
+    assert world.side.reset_asked is asked  # asked again: the same reset
+
+    world.side.step()  # the scheduler's next hook (a request arrived)
+    assert asked.result().generation == world.manager.generation == 1
+    assert explain(client, cid).status_code == 410
+
+
+def test_reset_waits_for_the_engine_to_apply_it(client: TestClient, world: Any) -> None:
+    world.side.idle = True
+    world.checkpoint()
+
+    def next_step() -> None:
+        while world.side.reset_asked is None:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        world.side.step()
+
+    engine = threading.Thread(target=next_step, daemon=True)
+    engine.start()
+    started = time.monotonic()
+    body = post(client, action="reset", wait_s=30).json()
+    engine.join(5)
+    assert time.monotonic() - started < 30
+    assert (body["status"], body["generation"], body["ram_checkpoints"]) == ("done", 1, 1)
+
+
+def test_a_failed_reset_is_an_internal_error_with_a_safe_message(
+        client: TestClient, world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def locked() -> None:
+        raise OSError("catalog /srv/kvci-private/catalog.sqlite is locked")
+
+    world.checkpoint()
+    monkeypatch.setattr(world.disk, "reset", locked)
+    response = post(client, action="reset")
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "internal_error"
+    assert error["message"].startswith("the cache reset failed (OSError); see the engine's log.")
+    assert "loads nothing from the disk tier" in error["message"]
+    assert "kvci-private" not in response.text
+
+    monkeypatch.undo()
+    body = post(client, action="reset").json()  # asked again: a new reset, which succeeds
+    assert (body["status"], body["generation"]) == ("done", 1)
+
+
+@pytest.mark.parametrize("extra", [{"tenant": "acme"}, {"session_token": "t" * 40}, {"wait_s": 61},
+                                   {"wait_s": -1}, {"wait_s": "5"}, {"wait_s": True}])
+def test_reset_takes_no_credential_and_a_bounded_wait(client: TestClient, world: Any,
+                                                      extra: dict[str, Any]) -> None:
+    response = post(client, action="reset", **extra)
+    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_request"
+    assert world.side.reset_asked is None

@@ -49,11 +49,11 @@ def test_schema_publishes_the_endpoint_with_every_action(world: Any) -> None:
     document = TestClient(build_app(world.plane)).get("/openapi.json").json()
     operation = document["paths"][ENDPOINT]["post"]
     assert operation["operationId"] == "graph_kv_checkpoint"
-    for status in ("200", "400", "401", "403", "404", "413", "422"):
+    for status in ("200", "400", "401", "403", "404", "410", "413", "422", "500"):
         assert status in operation["responses"], status
     request_ref = operation["requestBody"]["content"]["application/json"]["schema"]
     variants = {ref["$ref"].rsplit("/", 1)[1] for ref in request_ref["oneOf"]}
     assert variants == {"RecommendRequest", "CheckpointNowRequest", "PromoteRequest",
-                        "ExplainRequest", "RamStatsRequest", "AdvisoryRequest"}
+                        "ExplainRequest", "RamStatsRequest", "AdvisoryRequest", "ResetRequest"}
     assert set(request_ref["discriminator"]["mapping"]) == {
-        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory"}
+        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset"}

@@ -29,6 +29,7 @@ from kvci_plugin.api.schema import (
     PromoteRequest,
     RamStatsRequest,
     RecommendRequest,
+    ResetRequest,
     tool_input_schema,
 )
 from kvci_plugin.api.server import ControlServer, serve_control_plane
@@ -210,6 +211,41 @@ def test_cli_stats_shows_the_admission_bar(world: Any, capsys: pytest.CaptureFix
     assert (rows["wasted writes"], rows["missed reuses"], rows["paid writes"]) == ("3", "0", "0")
 
 
+def test_cli_reset(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    cid = world.checkpoint()
+    server = serve_control_plane(world.plane, host="127.0.0.1", port=0, token_file=None)
+    url = ["--control-url", server.url]
+    try:
+        code, out = run_cli(capsys, "reset", *url, "--json")
+        assert code == 0
+        body = json.loads(out)
+        assert (body["status"], body["generation"], body["ram_checkpoints"], body["disk_checkpoints"]) == (
+            "done", 1, 1, 0)
+        code, out = run_cli(capsys, "explain", cid, *url, "--json")
+        assert code == 1 and json.loads(out)["error"]["code"] == "checkpoint_fenced"
+
+        world.checkpoint()
+        code, out = run_cli(capsys, "reset", *url)
+        assert code == 0
+        cells = [[c.strip() for c in line.strip().strip("│").split("│")] for line in out.splitlines()]
+        rows = {row[0]: row[1] for row in cells if len(row) == 2}
+        assert "kvci cache reset: done" in out
+        assert (rows["generation"], rows["RAM checkpoints fenced"], rows["disk checkpoints fenced"]) == (
+            "2", "1", "0")
+        assert "not reset" in " ".join(out.split())  # vLLM's prefix cache is not
+
+        world.side.idle = True  # no request arrives: the engine applies it at its next hook
+        code, out = run_cli(capsys, "reset", *url, "--wait-s", "0.1")
+        assert code == 0 and "kvci cache reset: pending" in out
+        assert "before its next lookup" in " ".join(out.split())
+        code, out = run_cli(capsys, "reset", *url, "--wait-s", "61", "--json")
+        assert code == 1 and json.loads(out)["error"]["code"] == "invalid_request"
+    finally:
+        server.stop()
+    world.side.step()
+    assert world.manager.generation == 3
+
+
 def test_cli_serve_passes_the_ram_bar_choices(capsys: pytest.CaptureFixture[str]) -> None:
     def extra(*flags: str) -> dict[str, Any]:
         code, out = run_cli(capsys, "serve", "m", "--no-control", *flags, "--dry-run")
@@ -233,9 +269,9 @@ def test_mcp_tool_schema_is_one_flat_object() -> None:
     schema = tool_input_schema()
     assert schema["type"] == "object" and "oneOf" not in schema and schema["required"] == ["action"]
     assert schema["properties"]["action"]["enum"] == [
-        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory"]
+        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset"]
     models = (RecommendRequest, CheckpointNowRequest, PromoteRequest, ExplainRequest, RamStatsRequest,
-              AdvisoryRequest)
+              AdvisoryRequest, ResetRequest)
     assert set(schema["properties"]) == set().union(*(m.model_fields for m in models))
     validator = jsonschema.Draft202012Validator(schema)
     for request in ({"action": "recommend", "evidence_bundle_json": {"claims": []}},
@@ -243,10 +279,17 @@ def test_mcp_tool_schema_is_one_flat_object() -> None:
                     {"action": "promote", "checkpoint_id": "ab12", "delegation_tokens": ["t"]},
                     {"action": "explain", "checkpoint_id": "ab12", "tenant": "acme"},
                     {"action": "ram_stats"},
-                    {"action": "advisory", "session_id": "s", "tenant": "acme"}):
+                    {"action": "advisory", "session_id": "s", "tenant": "acme"},
+                    {"action": "reset"},
+                    {"action": "reset", "wait_s": 2.5}):
         assert not list(validator.iter_errors(request)), request
         REQUEST_ADAPTER.validate_python(request)
     assert list(validator.iter_errors({"action": "recommend", "surprise": 1}))
+    wait_s = schema["properties"]["wait_s"]
+    assert (wait_s["type"], wait_s["minimum"], wait_s["maximum"]) == ("number", 0, 60)
+    assert wait_s["description"].endswith("; action reset")
+    for bad in ({"action": "reset", "wait_s": 61}, {"action": "reset", "wait_s": "5"}):
+        assert list(validator.iter_errors(bad)), bad
 
 
 async def _exercise_mcp(server: Any, checkpoint_id: str) -> dict[str, Any]:
@@ -256,8 +299,11 @@ async def _exercise_mcp(server: Any, checkpoint_id: str) -> dict[str, Any]:
         for args in ({"action": "recommend", "observation_json": {"evidence_spans": 1, "claims": 2}},
                      {"action": "explain", "checkpoint_id": checkpoint_id},
                      {"action": "ram_stats"},
-                     {"action": "explain", "checkpoint_id": "0" * 32}):
-            results[f"{args['action']}:{args.get('checkpoint_id', '')}"] = await client.call_tool(TOOL_NAME, args)
+                     {"action": "explain", "checkpoint_id": "0" * 32},
+                     {"action": "reset", "wait_s": 5},
+                     {"action": "explain", "checkpoint_id": checkpoint_id}):
+            key = f"{args['action']}:{args.get('checkpoint_id', '')}"
+            results[key if key not in results else f"{key}:after-reset"] = await client.call_tool(TOOL_NAME, args)
         return results
 
 
@@ -274,6 +320,11 @@ def check_mcp_results(results: dict[str, Any], checkpoint_id: str) -> None:
     assert results["ram_stats:"].structured_content["stats"]["entries"] >= 1
     missing = results[f"explain:{'0' * 32}"]
     assert missing.is_error and json.loads(missing.content[0].text)["error"]["code"] == "checkpoint_not_found"
+    reset = results["reset:"]
+    assert not reset.is_error and reset.structured_content["status"] == "done"
+    assert reset.structured_content["ram_checkpoints"] >= 1
+    fenced = results[f"explain:{checkpoint_id}:after-reset"]
+    assert fenced.is_error and json.loads(fenced.content[0].text)["error"]["code"] == "checkpoint_fenced"
 
 
 def test_mcp_over_stdio(served: ControlServer, module_world: Any) -> None:

@@ -33,7 +33,7 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path):
 
 def step(worker: KVCIWorker, jobs: StepJobs, finished: set[str]) -> set[str]:
     worker.bind(jobs)
-    worker.start_load_kv(forward=True)
+    worker.start_load_kv()
     worker.wait_for_save()
     sending, _ = worker.get_finished(finished)
     worker.clear()

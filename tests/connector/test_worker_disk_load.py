@@ -17,6 +17,7 @@ import kvci_plugin.connector.worker as worker_module
 from kvci_plugin.connector.jobs import DiskLoadJob, PersistJob, StepJobs
 from kvci_plugin.connector.worker import KVCIWorker
 from kvci_plugin.tiering.blob_store import FolderBlobRoot
+from kvci_plugin.tiering.keys import generation_namespace
 
 NS = hashlib.sha256(b"worker-disk-load").digest()
 PAGES = 8
@@ -38,21 +39,12 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     worker.shutdown()
 
 
-def run_load(worker: KVCIWorker, job: DiskLoadJob) -> set[int]:
+def run_load(worker: KVCIWorker, job: DiskLoadJob, generation: int = 0) -> set[int]:
     """Start the load in a step that computes nothing and step until it is reported."""
-    worker.bind(StepJobs(disk_loads=[job]))
-    worker.start_load_kv(forward=False)
+    worker.bind(StepJobs(disk_loads=[job], forward=False, generation=generation))
+    worker.start_load_kv()
     worker.clear()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        worker.bind(StepJobs())
-        worker.start_load_kv(forward=False)
-        _, recving = worker.get_finished(set())
-        worker.clear()
-        if recving:
-            assert recving == {job.req_id}
-            return worker.get_block_ids_with_load_errors()
-    raise AssertionError("the disk load was never reported")
+    return _step_until_reported(worker, job.req_id, generation)
 
 
 def test_a_prefix_longer_than_the_staging_buffer_lands_whole(setup) -> None:
@@ -104,3 +96,59 @@ def test_a_persist_writes_every_page_of_its_slots(setup) -> None:
     assert worker.take_report().persisted == {"c1": 1}
     for i, key in enumerate(keys):
         assert torch.equal(blobs.read(key, "alice"), page_of(100 + i))
+
+
+def _step_until_reported(worker: KVCIWorker, req_id: str, generation: int) -> set[int]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        worker.bind(StepJobs(forward=False, generation=generation))
+        worker.start_load_kv()
+        _, recving = worker.get_finished(set())
+        worker.clear()
+        if recving:
+            assert recving == {req_id}
+            return worker.get_block_ids_with_load_errors()
+    raise AssertionError("the disk load was never reported")
+
+
+def test_a_disk_load_in_flight_at_a_reset_is_reported_failed(setup) -> None:
+    worker, _, keys, _ = setup
+    blocks = list(range(PAGES))
+    worker.bind(StepJobs(disk_loads=[DiskLoadJob("r4", "alice", keys, blocks)], forward=False))
+    worker.start_load_kv()
+    worker.clear()
+    # The next step carries the scheduler's new generation: the load's KV predates the reset.
+    assert _step_until_reported(worker, "r4", generation=1) == set(blocks)
+
+
+def test_after_a_reset_blobs_are_read_and_written_in_the_new_generation(setup, tmp_path) -> None:
+    worker, kv, keys, blobs = setup
+    blocks = list(range(PAGES))
+    assert run_load(worker, DiskLoadJob("r5", "alice", keys, blocks), generation=1) == set(blocks)
+    assert all(not block_bytes(kv, b).any() for b in blocks)  # generation 0's blobs: not read
+    key = hashlib.sha256(b"new-generation").digest()[:16]
+    worker._pool.write(1, page_of(200))
+    worker.bind(StepJobs(persists=[PersistJob("c2", "alice", [key], [1])], generation=1))
+    worker.wait_for_save()
+    worker.clear()
+    fresh = FolderBlobRoot(tmp_path / "disk").store(generation_namespace(NS, 1))
+    assert torch.equal(fresh.read(key, "alice"), page_of(200)) and not blobs.exists(key)
+
+
+def test_sleep_drains_refuses_copies_until_the_wake_and_then_copies_again(setup) -> None:
+    worker, kv, keys, _ = setup
+    blocks = list(range(PAGES))
+    worker.bind(StepJobs(disk_loads=[DiskLoadJob("r6", "alice", keys, blocks)], forward=False))
+    worker.start_load_kv()
+    worker.clear()
+    worker.unregister_kv_caches()
+    (fut, _, _), = worker._disk_loads.values()
+    assert fut.done()  # the load ran to its end before the KV cache memory is released
+    worker.bind(StepJobs())  # a step with nothing to copy is fine while asleep
+    worker.clear()
+    with pytest.raises(RuntimeError, match="asleep"):
+        worker.bind(StepJobs(persists=[PersistJob("c3", "alice", keys[:1], [0])]))
+    worker.restore_kv_caches()
+    assert _step_until_reported(worker, "r6", generation=0) == set()
+    assert run_load(worker, DiskLoadJob("r7", "alice", keys, blocks)) == set()
+    assert all(torch.equal(block_bytes(kv, b), page_of(b)) for b in blocks)

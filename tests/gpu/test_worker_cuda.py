@@ -44,7 +44,7 @@ def test_a_store_waits_for_the_forward_and_is_reported_once_it_ran(worker) -> No
     forward = torch.cuda.Stream()  # vLLM's forward runs on a stream of its own
     with torch.cuda.stream(forward):
         w.bind(StepJobs(stores=[StoreJob("r1", "c1", [2], [6])]))
-        w.start_load_kv(forward=True)
+        w.start_load_kv()
         torch.cuda._sleep(STALL_CYCLES)  # the forward, still running when wait_for_save returns
         write_block(kv, 6, written)  # queued, as the page is on the GPU
         w.wait_for_save()
@@ -64,7 +64,7 @@ def test_the_next_forward_reads_a_loaded_page(worker) -> None:
     w._pool.write(1, page_of(40))
     torch.cuda._sleep(STALL_CYCLES)  # an earlier forward keeps the stream busy
     w.bind(StepJobs(loads=[LoadJob("r2", [1], [9])]))
-    w.start_load_kv(forward=True)
+    w.start_load_kv()
     assert torch.equal(block_bytes(kv, 9), page_of(40))  # read on the forward's stream
     w.clear()
 
@@ -75,14 +75,14 @@ def test_a_load_does_not_queue_behind_a_store_in_flight(worker) -> None:
     stalled = torch.cuda.Stream()  # a forward still running when the next step starts
     with torch.cuda.stream(stalled):
         w.bind(StepJobs(stores=[StoreJob("r1", "c1", [2], [6])]))
-        w.start_load_kv(forward=True)
+        w.start_load_kv()
         torch.cuda._sleep(STALL_CYCLES)
         w.wait_for_save()  # queued behind the stall
         w.clear()
     nxt = torch.cuda.Stream()  # the next step's forward
     with torch.cuda.stream(nxt):
         w.bind(StepJobs(loads=[LoadJob("r2", [1], [9])]))
-        w.start_load_kv(forward=True)
+        w.start_load_kv()
         assert torch.equal(block_bytes(kv, 9), page_of(41))  # waits for the load only
         sending, _ = w.get_finished({"r1"})
         w.clear()

@@ -500,7 +500,29 @@ def test_a_version_1_catalog_migrates_in_place(tmp_path: Path) -> None:
             db.execute(statement)
         db.execute("INSERT INTO schema_version (version) VALUES (1)")
     catalog = CheckpointCatalog(path)
-    assert catalog.schema_version() == len(MIGRATIONS) == 2
+    assert catalog.schema_version() == len(MIGRATIONS) == 3
+    assert catalog.generation(NS) == 0
     catalog.lease(NS, [key("a")], "w", until=4e9)
     assert catalog.leased(NS, [key("a")]) == {key("a")}
     catalog.close()
+
+
+def test_a_reset_fences_a_namespace_for_every_node_and_later_resets_join(
+        catalog: CheckpointCatalog) -> None:
+    from kvci_plugin.tiering.keys import generation_namespace
+
+    gen1 = generation_namespace(NS, 1)
+    catalog.add_checkpoint(record("old", [key("a"), key("b")]))
+    assert catalog.generation(NS) == 0
+    new, removal = catalog.advance_generation(NS, 0, NS)
+    assert new == catalog.generation(NS) == 1
+    assert removal.checkpoint_ids == ("old",) and {p.key for p in removal.pages} == {key("a"), key("b")}
+    assert catalog.find("old") is None and catalog.longest_prefix(NS, [key("a")], "alice") == 0
+    tenant, _, generation = catalog.fenced("old")
+    assert (tenant, generation) == ("alice", 1)
+    assert catalog.fenced("never-held") is None
+    # A node still in generation 0 that resets joins generation 1 (fencing what it kept since);
+    # a node in generation 1 moves everyone on to 2.
+    assert catalog.advance_generation(NS, 0, NS)[0] == 1
+    assert catalog.advance_generation(NS, 1, gen1)[0] == 2
+    assert generation_namespace(NS, 0) == NS and len({NS, gen1, generation_namespace(NS, 2)}) == 3

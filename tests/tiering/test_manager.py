@@ -43,6 +43,7 @@ from kvci_plugin.tiering.manager import (
 )
 from kvci_plugin.tiering.ram_store import RAMCheckpointStore
 from kvci_plugin.tiering.types import (
+    CheckpointFencedError,
     CheckpointNotFoundError,
     PageKey,
     Reservation,
@@ -665,3 +666,54 @@ def test_a_catalog_row_that_cannot_be_written_fails_the_persist(
     assert explained["tier"] == "ram" and "disk_bytes" in explained["persist_error"]
     assert world.manager.ram_stats()["pinned_pages"] == 0
     assert world.disk.stats().checkpoints == 0
+
+
+# ---- cache reset --------------------------------------------------------------------------------
+
+
+def test_a_reset_forgets_ram_fences_disk_and_a_restart_keeps_the_fence(world: World) -> None:
+    assert world.disk is not None
+    ram_only, ram_keys, _ = world.checkpoint("ram-only")
+    durable, disk_keys, outcome = world.checkpoint("durable", persist=True,
+                                                   session_token=world.session())
+    assert outcome.persist is not None and outcome.persist.status == "persisted"
+    old_namespace = world.disk.namespace
+    assert world.manager.generation == 0 and blob_files(world.disk_root)
+
+    reset = world.manager.reset()
+
+    assert (reset.generation, reset.ram_checkpoints, reset.disk_checkpoints) == (1, 2, 1)
+    assert world.manager.generation == world.disk.generation == 1
+    assert world.disk.namespace != old_namespace
+    assert world.ram.index.entries() == [] and world.ram.index.longest_prefix(ram_keys, TENANT) == 0
+    assert world.disk.longest_prefix(disk_keys, TENANT) == 0 and world.disk.list() == []
+    assert blob_files(world.disk_root) == []  # the fenced pages' blobs are deleted
+    for cid in (ram_only, durable):
+        with pytest.raises(CheckpointFencedError, match="fenced by a cache reset"):
+            world.manager.explain(cid, TENANT)
+        with pytest.raises(CheckpointNotFoundError) as other:  # no oracle for another tenant
+            world.manager.explain(cid, OTHER)
+        assert not isinstance(other.value, CheckpointFencedError)
+
+    restarted = world.reopen()
+    assert restarted.generation == 1 and world.disk.namespace != old_namespace
+    with pytest.raises(CheckpointFencedError):
+        restarted.explain(durable, TENANT)
+
+
+def test_copies_in_flight_at_a_reset_are_never_kept(queued: World) -> None:
+    assert queued.disk is not None
+    storing, store_keys, _ = queued.checkpoint("storing")
+    writing, write_keys, _ = queued.checkpoint("writing", persist=True,
+                                               session_token=queued.session())
+    queued.mover.finish_store(queued.manager, writing)  # its persist starts: blobs being written
+    assert queued.mover.persists
+
+    queued.manager.reset()
+
+    assert queued.mover.finish_store(queued.manager, storing) is None  # the copy ran: ignored
+    assert queued.ram.index.longest_prefix(store_keys, TENANT) == 0
+    (written,) = queued.mover.finish_persists(queued.manager)
+    assert (written.status, written.reason) == ("failed", "fenced by a cache reset: not recorded")
+    assert queued.disk.list() == [] and queued.disk.longest_prefix(write_keys, TENANT) == 0
+    assert queued.manager.ram_stats()["persists_in_flight"] == 0
