@@ -1,5 +1,9 @@
 """A tiny random-weight Llama model, generated locally and deterministically.
 
+With ``sliding_window`` its layers attend within that many tokens (Mistral-style sliding-window
+attention through Llama's ``layer_types``), all of them or all but every ``full_attention_every``-th
+one: the shapes of the hybrid models vLLM serves with one KV cache group per kind of layer.
+
 Nothing is downloaded: the weights are seeded random tensors written with safetensors, the
 tokenizer is a byte-level BPE trained here with ``tokenizers`` on a seeded synthetic corpus.
 Used by the demo, the benchmarks and the test suite so that a real vLLM engine can run anywhere.
@@ -43,6 +47,8 @@ class TinyModelSpec:
     max_position_embeddings: int = 8192
     dtype: str = "bfloat16"
     seed: int = 0
+    sliding_window: int = 0  # 0: every layer attends to the whole context
+    full_attention_every: int = 0  # with a window: every n-th layer attends to all (0: none does)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -55,6 +61,10 @@ class TinyModelSpec:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         if self.vocab_size < 300:
             raise ValueError("vocab_size must be >= 300 (256 byte tokens + merges + specials)")
+        if self.sliding_window < 0 or self.full_attention_every < 0:
+            raise ValueError("sliding_window and full_attention_every must be >= 0")
+        if self.full_attention_every and not self.sliding_window:
+            raise ValueError("full_attention_every needs a sliding_window")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"dtype must be bfloat16, float16 or float32, not {self.dtype!r}")
 
@@ -62,9 +72,21 @@ class TinyModelSpec:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def layer_types(self) -> list[str] | None:
+        if not self.sliding_window:
+            return None
+        every = self.full_attention_every
+        return ["full_attention" if every and (n + 1) % every == 0 else "sliding_attention"
+                for n in range(self.num_layers)]
+
     def slug(self) -> str:
+        window = ""
+        if self.sliding_window:
+            window = f"-sw{self.sliding_window}" + (
+                f"f{self.full_attention_every}" if self.full_attention_every else "")
         return (f"llama-l{self.num_layers}-h{self.hidden_size}-a{self.num_heads}"
-                f"-kv{self.num_kv_heads}-v{self.vocab_size}-{self.dtype}-s{self.seed}"
+                f"-kv{self.num_kv_heads}-v{self.vocab_size}-{self.dtype}-s{self.seed}{window}"
                 f"-r{RECIPE_VERSION}")
 
 
@@ -128,7 +150,9 @@ def _weights(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
 
 
 def _config(spec: TinyModelSpec) -> dict:
-    return {
+    window = {} if not spec.sliding_window else {
+        "sliding_window": spec.sliding_window, "layer_types": spec.layer_types}
+    return window | {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": spec.hidden_size,

@@ -12,6 +12,9 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_evicted_checkpoints_total         RAM checkpoints evicted to make room
     vllm:kvci_store_declined_total              keeps that did not fit the RAM tier
     vllm:kvci_store_opted_out_total             requests whose client asked for checkpoint "never"
+    vllm:kvci_cache_resets_total                cache resets (after weight updates)
+    vllm:kvci_checkpoints_fenced_total          RAM and disk checkpoints a cache reset fenced
+    vllm:kvci_cache_reset_failures_total        resets that could not fence the disk tier
     vllm:kvci_disk_hits_declined_total          disk hits recomputed: measured to be clearly faster
     vllm:kvci_persisted_checkpoints_total       checkpoints made durable on disk
     vllm:kvci_persist_failures_total            persists whose blob writes failed
@@ -56,6 +59,11 @@ _PLAIN = {
     "evicted_checkpoints": ("vllm:kvci_evicted_checkpoints", "RAM checkpoints evicted to make room."),
     "store_declined": ("vllm:kvci_store_declined", "Keeps that did not fit the RAM tier."),
     "store_opted_out": ("vllm:kvci_store_opted_out", "Requests whose client asked for checkpoint 'never'."),
+    "cache_resets": ("vllm:kvci_cache_resets", "Cache resets (after weight updates): tiers fenced."),
+    "checkpoints_fenced": ("vllm:kvci_checkpoints_fenced",
+                           "RAM and disk checkpoints a cache reset fenced."),
+    "cache_reset_failures": ("vllm:kvci_cache_reset_failures",
+                             "Cache resets that could not fence the disk tier."),
     "disk_hits_declined": ("vllm:kvci_disk_hits_declined",
                            "Disk hits recomputed because recomputing was measured clearly faster."),
     "persisted_checkpoints": ("vllm:kvci_persisted_checkpoints", "Checkpoints made durable on disk."),

@@ -43,6 +43,7 @@ from kvci_plugin.worthiness import (
 logger = logging.getLogger(__name__)
 
 _FINISHED_OK = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
+NULL_BLOCK_ID = 0  # vLLM's BlockPool hands out block 0 as its null block (never holds KV)
 _SESSION_WINDOW = 8  # turns over which a session's context rewrites are counted
 _MAX_TRACKED = 65536  # bound for per-prefix reuse counts and per-session context state
 
@@ -286,12 +287,18 @@ class KVCIScheduler:
         keys = st.keys[first:last]
         st.ext_tokens = num_external_tokens
         st.hit_key = keys[-1]
+        # A sliding-window layout gives the blocks out of the window as vLLM's null block: the
+        # forward never reads them, and nothing may be written there.
+        wanted = [i for i, block in enumerate(block_ids) if block != NULL_BLOCK_ID]
         if st.hit_tier == "ram":
             slots = self.manager.index.pin(keys, st.tenant)
             self._pinned.append(keys)
-            self._loads.append(LoadJob(request.request_id, slots, block_ids))
+            self._loads.append(LoadJob(request.request_id, [slots[i] for i in wanted],
+                                       [block_ids[i] for i in wanted]))
         else:
-            self._disk_loads.append(DiskLoadJob(request.request_id, st.tenant, keys, block_ids))
+            self._disk_loads.append(DiskLoadJob(request.request_id, st.tenant,
+                                                [keys[i] for i in wanted],
+                                                [block_ids[i] for i in wanted]))
             assert self.manager.disk is not None
             self.manager.disk.touch(keys)
         self._reuse[st.hit_key] = self._reuse.get(st.hit_key, 0) + 1
@@ -373,13 +380,14 @@ class KVCIScheduler:
     # ---- the end of a request -------------------------------------------------------------------
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        st = self._reqs.pop(request.request_id, None) or self._state_once(request)
-        params = st.params
-        if st.first_scheduled is None and request.status.name not in _FINISHED_OK:
+        st = self._reqs.pop(request.request_id, None)
+        if (st is None or st.first_scheduled is None) and request.status.name not in _FINISHED_OK:
             # Aborted before it ran (e.g. sent while generation was paused): it built no KV and
             # used none, so it leaves no trace — no lookup, session turn, armed checkpoint
             # consumed or lesson for the bar.
             return False, None
+        st = st or self._state_once(request)
+        params = st.params
         if st.generation != self.generation:
             st.keys = None  # keyed before a cache reset: its KV is neither matched nor kept
         if st.error is not None:
@@ -424,6 +432,10 @@ class KVCIScheduler:
         n_full = 0
         if prompt_keys is not None:
             n_full = min(request.num_computed_tokens // self.block_size, len(block_ids))
+            if NULL_BLOCK_ID in block_ids[:n_full]:
+                # vLLM freed the KV of the blocks a sliding window left behind: a checkpoint is
+                # a prefix, so it ends before the first of them.
+                n_full = block_ids.index(NULL_BLOCK_ID)
         if trigger is not None and prompt_keys is not None:
             keys = (prompt_keys[:n_full] if n_full <= len(prompt_keys)
                     else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))

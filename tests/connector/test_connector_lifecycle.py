@@ -133,11 +133,17 @@ def test_a_reset_after_a_weight_update_fences_every_tenant_node_and_restart(
     assert _probe(node_b, "acme") >= 4 * BLOCK_SIZE  # node A's checkpoint, from the shared tier
 
     node_a.collective_rpc(update_weights_in_place)
+    counted = _kvci_counters(node_a)
     assert node_a.reset_prefix_cache(reset_connector=True) is True
 
     for prompt, tenant in (("acme", "acme"), ("globex", "globex"), ("node_b", "acme")):
         hit, tokens = _kvci_hit(node_a, prompt, tenant)
         assert (hit, tokens) == (0, after[prompt]), prompt
+    now = _kvci_counters(node_a)
+    moved = {name: now[name] - counted.get(name, 0)
+             for name in ("vllm:kvci_cache_resets", "vllm:kvci_checkpoints_fenced")}
+    # A's two RAM checkpoints, and the three disk rows: A's two and B's.
+    assert moved == {"vllm:kvci_cache_resets": 1, "vllm:kvci_checkpoints_fenced": 5}
     # Node B did not reset, yet cannot load the KV of before A's reset from the shared tier.
     assert _probe(node_b, "acme") == 0
     assert not durable_ids & shared_catalog_ids(extra["catalog_url"])

