@@ -39,11 +39,16 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     worker.shutdown()
 
 
-def run_load(worker: KVCIWorker, job: DiskLoadJob, generation: int = 0) -> set[int]:
-    """Start the load in a step that computes nothing and step until it is reported."""
+def start_load(worker: KVCIWorker, job: DiskLoadJob, generation: int = 0) -> None:
+    """Start the load in a step that computes nothing."""
     worker.bind(StepJobs(disk_loads=[job], forward=False, generation=generation))
     worker.start_load_kv()
     worker.clear()
+
+
+def run_load(worker: KVCIWorker, job: DiskLoadJob, generation: int = 0) -> set[int]:
+    """Start the load and step until it is reported; the block ids that failed."""
+    start_load(worker, job, generation)
     return _step_until_reported(worker, job.req_id, generation)
 
 
@@ -114,9 +119,7 @@ def _step_until_reported(worker: KVCIWorker, req_id: str, generation: int) -> se
 def test_a_disk_load_in_flight_at_a_reset_is_reported_failed(setup) -> None:
     worker, _, keys, _ = setup
     blocks = list(range(PAGES))
-    worker.bind(StepJobs(disk_loads=[DiskLoadJob("r4", "alice", keys, blocks)], forward=False))
-    worker.start_load_kv()
-    worker.clear()
+    start_load(worker, DiskLoadJob("r4", "alice", keys, blocks))
     # The next step carries the scheduler's new generation: the load's KV predates the reset.
     assert _step_until_reported(worker, "r4", generation=1) == set(blocks)
 
@@ -138,9 +141,7 @@ def test_after_a_reset_blobs_are_read_and_written_in_the_new_generation(setup, t
 def test_sleep_drains_refuses_copies_until_the_wake_and_then_copies_again(setup) -> None:
     worker, kv, keys, _ = setup
     blocks = list(range(PAGES))
-    worker.bind(StepJobs(disk_loads=[DiskLoadJob("r6", "alice", keys, blocks)], forward=False))
-    worker.start_load_kv()
-    worker.clear()
+    start_load(worker, DiskLoadJob("r6", "alice", keys, blocks))
     worker.unregister_kv_caches()
     (fut, _, _), = worker._disk_loads.values()
     assert fut.done()  # the load ran to its end before the KV cache memory is released
