@@ -15,12 +15,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.groups import GroupLayout, KVGroup
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.namespace import engine_namespace
 from kvci_plugin.connector.scheduler import KVCIScheduler
@@ -51,12 +53,41 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def _kv_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig") -> str:
-    """The resolved KV cache layout (e.g. LBNHC): pages are copied in memory order, so pages of
-    one layout must never load under another. The engine core records it in the cache config and
-    each worker does before it builds its connector."""
+def _kv_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
+               groups: GroupLayout) -> str:
+    """The resolved KV cache layout (e.g. LBNHC) and, for more than one group or a window, the
+    groups: pages are copied in memory order per group, so pages of one layout must never load
+    under another. The engine core records the layout in the cache config and each worker does
+    before it builds its connector."""
     layout = vllm_config.cache_config.kv_cache_layout or kv_cache_config.kv_cache_layout
-    return f"{vllm_config.device_config.device_type}/{layout or 'default'}/pages"
+    plain = not groups.hybrid and groups.groups[0].window is None
+    return (f"{vllm_config.device_config.device_type}/{layout or 'default'}/pages"
+            + ("" if plain else "/groups=" + groups.describe()))
+
+
+def _group_layout(kv_cache_config: "KVCacheConfig", block_size: int) -> GroupLayout:
+    """kvci keeps attention KV: full or sliding-window groups. A state-space (Mamba) or other
+    group is refused at start, naming it: its state at a block boundary is not a page of KV."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        SlidingWindowSpec,
+        UniformTypeKVCacheSpecs,
+    )
+
+    groups = []
+    for i, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, SlidingWindowSpec):
+            groups.append(KVGroup(tuple(group.layer_names), spec.sliding_window))
+        elif isinstance(spec, FullAttentionSpec | UniformTypeKVCacheSpecs):
+            groups.append(KVGroup(tuple(group.layer_names)))
+        else:
+            raise ValueError(
+                f"kvci: KV cache group {i} ({', '.join(group.layer_names[:3])}...) is "
+                f"{type(spec).__name__}: kvci keeps full-attention and sliding-window KV only; "
+                "state-space (Mamba) and other layer kinds are not supported: remove "
+                "--kv-transfer-config for this model")
+    return GroupLayout(tuple(groups), block_size)
 
 
 def _namespace(vllm_config: "VllmConfig", config: KVCIConfig, kv_layout: str, tp_rank: int) -> bytes:
@@ -74,11 +105,16 @@ def _namespace(vllm_config: "VllmConfig", config: KVCIConfig, kv_layout: str, tp
 
 
 def _slot_bytes(kv_cache_config: "KVCacheConfig") -> int:
-    return sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names)
-               for g in kv_cache_config.kv_cache_groups)
+    """A slot holds one group's pages of one block: the same size in every group (vLLM gives
+    the groups of a hybrid model one page size, so they share one block pool)."""
+    sizes = {g.kv_cache_spec.page_size_bytes * len(g.layer_names)
+             for g in kv_cache_config.kv_cache_groups}
+    if len(sizes) != 1:
+        raise ValueError(f"kvci: the KV cache groups' pages differ in size ({sorted(sizes)})")
+    return sizes.pop()
 
 
-class KVCheckpointConnector(KVConnectorBase_V1):
+class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     """Keeps a request's KV when it is worth keeping; loads it back when a prefix matches."""
 
     _cache_hit_source = CacheHitSource.HOST
@@ -91,8 +127,7 @@ class KVCheckpointConnector(KVConnectorBase_V1):
                  kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self._config = KVCIConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
-        if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ValueError("kvci supports models with one KV cache group (no hybrid allocator)")
+        self._groups = _group_layout(kv_cache_config, vllm_config.cache_config.block_size)
         if self._kv_transfer_config.kv_load_failure_policy != "recompute":
             logger.warning(
                 "kvci: kv_load_failure_policy is %r: a disk blob that fails its checksum will "
@@ -101,7 +136,7 @@ class KVCheckpointConnector(KVConnectorBase_V1):
         self._scheduler: KVCIScheduler | None = None
         self._worker: KVCIWorker | None = None
         cfg = self._config
-        self._kv_layout = _kv_layout(vllm_config, kv_cache_config)
+        self._kv_layout = _kv_layout(vllm_config, kv_cache_config, self._groups)
         slot_bytes = _slot_bytes(kv_cache_config)
         num_slots = int(cfg.ram_bytes) // slot_bytes
         self._control = None
@@ -119,7 +154,8 @@ class KVCheckpointConnector(KVConnectorBase_V1):
                 num_slots=num_slots, expected_slot_bytes=slot_bytes,
                 num_blocks=kv_cache_config.num_blocks,
                 rank_namespace=_namespace(vllm_config, cfg, self._kv_layout, rank),
-                blob_root=open_blob_root(cfg.blob_url, cfg.disk_root) if cfg.disk_tier else None)
+                blob_root=open_blob_root(cfg.blob_url, cfg.disk_root) if cfg.disk_tier else None,
+                group_layers=[list(g.layer_names) for g in self._groups.groups])
         logger.info("kvci: %s role, %d RAM slots of %d bytes, pages %s, disk tier %s", role.name,
                     num_slots, slot_bytes, self._kv_layout, "on" if cfg.disk_tier else "off")
 
@@ -153,7 +189,7 @@ class KVCheckpointConnector(KVConnectorBase_V1):
             config=cfg, block_size=vllm_config.cache_config.block_size, slot_bytes=slot_bytes,
             namespace=namespace, secret=secret,
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
-            tenants=TenantResolver(verifier), disk=disk)
+            tenants=TenantResolver(verifier), disk=disk, layout=self._groups)
 
     # ---- worker side ----------------------------------------------------------------------------
 
@@ -241,6 +277,10 @@ class KVCheckpointConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: "Request",
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...],
+                                    ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         return self._scheduler.request_finished(request, block_ids)
 

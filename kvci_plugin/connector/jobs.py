@@ -16,6 +16,7 @@ class LoadJob:
     req_id: str
     slots: list[int]
     block_ids: list[int]
+    groups: list[int] = field(default_factory=list)  # each page's KV cache group; []: all group 0
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class DiskLoadJob:
     tenant: str
     keys: list[bytes]
     block_ids: list[int]
+    groups: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class StoreJob:
     checkpoint_id: str
     slots: list[int]
     block_ids: list[int]
+    groups: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,16 @@ class WorkerReport:
             errors.setdefault(cid, []).extend(errs)
         return WorkerReport(persisted, errors, self.bad_pages + other.bad_pages,
                             self.disk_loads + other.disk_loads)
+
+
+def by_group(slots: list[int], block_ids: list[int],
+             groups: list[int]) -> list[tuple[int, list[int], list[int]]]:
+    """(group, slots, block ids) of a job's pages, one entry per KV cache group it names."""
+    if not groups:
+        return [(0, slots, block_ids)]
+    out: dict[int, tuple[list[int], list[int]]] = {}
+    for slot, block, g in zip(slots, block_ids, groups, strict=True):
+        s, b = out.setdefault(g, ([], []))
+        s.append(slot)
+        b.append(block)
+    return [(g, s, b) for g, (s, b) in sorted(out.items())]

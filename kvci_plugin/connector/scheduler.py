@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.groups import GroupLayout, KVGroup
 from kvci_plugin.connector.jobs import DiskLoadJob, LoadJob, PersistJob, StoreJob
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_request_params
@@ -74,6 +75,7 @@ class _Req:
     tenant: str
     key_tenant: str
     keys: list[PageKey] | None  # None: this request is never matched or stored (not keyable)
+    group_keys: list[list[PageKey]] | None = None  # each KV cache group's, made when first needed
     generation: int = 0  # the generation its keys were made in: after a reset they are stale
     local_tokens: int = 0
     ext_tokens: int = 0
@@ -97,11 +99,12 @@ class _ConnectorMover:
         self.persists: list[PersistJob] = []
 
     def store(self, reservation: Reservation, source: Any) -> bool:
-        req_id, block_of = source
-        new = reservation.new
+        req_id, page_of = source  # page key -> (block id, KV cache group)
+        pages = [page_of[key] for key, _ in reservation.new]
         self.stores.append(StoreJob(
             req_id=req_id, checkpoint_id=reservation.checkpoint_id,
-            slots=[slot for _, slot in new], block_ids=[block_of[key] for key, _ in new]))
+            slots=[slot for _, slot in reservation.new], block_ids=[b for b, _ in pages],
+            groups=[g for _, g in pages]))
         return False
 
     def persist(self, checkpoint_id: str, tenant: str, keys: Sequence[PageKey],
@@ -123,9 +126,14 @@ class KVCIScheduler:
         tp_size: int,
         tenants: TenantResolver,
         disk: KVCheckpointStore | None,
+        layout: GroupLayout | None = None,
     ) -> None:
+        """``layout``: the engine's KV cache groups; None: one full-attention group."""
         self.config = config
         self.block_size = block_size
+        self.layout = layout or GroupLayout((KVGroup(()),), block_size)
+        # One full-attention group: a hit is the leading run of the request's keys.
+        self._plain = not self.layout.hybrid and self.layout.groups[0].window is None
         self._base_namespace = namespace
         self._secret = secret
         self._tp_size = tp_size
@@ -250,13 +258,21 @@ class KVCIScheduler:
         bs = self.block_size
         cap = (request.num_tokens - 1) // bs  # never match every token: one must be computed
         local = num_computed_tokens // bs
-        resident = self.manager.index.longest_prefix(st.keys, st.tenant)
+        index = self.manager.index
+        if self._plain:
+            resident = index.longest_prefix(st.keys, st.tenant)
+            ram = min(resident, cap)
+        else:
+            ram = resident = self.layout.longest_run(
+                self._group_keys(st), local, cap, lambda ks: index.longest_prefix(ks, st.tenant))
         if st.resident is None:
             st.resident = resident  # the bar learns the first lookup, once the request runs
-        ram = min(resident, cap)
         disk = 0
         if self.manager.disk is not None and ram < cap and not self._disk_suspended:
-            disk = min(self.manager.disk.longest_prefix(st.keys, st.tenant), cap)
+            store = self.manager.disk
+            disk = (min(store.longest_prefix(st.keys, st.tenant), cap) if self._plain else
+                    self.layout.longest_run(self._group_keys(st), local, cap,
+                                            lambda ks: store.longest_prefix(ks, st.tenant)))
             otherwise = max(ram, local)  # computed or loaded from RAM without this hit
             if disk > otherwise and not self._worth_loading(st, disk, otherwise, local):
                 disk = 0
@@ -265,6 +281,21 @@ class KVCIScheduler:
             return 0, False
         st.hit_tier = "ram" if ram >= disk else "disk"
         return (best - local) * bs, st.hit_tier == "disk"
+
+    def _group_keys(self, st: _Req) -> list[list[PageKey]]:
+        assert st.keys is not None
+        if st.group_keys is None:
+            st.group_keys = self.layout.group_keys(st.keys) if self.layout.hybrid else [st.keys]
+        return st.group_keys
+
+    @staticmethod
+    def _pages(group_keys: list[list[PageKey]], group_block_ids: Sequence[Sequence[int]],
+               first: int, last: int) -> list[tuple[PageKey, int, int]]:
+        """(key, block id, group) of every page of blocks [first, last) that holds KV, block by
+        block. A sliding-window group's blocks out of its window are vLLM's null block: the
+        forward never reads them, and nothing is copied from or into them."""
+        return [(group_keys[g][i], ids[i], g) for i in range(first, last)
+                for g, ids in enumerate(group_block_ids) if ids[i] != NULL_BLOCK_ID]
 
     def _worth_loading(self, st: _Req, disk: int, otherwise: int, local: int) -> bool:
         """Load blocks [local, disk) from disk, or recompute those past ``otherwise``?"""
@@ -283,22 +314,18 @@ class KVCIScheduler:
             return
         bs = self.block_size
         first, last = st.local_tokens // bs, (st.local_tokens + num_external_tokens) // bs
-        block_ids = blocks.get_block_ids()[0][first:last]
-        keys = st.keys[first:last]
         st.ext_tokens = num_external_tokens
-        st.hit_key = keys[-1]
-        # A sliding-window layout gives the blocks out of the window as vLLM's null block: the
-        # forward never reads them, and nothing may be written there.
-        wanted = [i for i, block in enumerate(block_ids) if block != NULL_BLOCK_ID]
+        st.hit_key = st.keys[last - 1]
+        pages = self._pages(self._group_keys(st), blocks.get_block_ids(), first, last)
+        keys = [key for key, _, _ in pages]
+        block_ids, groups = [b for _, b, _ in pages], [g for _, _, g in pages]
         if st.hit_tier == "ram":
             slots = self.manager.index.pin(keys, st.tenant)
             self._pinned.append(keys)
-            self._loads.append(LoadJob(request.request_id, [slots[i] for i in wanted],
-                                       [block_ids[i] for i in wanted]))
+            self._loads.append(LoadJob(request.request_id, slots, block_ids, groups))
         else:
-            self._disk_loads.append(DiskLoadJob(request.request_id, st.tenant,
-                                                [keys[i] for i in wanted],
-                                                [block_ids[i] for i in wanted]))
+            self._disk_loads.append(DiskLoadJob(request.request_id, st.tenant, keys, block_ids,
+                                                groups))
             assert self.manager.disk is not None
             self.manager.disk.touch(keys)
         self._reuse[st.hit_key] = self._reuse.get(st.hit_key, 0) + 1
@@ -379,7 +406,10 @@ class KVCIScheduler:
 
     # ---- the end of a request -------------------------------------------------------------------
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Any,
+                         group_block_ids: Sequence[list[int]]) -> tuple[bool, dict[str, Any] | None]:
+        """vLLM's `request_finished_all_groups`: ``group_block_ids`` holds each KV cache
+        group's blocks of the request."""
         st = self._reqs.pop(request.request_id, None)
         if (st is None or st.first_scheduled is None) and request.status.name not in _FINISHED_OK:
             # Aborted before it ran (e.g. sent while generation was paused): it built no KV and
@@ -431,14 +461,14 @@ class KVCIScheduler:
         prompt_keys = st.keys if request.status.name in _FINISHED_OK else None
         n_full = 0
         if prompt_keys is not None:
-            n_full = min(request.num_computed_tokens // self.block_size, len(block_ids))
-            if NULL_BLOCK_ID in block_ids[:n_full]:
-                # vLLM freed the KV of the blocks a sliding window left behind: a checkpoint is
-                # a prefix, so it ends before the first of them.
-                n_full = block_ids.index(NULL_BLOCK_ID)
+            n_full = min(request.num_computed_tokens // self.block_size,
+                         *(len(ids) for ids in group_block_ids))
         if trigger is not None and prompt_keys is not None:
-            keys = (prompt_keys[:n_full] if n_full <= len(prompt_keys)
-                    else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
+            chain = (prompt_keys[:n_full] if n_full <= len(prompt_keys)
+                     else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
+            group_keys = self.layout.group_keys(chain) if self.layout.hybrid else [chain]
+            pages = self._pages(group_keys, group_block_ids, 0, n_full)
+            keys = [key for key, _, _ in pages]
             persist = bool(params is not None and params.persist) or (armed is not None and armed.persist) or (
                 trigger == "system" and self.config.auto_promote and rec.tier is CheckpointTier.DISK)
             token = params.session_token if params else None
@@ -447,7 +477,7 @@ class KVCIScheduler:
                 token, delegations = armed.session_token, armed.delegation_tokens
             outcome = self.manager.checkpoint_now(
                 tenant=st.tenant, keys=keys, trigger=trigger, recommendation=rec,
-                source=(request.request_id, dict(zip(keys, block_ids))),
+                source=(request.request_id, {key: (b, g) for key, b, g in pages}),
                 source_ids=params.source_ids if params else (), persist=persist,
                 session_token=token, delegation_tokens=delegations)
             self._count_outcome(outcome)

