@@ -18,7 +18,7 @@ import pytest
 from durable_support import catalog_rows, session_token, setup_dirs
 from engine import BLOCK_SIZE, generate_one, greedy, kvci_params, make_llm, shutdown
 
-from kvci_plugin.connector.groups import GroupLayout, KVGroup
+from kvci_plugin.connector.groups import KVGroup
 from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
 
 pytestmark = pytest.mark.engine
@@ -166,19 +166,3 @@ def test_hits_under_preemption_give_the_recomputed_output(spec, model, baseline,
     assert preempted > before
     assert sum(o.kv_transfer_params["kvci"]["hit_tokens"] == 5 * BLOCK_SIZE for o in outs) >= 4
     assert [list(o.outputs[0].token_ids) for o in outs] == baseline["batch"]
-
-
-def test_the_layout_needs_what_vllm_keeps():
-    """The sliding-window rule is vLLM's: blocks before the window of the next token are skipped."""
-    layout = GroupLayout((KVGroup(("f",)), KVGroup(("s",), WINDOW)), BLOCK_SIZE)
-    assert list(layout.needed(0, 0, 6)) == list(range(6))
-    # 192 tokens: the next token (192) attends to 129..192, so blocks 0..3 are skipped.
-    assert list(layout.needed(1, 0, 6)) == [4, 5]
-    assert list(layout.needed(1, 5, 6)) == [5]
-    keys = [bytes([i]) * 16 for i in range(8)]
-    group_keys = layout.group_keys(keys)
-    assert group_keys[0] == keys and len(set(group_keys[1]) | set(keys)) == 16
-    held = set(group_keys[0][:8]) | set(group_keys[1][4:6])
-    count = lambda ks: next((i for i, k in enumerate(ks) if k not in held), len(ks))  # noqa: E731
-    assert layout.longest_run(group_keys, 0, 7, count) == 6  # 7 would need block 6 of the window
-    assert layout.longest_run(group_keys, 0, 5, count) == 0  # 5 needs blocks 3, 4: 3 is gone

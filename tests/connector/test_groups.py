@@ -1,0 +1,61 @@
+"""The KV cache group layout without an engine: vLLM's sliding-window rule, per-group keys, the
+longest run every group serves, and the groups kvci refuses at start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine import BLOCK_SIZE
+
+from kvci_plugin.connector.groups import GroupLayout, KVGroup
+
+WINDOW = 64
+
+
+def test_the_layout_needs_what_vllm_keeps():
+    """The sliding-window rule is vLLM's: blocks before the window of the next token are skipped."""
+    layout = GroupLayout((KVGroup(("f",)), KVGroup(("s",), WINDOW)), BLOCK_SIZE)
+    assert list(layout.needed(0, 0, 6)) == list(range(6))
+    # 192 tokens: the next token (192) attends to 129..192, so blocks 0..3 are skipped.
+    assert list(layout.needed(1, 0, 6)) == [4, 5]
+    assert list(layout.needed(1, 5, 6)) == [5]
+    keys = [bytes([i]) * 16 for i in range(8)]
+    group_keys = layout.group_keys(keys)
+    assert group_keys[0] == keys and len(set(group_keys[1]) | set(keys)) == 16
+    held = set(group_keys[0][:8]) | set(group_keys[1][4:6])
+    count = lambda ks: next((i for i, k in enumerate(ks) if k not in held), len(ks))  # noqa: E731
+    assert layout.longest_run(group_keys, 0, 7, count) == 6  # 7 would need block 6 of the window
+    assert layout.longest_run(group_keys, 0, 5, count) == 0  # 5 needs blocks 3, 4: 3 is gone
+
+
+def _config(*specs):
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    return KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)])
+
+
+def _attention(window: int | None = None, heads: int = 2):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    if window is None:
+        return FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=heads, head_size=32,
+                                 dtype=torch.bfloat16)
+    return SlidingWindowSpec(block_size=BLOCK_SIZE, num_kv_heads=heads, head_size=32,
+                             dtype=torch.bfloat16, sliding_window=window)
+
+
+def test_the_connector_reads_full_and_sliding_groups_and_refuses_a_state_space_one():
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from kvci_plugin.connector.connector import _group_layout, _slot_bytes
+
+    config = _config(_attention(WINDOW), _attention())
+    layout = _group_layout(config, BLOCK_SIZE)
+    assert [g.window for g in layout.groups] == [WINDOW, None] and layout.hybrid
+    assert _slot_bytes(config) == _attention().page_size_bytes
+    mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((4, 8),), dtypes=(torch.float32,))
+    with pytest.raises(ValueError, match="group 1 .* MambaSpec.*not supported"):
+        _group_layout(_config(_attention(), mamba), BLOCK_SIZE)
+    with pytest.raises(ValueError, match="pages differ in size"):
+        _slot_bytes(_config(_attention(heads=2), _attention(heads=4)))
