@@ -7,12 +7,15 @@
                                         one `graph_kv_checkpoint` action on a running engine
     kvci mcp [--transport stdio|streamable-http]
                                         the MCP tool, forwarding to the engine's control endpoint
+    kvci doctor [--state-dir DIR] [--json]
+                                        how kvci sits in this environment: vLLM, torch, the native
+                                        extension, the connector's registration, the state folder
 
 `--json` prints the response body for machines; otherwise a readable table. Credentials are
 read from files (`--session-token-file`), never taken on the command line, where other users
 could read them. Exit status: 0 done (a reset still `pending` too: the engine applies it before
 its next lookup), 1 the endpoint refused or did not answer, 2 bad usage, 3 a promotion the gate
-refused.
+refused; `kvci doctor`: 0 no problem found, 1 problems (each printed with its way out).
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"wait for the engine to apply it (0..{RESET_WAIT_S_MAX:g}, default "
                        f"{RESET_WAIT_S_DEFAULT:g}); then it answers pending")
 
+    _doctor_parser(sub)
+
     mcp = control("mcp", "serve the MCP tool graph_kv_checkpoint", prints=False)
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="streamable HTTP address (loopback only)")
@@ -146,6 +151,17 @@ def _serve_parser(sub: Any) -> None:
     g.add_argument("--control-token-file", type=Path, help="bearer token file (required off loopback)")
     g.add_argument("--kvci-config", metavar="JSON", help="further kv_connector_extra_config keys "
                    "(the flags above win over these)")
+
+
+def _doctor_parser(sub: Any) -> None:
+    p = sub.add_parser("doctor", allow_abbrev=False,
+                       help="how kvci sits in this environment (run it first when something is off)",
+                       description="Reports vLLM, torch, the native extension (CPU or CUDA build, the "
+                       "torch it was built against, whether it loads), the connector's registration "
+                       "with vLLM and the state folder with its permissions. Changes nothing.")
+    p.add_argument("--state-dir", type=Path,
+                   help="the state folder to check (default: the connector's, ~/.local/state/kvci)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 # ---- serve ----------------------------------------------------------------------------------------
@@ -408,6 +424,69 @@ _RENDER = {
 }
 
 
+# ---- doctor ---------------------------------------------------------------------------------------
+
+def _run_doctor(args: argparse.Namespace, console: Console) -> int:
+    from kvci_plugin.doctor import diagnose  # imports torch and vLLM: only for this command
+
+    report = diagnose(args.state_dir)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _render_doctor(report, console)
+    return EXIT_OK if report["ok"] else EXIT_REFUSED
+
+
+def _render_doctor(report: dict[str, Any], console: Console) -> None:
+    kvci, vllm, torch = report["kvci"], report["vllm"], report["torch"]
+    ext, conn, state = report["extension"], report["connector"], report["state_dir"]
+    secret = state.get("secret") or {}
+    torch_text = "-" if torch is None else (
+        f"{torch.get('version')} (CUDA {torch['cuda']}, {torch.get('cuda_devices', 0)} GPU visible)"
+        if torch.get("cuda") else f"{torch.get('version')} (CPU only)")
+    if torch is not None and not torch.get("imports"):
+        torch_text = f"{torch.get('version')}: does not import"
+    if ext.get("loads"):
+        loads = "yes"
+    elif ext.get("loads") is False:
+        loads = "no: " + ext.get("error", "")
+    else:
+        loads = "-"
+    rows = [
+        ("kvci", f"{kvci['version']} at {kvci['location']}" + (" (editable)" if kvci["editable"] else "")),
+        ("python", report["python"]["version"]),
+        ("vLLM", "not installed" if vllm is None else
+         f"{vllm['distribution']} {vllm['version']}"
+         + (f" (pins {vllm['torch_requirement']})" if vllm.get("torch_requirement") else "")),
+        ("torch", torch_text),
+        ("extension", "no build recorded" if ext.get("kind") is None else
+         f"built for {ext['described']}"),
+        ("extension loads", loads),
+        ("connector", conn["entry_point"] or "no entry point"),
+        ("VLLM_PLUGINS", conn["VLLM_PLUGINS"] or "unset (every plugin loads)"),
+        ("vLLM resolves KVCheckpointConnector",
+         "-" if conn.get("resolves") is None else
+         f"yes: {conn['class']}" if conn["resolves"] else f"no: {conn.get('error')}"),
+        ("state folder", state["path"] + (
+            f" (mode {state['mode']}" + ("" if state.get("owned_by_me") else ", not owned by this user")
+            + ")" if state.get("exists") else f": absent, {state.get('detail', '')}")),
+        ("secret", "-" if not state.get("exists") else
+         f"mode {secret['mode']}, {secret.get('bytes', '?')} bytes" if secret.get("exists")
+         else secret.get("detail", "-")),
+    ]
+    table = Table(title="kvci doctor", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")  # paths and class names whole, wrapped
+    for key, value in rows:
+        table.add_row(key, Text(str(value)))
+    console.print(table)
+    if report["problems"]:
+        for problem in report["problems"]:
+            console.print(Text("problem: ", style="bold red") + Text(problem))
+    else:
+        console.print("[bold green]no problem found[/]", highlight=False)
+
+
 # ---- entry point ----------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -427,6 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(shlex.join(command))
                 return EXIT_OK
             os.execv(command[0], command)
+        if args.command == "doctor":
+            return _run_doctor(args, Console())
         if args.command == "mcp":
             from kvci_plugin.api.mcp_server import serve_mcp
 

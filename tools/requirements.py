@@ -8,8 +8,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
-requirements = list(project["dependencies"])
+pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+project = pyproject["project"]
+# [project].dependencies are dynamic (setup.py pins a wheel's torch); their list is [tool.kvci].
+requirements = list(pyproject["tool"]["kvci"]["dependencies"])
 for extra in sys.argv[1:]:
     if extra not in project["optional-dependencies"]:
         sys.exit(f"unknown extra {extra!r}; known: {sorted(project['optional-dependencies'])}")

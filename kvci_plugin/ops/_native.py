@@ -2,17 +2,45 @@
 
 from __future__ import annotations
 
+import importlib.util
+import warnings
 from collections.abc import Sequence
 
 import torch
 
+from kvci_plugin.build_info import (
+    REBUILD,
+    describe_build,
+    describe_torch,
+    installed_version,
+    read_build_info,
+    torch_mismatch,
+)
+
+
+def load_error(error: ImportError) -> str:
+    """Why ``kvci_plugin._C`` did not load: what it was built for and which torch is here."""
+    info = read_build_info()
+    present = describe_torch(installed_version("torch") or torch.__version__, torch.version.cuda)
+    if info is None and importlib.util.find_spec("kvci_plugin._C") is None:
+        return ("kvci_plugin._C, the native extension, is not built. Install kvci into this "
+                "environment with pip install --no-build-isolation <kvci checkout or git URL>, or "
+                "build it in place (python setup.py build_ext --inplace). `kvci doctor` says more.")
+    built = "an unrecorded build" if info is None else describe_build(info)
+    return (f"kvci_plugin._C, the native extension, failed to load: {error}. It was built for "
+            f"{built}; this environment has {present}. {REBUILD[0].upper()}{REBUILD[1:]}. "
+            "`kvci doctor` says more.")
+
+
 try:
     from kvci_plugin import _C
 except ImportError as error:
-    raise ImportError(
-        "kvci_plugin._C, the native extension, is not built: install the package "
-        "(pip install .) or build it in place (python setup.py build_ext --inplace)"
-    ) from error
+    raise ImportError(load_error(error)) from error
+
+_mismatch = torch_mismatch(read_build_info(), installed_version("torch") or torch.__version__)
+if _mismatch is not None:
+    # It loaded, but torch keeps no C++ ABI between versions: it may still misbehave.
+    warnings.warn(_mismatch, RuntimeWarning, stacklevel=2)
 
 kvci_ops = torch.ops.kvci
 

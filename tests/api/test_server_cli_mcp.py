@@ -47,6 +47,15 @@ def served(module_world: Any) -> Iterator[ControlServer]:
     server.stop()
 
 
+@pytest.fixture
+def served_own(world: Any) -> Iterator[ControlServer]:
+    """A control server over the test's own world, for a test that resets the tiers: a reset of
+    the module's world would fence the other tests' checkpoints and move its keys under them."""
+    server = serve_control_plane(world.plane, host="127.0.0.1", port=0, token_file=None)
+    yield server
+    server.stop()
+
+
 def token_file(path: Path, token: str = "s3cret-control-token-0123456789", mode: int = 0o600) -> Path:
     path.write_text(token + "\n")
     path.chmod(mode)
@@ -327,10 +336,10 @@ def check_mcp_results(results: dict[str, Any], checkpoint_id: str) -> None:
     assert fenced.is_error and json.loads(fenced.content[0].text)["error"]["code"] == "checkpoint_fenced"
 
 
-def test_mcp_over_stdio(served: ControlServer, module_world: Any) -> None:
-    cid = module_world.checkpoint()
+def test_mcp_over_stdio(served_own: ControlServer, world: Any) -> None:
+    cid = world.checkpoint()
     params = StdioServerParameters(command=sys.executable, env=ENV,
-                                   args=["-m", "kvci_plugin.cli", "mcp", "--control-url", served.url])
+                                   args=["-m", "kvci_plugin.cli", "mcp", "--control-url", served_own.url])
     check_mcp_results(anyio.run(_exercise_mcp, params, cid), cid)
 
 
@@ -340,11 +349,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_mcp_over_streamable_http(served: ControlServer, module_world: Any) -> None:
-    cid = module_world.checkpoint()
+def test_mcp_over_streamable_http(served_own: ControlServer, world: Any) -> None:
+    cid = world.checkpoint()
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvci_plugin.cli", "mcp", "--control-url", served.url,
+        [sys.executable, "-m", "kvci_plugin.cli", "mcp", "--control-url", served_own.url,
          "--transport", "streamable-http", "--port", str(port)], env=ENV)
     try:
         deadline = time.monotonic() + 60
