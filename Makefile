@@ -39,8 +39,13 @@ $(VENV)/.stamp-ext: $(EXT_SOURCES) $(VENV)/.stamp-deps
 model: $(VENV)/.stamp-deps
 	@$(PY) -m kvci_plugin.tinymodel >/dev/null
 
+# The tests of each module run in a random order (pytest-random-order, bucket module: a module's
+# tests still share its engine, and modules stay whole); `make test TEST_SEED=N` repeats an order.
+TEST_SEED := $(shell od -An -N3 -tu4 /dev/urandom | tr -d ' ')
+
 test: setup
-	$(PY) -m pytest -q
+	@echo "test order seed $(TEST_SEED): make test TEST_SEED=$(TEST_SEED) runs this order again"
+	$(PY) -m pytest -q --random-order-bucket=module --random-order-seed=$(TEST_SEED)
 
 demo: setup
 	$(VENV)/bin/kvci demo

@@ -14,6 +14,32 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` shuffles the tests of each module (pytest-random-order), which interleaves the
+    tests of a parametrized module-scoped fixture's instances (test_connector_sliding_window's
+    model, with its engines): pytest would set one up again at every switch. After a shuffle, the
+    tests of each instance run together again, in their shuffled order, as pytest groups them."""
+    if not _shuffled(config):
+        return
+    groups: dict[tuple[object, ...], list[pytest.Item]] = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        scopes = getattr(callspec, "_arg2scope", {})
+        shared = tuple(sorted((name, index) for name, index in getattr(callspec, "indices", {}).items()
+                              if getattr(scopes.get(name), "value", "function") != "function"))
+        groups.setdefault((item.path, shared), []).append(item)
+    items[:] = [item for group in groups.values() for item in group]
+
+
+def _shuffled(config: pytest.Config) -> bool:
+    try:
+        from random_order.config import Config
+    except ImportError:
+        return False
+    return bool(Config(config).is_enabled)
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     return make_tiny_model(TinyModelSpec())

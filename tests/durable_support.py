@@ -77,6 +77,15 @@ def catalog_rows(disk_root: Path) -> dict[str, int]:
         conn.close()
 
 
+def catalog_page_keys(disk_root: Path) -> set[str]:
+    """The key of every page row, referenced by a checkpoint or not, read-only."""
+    conn = sqlite3.connect(f"file:{disk_root / 'catalog.sqlite3'}?mode=ro", uri=True, timeout=10)
+    try:
+        return {r[0] for r in conn.execute("SELECT key FROM pages")}
+    finally:
+        conn.close()
+
+
 def blob_paths(disk_root: Path) -> list[Path]:
     return sorted((disk_root / "blobs").rglob("*.safetensors"))
 

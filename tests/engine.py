@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,26 @@ def make_llm(model: Path, extra: dict[str, Any] | None = None, **kwargs: Any):
     if extra is not None:
         args["kv_transfer_config"] = kv_transfer_config(extra)
     return LLM(**args)
+
+
+@contextmanager
+def earlier_engines_metrics_kept() -> Iterator[None]:
+    """Start an engine with stats inside this, and the engines started before it in this process
+    read their own series again from `get_metrics()` once it ends. vLLM's Prometheus collectors are
+    process-global and each new stat logger unregisters every earlier engine's, so a module's
+    shared engine would otherwise read a later engine's series for the rest of the module."""
+    from prometheus_client import REGISTRY
+    from vllm.v1.metrics.prometheus import unregister_vllm_metrics
+
+    # The registry's own map, as unregister_vllm_metrics reads it.
+    earlier = [c for c in list(REGISTRY._collector_to_names)
+               if str(getattr(c, "_name", "")).startswith("vllm:")]
+    try:
+        yield
+    finally:
+        unregister_vllm_metrics()
+        for collector in earlier:
+            REGISTRY.register(collector)
 
 
 def shutdown(llm: Any) -> None:

@@ -49,6 +49,11 @@ _SESSION_WINDOW = 8  # turns over which a session's context rewrites are counted
 _MAX_TRACKED = 65536  # bound for per-prefix reuse counts and per-session context state
 
 
+def _session_key(tenant: str, session_id: str) -> str:
+    """Sessions are named by their clients: two tenants may both name one "run-1"."""
+    return f"{tenant}\x1f{session_id}"
+
+
 @dataclass
 class _Session:
     prefix: tuple[PageKey, ...] = ()
@@ -172,6 +177,7 @@ class KVCIScheduler:
         # Sessions asked to checkpoint from the control surface: applied to their next request.
         self._armed: dict[tuple[str, str], ArmedCheckpoint] = {}
         self._reuse: OrderedDict[PageKey, int] = OrderedDict()
+        # By session_key(tenant, session id): one tenant's session never sees another's.
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._load_rule = LoadOrRecompute()
         self._stats = KVCIStats()
@@ -449,7 +455,8 @@ class KVCIScheduler:
         if opted_out:
             self._stats.count("store_opted_out")
         elif trigger is None and self.config.system_trigger and rec.worth_it:
-            gate = self.cache_gate.decide(params.session_id if params else None)
+            gate = self.cache_gate.decide(
+                _session_key(st.tenant, params.session_id) if params and params.session_id else None)
             if gate.allow:
                 trigger = "system"
             else:
@@ -567,7 +574,7 @@ class KVCIScheduler:
         if st.hit_key is not None:
             measured["observed_reuse"] = self._reuse.get(st.hit_key, 0)
         if p is not None and p.session_id is not None and st.keys is not None:
-            turn = self._session_turn(p.session_id, tuple(st.keys))
+            turn = self._session_turn(_session_key(st.tenant, p.session_id), tuple(st.keys))
             if obs.retrieved_items is not None or obs.novel_items is not None:
                 # The client's own item counts stand; the engine's blocks are another unit.
                 del turn["retrieved_items"], turn["novel_items"]
@@ -575,14 +582,14 @@ class KVCIScheduler:
         update = {k: v for k, v in measured.items() if getattr(obs, k) is None}
         return obs.model_copy(update=update) if update else obs
 
-    def _session_turn(self, session_id: str, prefix: tuple[PageKey, ...]) -> dict[str, int]:
+    def _session_turn(self, session: str, prefix: tuple[PageKey, ...]) -> dict[str, int]:
         """Context churn for a session: a turn that does not extend the previous prompt rewrote it.
 
         The prompt is also the context the turn compiled: its blocks are the items that went in,
         and those the session's previous prompt did not hold are novel (every block of a first
         turn, all after the point a rewrite diverged), as a context bundle of the turn would say.
         """
-        s = self._sessions.pop(session_id, None) or _Session()
+        s = self._sessions.pop(session, None) or _Session()
         rewrote = bool(s.prefix) and prefix[: len(s.prefix)] != s.prefix
         shared = next((i for i, (a, b) in enumerate(zip(s.prefix, prefix)) if a != b),
                       min(len(s.prefix), len(prefix)))
@@ -591,8 +598,8 @@ class KVCIScheduler:
         s.turns_since_change = 0 if rewrote or not s.prefix else s.turns_since_change + 1
         s.prefix = prefix
         if rewrote:
-            self.cache_gate.record_context_change(session_id)
-        self._sessions[session_id] = s
+            self.cache_gate.record_context_change(session)
+        self._sessions[session] = s
         if len(self._sessions) > _MAX_TRACKED:
             self._sessions.popitem(last=False)
         return {"context_rewrites": sum(s.rewrites), "turns_since_change": s.turns_since_change,

@@ -6,6 +6,12 @@ match the traffic sent.
 The system trigger runs with its cache gate's kill switch on: it keeps nothing (every checkpoint
 here is one a test asked for), but its pressure-aware RAM bar runs and learns from the requests
 it declines, so REST can be checked against the bar the engine scores at after it moved.
+
+The tests share one engine and pass in any order: each sends prompts only it sends (so none hits,
+or is a missed reuse of, another's KV), takes its own checkpoints and names its own sessions, and
+only `test_rest_scores_at_the_bar_the_engine_moved` moves the bar (no other request is held back by
+the bar and then sent again, and with the kill switch on the bar never rises). /metrics is checked
+against `Engine.sent`, the tally of everything the module's tests sent, whatever ran before.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +47,25 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+# The bar test's prompts (4 full blocks each); every other test draws its own with own_prompt.
 rng = random.Random(29)
-PROMPT_A = [rng.randrange(2, 1000) for _ in range(7 * BLOCK_SIZE + 5)]  # 7 full blocks
-PROMPT_B = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]  # 4 full blocks
 PROMPT_C = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]
 PROMPT_D = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]
-PROMPT_E = [rng.randrange(2, 1000) for _ in range(4 * BLOCK_SIZE + 3)]
 OBSERVATION = {"tool_calls": 6, "retrievals": 4, "phase": "plan", "phase_completed": True}
 RAM_THRESHOLD, RAM_THRESHOLD_MIN, BAR_STEP = 0.5, 0.35, 0.01
+
+
+def own_prompt(request: pytest.FixtureRequest, blocks: int, name: str = "") -> list[int]:
+    """A prompt of `blocks` full blocks that only this test sends (drawn from its node id and
+    `name`), so no other test's KV is a hit for it nor its KV one for another test. Its last 5
+    tokens and the 4 generated ones stay under a block: a checkpoint of it holds `blocks` pages."""
+    draw = random.Random(f"{request.node.nodeid}/{name}")
+    return [draw.randrange(2, 1000) for _ in range(blocks * BLOCK_SIZE + 5)]
+
+
+# Sent to step the engine while a test waits for a persist: it keeps nothing and, opted out,
+# teaches the bar nothing.
+STEP_PROMPT = random.Random("step").choices(range(2, 1000), k=BLOCK_SIZE + 5)
 
 
 def measured(wall_time_s: float) -> dict[str, Any]:
@@ -89,7 +107,10 @@ class Engine:
         self.control_url = f"http://127.0.0.1:{self.control_port}"
         self.openai = openai.OpenAI(base_url=self.url + "/v1", api_key="unused")
         self.control = ControlClient(self.control_url, timeout_s=120)
+        # What every test of the module sent and what it did, whichever ran before: what
+        # /metrics must show (test_metrics_match_the_traffic).
         self.sent: Counter[str] = Counter()
+        self.persists: set[str] = set()  # checkpoints whose permitted disk write was started
 
     def wait(self, timeout_s: float = 600) -> Engine:
         wait_healthy(self.proc, self.url, self.log, timeout_s)
@@ -117,21 +138,54 @@ class Engine:
             model=self.model, prompt=tokens, max_tokens=4, temperature=0.0,
             extra_body={"kv_transfer_params": {"kvci": kvci}})
         reply: dict[str, Any] = response.model_extra["kv_transfer_params"]["kvci"]
-        return self.count(reply)
+        return self.count(reply, tokens)
 
-    def count(self, reply: dict[str, Any]) -> dict[str, Any]:
-        """Count what a request did, from its kvci reply."""
+    def count(self, reply: dict[str, Any], tokens: list[int]) -> dict[str, Any]:
+        """Count what a request for `tokens` did, from its kvci reply."""
         assert "error" not in reply, reply
         self.sent["requests"] += 1
         self.sent[f"recommendations_{reply['recommendation']['tier']}"] += 1
         self.sent["hit_tokens_ram"] += reply["hit_tokens"] if reply["hit_tier"] == "ram" else 0
-        self.sent["kept"] += reply["checkpoint_id"] is not None
-        if reply["persist"] is not None and reply["persist"]["status"] == "refused":
-            self.sent[f"gate_refusals_{reply['persist']['decision']['failed_check']}"] += 1
+        if reply["checkpoint_id"] is not None:
+            self.sent["kept"] += 1
+            self.sent["kept_pages"] += len(tokens) // BLOCK_SIZE  # see own_prompt
+        persist = reply["persist"]
+        if persist is not None and persist["status"] == "refused":
+            self.sent[f"gate_refusals_{persist['decision']['failed_check']}"] += 1
+        elif persist is not None and persist["status"] in ("persisting", "persisted"):
+            self.persists.add(reply["checkpoint_id"])
         return reply
 
     def act(self, **request: Any) -> dict[str, Any]:
-        return self.control.call(request)
+        body = self.control.call(request)
+        if request["action"] == "promote" and body["status"] in ("persisting", "persisted"):
+            self.persists.add(request["checkpoint_id"])
+        return body
+
+    def explain(self, checkpoint_id: str) -> dict[str, Any]:
+        explained: dict[str, Any] = self.act(action="explain", checkpoint_id=checkpoint_id)["explanation"]
+        return explained
+
+    def wait_stored(self, checkpoint_id: str) -> dict[str, Any]:
+        """The explain record once the checkpoint's RAM copy is done."""
+        def stored() -> dict[str, Any] | None:
+            explained = self.explain(checkpoint_id)
+            return None if explained["pending"] else explained
+
+        return wait_for(stored, f"the RAM copy of {checkpoint_id}")
+
+    def wait_persisted(self, checkpoint_id: str) -> dict[str, Any]:
+        """The explain record once the checkpoint has its disk copy. A persist job reaches the
+        workers at the engine's next step and its end is reported at a later one: each poll
+        that finds it unfinished sends a request to step the engine."""
+        def persisted() -> dict[str, Any] | None:
+            explained = self.explain(checkpoint_id)
+            if explained["tier"] == "ram+disk":
+                return explained
+            self.complete(STEP_PROMPT, tenant="stepper", checkpoint="never")
+            return None
+
+        return wait_for(persisted, f"the persist of {checkpoint_id}")
 
 
 @pytest.fixture(scope="module")
@@ -141,18 +195,26 @@ def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def checkpoint_id(engine: Engine) -> str:
-    """A checkpoint taken by a real request, armed through REST checkpoint_now."""
+@dataclass(frozen=True)
+class Kept:
+    checkpoint_id: str
+    prompt: list[int]
+
+
+@pytest.fixture
+def kept(engine: Engine, request: pytest.FixtureRequest) -> Kept:
+    """The test's own checkpoint of acme's: a 7-block prompt only this test sends, kept by a real
+    request of the test's own session, armed through REST checkpoint_now."""
+    session_id = f"chat/{request.node.name}"
     token = engine.session()
-    armed = engine.act(action="checkpoint_now", session_id="chat-1", session_token=token,
+    armed = engine.act(action="checkpoint_now", session_id=session_id, session_token=token,
                        observation_json=OBSERVATION)
     assert armed["armed"] is True and armed["tenant"] == "acme"
-    reply = engine.complete(PROMPT_A, session_id="chat-1", session_token=token,
+    prompt = own_prompt(request, 7)
+    reply = engine.complete(prompt, session_id=session_id, session_token=token,
                             source_ids=["doc-public"])
     assert reply["trigger"] == "user" and reply["tier"] == "ram"
-    cid: str = reply["checkpoint_id"]
-    return cid
+    return Kept(reply["checkpoint_id"], prompt)
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
@@ -166,7 +228,7 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 60) -> Any:
 
 
 def test_rest_scores_at_the_bar_the_engine_moved(engine: Engine) -> None:
-    """First in the module: the bar starts where --ram-threshold put it. A request the bar alone
+    """The bar starts where --ram-threshold put it (no other test moves it). A request the bar alone
     held back, sent again before the tier could have kept it, is a missed reuse: the bar falls a
     step. REST then scores at the moved bar, as the engine does, not at the configured one."""
     start = engine.act(action="ram_stats")["stats"]["admission"]
@@ -203,22 +265,19 @@ def test_rest_scores_at_the_bar_the_engine_moved(engine: Engine) -> None:
     assert engine.act(action="ram_stats")["stats"]["admission"] == bar  # a worthy request moves nothing
 
 
-def test_checkpoint_now_explain_and_reuse(engine: Engine, checkpoint_id: str) -> None:
-    def stored() -> dict[str, Any] | None:
-        e: dict[str, Any] = engine.act(action="explain", checkpoint_id=checkpoint_id)["explanation"]
-        return None if e["pending"] else e
-
-    explained = wait_for(stored, "the RAM copy")
+def test_checkpoint_now_explain_and_reuse(engine: Engine, kept: Kept) -> None:
+    explained = engine.wait_stored(kept.checkpoint_id)
     assert (explained["tier"], explained["trigger"], explained["tenant"]) == ("ram", "user", "acme")
     assert explained["pages"] == 7 and explained["recommendation"] is not None
 
-    again = engine.complete(PROMPT_A, tenant="acme")
+    again = engine.complete(kept.prompt, tenant="acme")
     assert (again["hit_tokens"], again["hit_tier"]) == (7 * BLOCK_SIZE, "ram")
-    other_tenant = engine.complete(PROMPT_A, tenant="globex")
+    other_tenant = engine.complete(kept.prompt, tenant="globex")
     assert other_tenant["hit_tokens"] == 0
 
 
-def test_promote_refusals_are_explained(engine: Engine, checkpoint_id: str) -> None:
+def test_promote_refusals_are_explained(engine: Engine, kept: Kept) -> None:
+    checkpoint_id = kept.checkpoint_id
     refused = engine.act(action="promote", checkpoint_id=checkpoint_id, tenant="acme")
     assert refused["status"] == "refused" and refused["decision"]["failed_check"] == "verified_authority"
     refusal = engine.act(action="explain", checkpoint_id=checkpoint_id)["explanation"]["refusal"]
@@ -231,31 +290,35 @@ def test_promote_refusals_are_explained(engine: Engine, checkpoint_id: str) -> N
     assert refusal.startswith("refused at verified_authority") and "expired" in refusal
 
 
-def test_promote_with_the_callers_session_persists(engine: Engine, checkpoint_id: str) -> None:
+def test_promote_with_the_callers_session_persists(engine: Engine, kept: Kept) -> None:
+    checkpoint_id = kept.checkpoint_id
+    engine.wait_stored(checkpoint_id)
+    # Every other test waits for the persists it starts: none is in flight now.
+    on_disk = engine.act(action="ram_stats")["stats"]["disk"]["checkpoints"]
     promoted = engine.act(action="promote", checkpoint_id=checkpoint_id, session_token=engine.session())
     assert promoted["status"] in ("persisting", "persisted") and promoted["decision"]["permitted"]
-    # The persist job reaches the workers at the engine's next step.
-    engine.complete(PROMPT_B, tenant="acme")
-
-    def persisted() -> dict[str, Any] | None:
-        e = engine.act(action="explain", checkpoint_id=checkpoint_id)["explanation"]
-        return e if e["tier"] == "ram+disk" else None
-
-    explained = wait_for(persisted, "the persist")
+    explained = engine.wait_persisted(checkpoint_id)
     assert explained["refusal"] is None and explained["eligibility_decision"]["permitted"] is True
     stats = engine.act(action="ram_stats")["stats"]
-    assert stats["disk"]["checkpoints"] == 1 and stats["gate_in_force"] == "derived_authority"
+    assert stats["disk"]["checkpoints"] == on_disk + 1 and stats["gate_in_force"] == "derived_authority"
 
 
-def test_recommend_and_ram_stats(engine: Engine) -> None:
+def test_recommend_and_ram_stats(engine: Engine, request: pytest.FixtureRequest) -> None:
     rec = engine.act(action="recommend", observation_json={"evidence_spans": 1, "claims": 2})
     signals = {s["name"]: s["value"] for s in rec["recommendation"]["signals"]}
     assert signals["grounding_density"] == 0.5
+    # A tenant of its own, under which no other test keeps anything: its bytes are these 4 pages.
+    tenant = "stats"
+    reply = engine.complete(own_prompt(request, 4), tenant=tenant, checkpoint="now")
+    assert reply["tier"] == "ram"
+    engine.wait_stored(reply["checkpoint_id"])
     stats = engine.act(action="ram_stats")["stats"]
-    assert stats["entries"] >= 1 and stats["tenant_bytes"]["acme"] == stats["bytes_used"]
+    assert stats["entries"] >= 1 and stats["tenant_bytes"][tenant] == 4 * stats["slot_bytes"]
+    assert sum(stats["tenant_bytes"].values()) == stats["bytes_used"]
 
 
-def test_mcp_client_over_stdio(engine: Engine, checkpoint_id: str) -> None:
+def test_mcp_client_over_stdio(engine: Engine, kept: Kept) -> None:
+    checkpoint_id = kept.checkpoint_id
     params = StdioServerParameters(command=sys.executable, env=ENV, args=[
         "-m", "kvci_plugin.cli", "mcp", "--control-url", engine.control_url])
 
@@ -294,11 +357,22 @@ def metrics(engine: Engine) -> tuple[str, dict[tuple[str, str], float]]:
     return text, values
 
 
-def test_metrics_match_the_traffic(engine: Engine, checkpoint_id: str) -> None:
+def test_metrics_match_the_traffic(engine: Engine, kept: Kept, request: pytest.FixtureRequest) -> None:
+    """/metrics equals what the module's tests sent so far (`Engine.sent`), whichever of them ran
+    before; this test's own traffic gives every series something to count: its checkpoint (kept
+    fixture) hit from RAM, a checkpoint persisted with a valid session, one refused at the gate."""
     token = engine.session()
-    reply = engine.complete(PROMPT_B, tenant="acme", checkpoint="now", persist=True,
-                            source_ids=["doc-public"])  # kept in RAM, refused at the gate
+    engine.wait_stored(kept.checkpoint_id)
+    hit = engine.complete(kept.prompt, tenant="acme")
+    assert (hit["hit_tokens"], hit["hit_tier"]) == (7 * BLOCK_SIZE, "ram")
+    persisted = engine.complete(own_prompt(request, 4, "persisted"), session_token=token,
+                                checkpoint="now", persist=True, source_ids=["doc-public"])
+    assert persisted["tier"] == "ram" and persisted["persist"]["decision"]["permitted"]
+    reply = engine.complete(own_prompt(request, 4, "refused"), tenant="acme", checkpoint="now",
+                            persist=True, source_ids=["doc-public"])  # kept in RAM, refused at the gate
     assert reply["persist"]["decision"]["failed_check"] == "verified_authority"
+    for checkpoint_id in sorted(engine.persists):
+        engine.wait_persisted(checkpoint_id)
     stats = engine.act(action="ram_stats")["stats"]
     slot = stats["slot_bytes"]
     sent = engine.sent
@@ -313,10 +387,9 @@ def test_metrics_match_the_traffic(engine: Engine, checkpoint_id: str) -> None:
             ("vllm:kvci_loaded_bytes_total", "ram"): sent["hit_tokens_ram"] // BLOCK_SIZE * slot,
             ("vllm:kvci_checkpoints_total", ""): sent["kept"],
             ("vllm:kvci_gate_refusals_total", "verified_authority"): sent["gate_refusals_verified_authority"],
-            ("vllm:kvci_persisted_checkpoints_total", ""): 1,
+            ("vllm:kvci_persisted_checkpoints_total", ""): len(engine.persists),
             ("vllm:kvci_stored_bytes_total", "disk"): stats["disk"]["bytes_used"],
-            # PROMPT_A's 7 pages (armed), then PROMPT_B's 4 pages (checkpoint=now).
-            ("vllm:kvci_stored_bytes_total", "ram"): (7 + 4) * slot,
+            ("vllm:kvci_stored_bytes_total", "ram"): sent["kept_pages"] * slot,
             ("vllm:kvci_evicted_checkpoints_total", ""): 0,
             ("vllm:kvci_ram_threshold", ""): stats["admission"]["threshold"],
             ("vllm:kvci_ram_missed_reuses_total", ""): stats["admission"]["missed_reuses"],
@@ -335,27 +408,35 @@ def test_metrics_match_the_traffic(engine: Engine, checkpoint_id: str) -> None:
         raise AssertionError(f"metrics (seen, expected) that differ: {mismatch}") from None
     text, values = metrics(engine)
     assert values[("vllm:kvci_load_seconds_count", "ram")] >= 1
-    assert values[("vllm:kvci_store_seconds_count", "ram")] == 2
-    assert values[("vllm:kvci_store_seconds_count", "disk")] == 1
+    assert values[("vllm:kvci_store_seconds_count", "ram")] == sent["kept"]
+    assert values[("vllm:kvci_store_seconds_count", "disk")] == len(engine.persists) >= 1
     # Numbers only: no tenant, credential or token text on /metrics.
     assert token not in text and "acme" not in text and "doc-public" not in text
 
 
-def test_a_streaming_client_reads_its_advisory_over_rest(engine: Engine) -> None:
+def test_a_streaming_client_reads_its_advisory_over_rest(engine: Engine,
+                                                        request: pytest.FixtureRequest) -> None:
     """vLLM sends no kv_transfer_params on a stream: the `advisory` action hands the verdict over,
     the same object a non-streaming response carries."""
     token = engine.session()
-    # Every engine-measured field given, so both requests are scored alike.
-    kvci = {"session_token": token, "observation": {**OBSERVATION, **measured(3.0)}, "checkpoint": "never"}
-    plain = engine.complete(PROMPT_E, session_id="plain-1", **kvci)
+    prompt = own_prompt(request, 4)
+    # Every field the engine measures for a request of a session given (the turn's churn and
+    # items too), so both requests are scored alike: worthy at the configured bar, the highest
+    # this engine's bar can be (the kill switch keeps the system trigger from keeping anything,
+    # so no checkpoint of its is evicted unused to raise the bar).
+    observation = {**OBSERVATION, **measured(3.0), "context_rewrites": 0, "turns_since_change": 3,
+                   "retrieved_items": 4, "novel_items": 4}
+    kvci = {"session_token": token, "observation": observation, "checkpoint": "never"}
+    plain = engine.complete(prompt, session_id="plain-1", **kvci)
+    assert plain["recommendation"]["score"] >= RAM_THRESHOLD
     assert engine.act(action="advisory", session_id="plain-1", session_token=token)["kvci"] == plain
 
     chunks = list(engine.openai.completions.create(
-        model=engine.model, prompt=PROMPT_E, max_tokens=4, temperature=0.0, stream=True,
+        model=engine.model, prompt=prompt, max_tokens=4, temperature=0.0, stream=True,
         extra_body={"kv_transfer_params": {"kvci": {**kvci, "session_id": "stream-1"}}}))
     assert chunks and not any((c.model_extra or {}).get("kv_transfer_params") for c in chunks)
     body = engine.act(action="advisory", session_id="stream-1", session_token=token)
-    streamed = engine.count(body["kvci"])
+    streamed = engine.count(body["kvci"], prompt)
     assert (body["tenant"], body["session_id"]) == ("acme", "stream-1")
     assert streamed["recommendation"] == plain["recommendation"] and streamed["advisory"] == plain["advisory"]
     assert streamed["advisory"].startswith("KV-CHECKPOINT ADVISORY")

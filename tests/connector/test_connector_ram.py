@@ -4,6 +4,12 @@ and the system trigger's RAM bar follows the pressure of a small RAM tier.
 Prefix caching is off, so every hit here comes from kvci's RAM tier. The system trigger is on,
 but the engine-measured signals of these short prompts score far below any bar: only requests
 whose client observation makes them worthy are kept without being asked.
+
+The tests share one engine and pass in any order: each keeps and looks up under tenants of its
+own (keys are per tenant), so none hits, or misses, because of another's checkpoint; the bar
+tests measure the bar's moves from where they find it; and the RAM tier's other contents are
+explicit checkpoints, which the flood evicts first (least recently used) and which are no
+system checkpoint evicted unused.
 """
 
 from __future__ import annotations
@@ -76,13 +82,13 @@ def llm(tiny_model, baseline, tmp_path_factory):
 
 
 def test_full_prefix_hit_equals_baseline(llm, baseline):
-    first = generate_one(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
+    first = generate_one(llm, PROMPTS["a"], kvci_params(tenant="full", checkpoint="now"))
     kvci = first.kv_transfer_params["kvci"]
     assert kvci["tier"] == "ram" and kvci["checkpoint_id"]
     assert list(first.outputs[0].token_ids) == baseline["a"]
     assert first.num_cached_tokens == 0
 
-    again = generate_one(llm, PROMPTS["a_again"], kvci_params(tenant="acme"))
+    again = generate_one(llm, PROMPTS["a_again"], kvci_params(tenant="full"))
     # Every full block of the prompt but never the last token: 6 blocks of 32.
     assert again.num_cached_tokens == 6 * BLOCK_SIZE
     assert again.kv_transfer_params["kvci"]["hit_tokens"] == 6 * BLOCK_SIZE
@@ -91,14 +97,19 @@ def test_full_prefix_hit_equals_baseline(llm, baseline):
 
 
 def test_partial_prefix_hit_equals_baseline(llm, baseline):
-    generate_one(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
-    out = generate_one(llm, PROMPTS["partial"], kvci_params(tenant="acme"))
+    first = generate_one(llm, PROMPTS["a"], kvci_params(tenant="partial", checkpoint="now"))
+    assert first.num_cached_tokens == 0 and first.kv_transfer_params["kvci"]["tier"] == "ram"
+    out = generate_one(llm, PROMPTS["partial"], kvci_params(tenant="partial"))
     assert out.num_cached_tokens == 3 * BLOCK_SIZE
     assert list(out.outputs[0].token_ids) == baseline["partial"]
 
 
 def test_other_tenant_never_hits(llm, baseline):
-    generate_one(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
+    kept = generate_one(llm, PROMPTS["a"], kvci_params(tenant="acme", checkpoint="now"))
+    assert kept.kv_transfer_params["kvci"]["tier"] == "ram"
+    # Held now: the same prefix is a hit for acme itself.
+    again = generate_one(llm, PROMPTS["a_again"], kvci_params(tenant="acme"))
+    assert again.kv_transfer_params["kvci"]["hit_tokens"] == 6 * BLOCK_SIZE
     out = generate_one(llm, PROMPTS["tenant_b"], kvci_params(tenant="globex"))
     assert out.num_cached_tokens == 0
     assert out.kv_transfer_params["kvci"]["hit_tokens"] == 0
@@ -112,7 +123,7 @@ def test_request_without_params_is_untouched(llm, baseline):
 
 
 def test_bad_params_fail_only_kvci(llm, baseline):
-    out = generate_one(llm, PROMPTS["plain_again"], kvci_params(tenant="acme", bogus=1))
+    out = generate_one(llm, PROMPTS["plain_again"], kvci_params(tenant="bad-params", bogus=1))
     assert list(out.outputs[0].token_ids) == baseline["plain_again"]
     assert "bogus" in out.kv_transfer_params["kvci"]["error"]
 
@@ -130,7 +141,7 @@ def _kvci_metrics(llm) -> dict[str, float]:
 
 def test_the_ram_bar_rises_with_unused_evictions_and_falls_with_a_missed_reuse(llm, baseline):
     before = _kvci_metrics(llm)
-    worthy = kvci_params(tenant="acme", observation=WORTHY)
+    worthy = kvci_params(tenant="flood", observation=WORTHY)
     replies = [generate_one(llm, p, worthy).kv_transfer_params["kvci"] for p in FLOOD]
     assert all((r["trigger"], r["tier"]) == ("system", "ram") for r in replies)
     bars = [r["recommendation"]["ram_threshold"] for r in replies]
@@ -145,7 +156,7 @@ def test_the_ram_bar_rises_with_unused_evictions_and_falls_with_a_missed_reuse(l
     assert risen["vllm:kvci_ram_threshold"] == pytest.approx(start + DEFAULT_STEP * wasted)
 
     # Held back by the risen bar alone, then asked for again: a missed reuse lowers the bar.
-    first, again = (generate_one(llm, HELD, kvci_params(tenant="acme", observation=MIDDLING))
+    first, again = (generate_one(llm, HELD, kvci_params(tenant="flood", observation=MIDDLING))
                     .kv_transfer_params["kvci"] for _ in range(2))
     assert (first["trigger"], first["tier"]) == (None, "none")
     score, bar = first["recommendation"]["score"], first["recommendation"]["ram_threshold"]
@@ -163,18 +174,18 @@ def test_the_ram_bar_rises_with_unused_evictions_and_falls_with_a_missed_reuse(l
 
 def test_checkpoint_never_keeps_nothing_and_teaches_the_bar_nothing(llm, baseline):
     before = _kvci_metrics(llm)
-    never = kvci_params(tenant="acme", observation=WORTHY, checkpoint="never")
+    never = kvci_params(tenant="never", observation=WORTHY, checkpoint="never")
     first = generate_one(llm, PROMPTS["opted"], never)
     reply = first.kv_transfer_params["kvci"]
     assert reply["recommendation"]["tier"] != "none"  # worthy: the system trigger would keep it
     assert (reply["trigger"], reply["tier"], reply["checkpoint_id"]) == (None, "none", None)
     assert "never" in reply["not_kept"]
     assert list(first.outputs[0].token_ids) == baseline["opted"]
-    again = generate_one(llm, PROMPTS["opted"], kvci_params(tenant="acme", checkpoint="never"))
+    again = generate_one(llm, PROMPTS["opted"], kvci_params(tenant="never", checkpoint="never"))
     assert again.kv_transfer_params["kvci"]["hit_tokens"] == 0
 
     # Sent twice without opting out, this one would be a missed reuse that lowers the bar.
-    middling = kvci_params(tenant="acme", observation=MIDDLING, checkpoint="never")
+    middling = kvci_params(tenant="never", observation=MIDDLING, checkpoint="never")
     replies = [generate_one(llm, OPTED_MIDDLING, middling).kv_transfer_params["kvci"] for _ in range(2)]
     held_back = replies[0]["recommendation"]
     assert DEFAULT_MIN_THRESHOLD <= held_back["score"] < held_back["ram_threshold"]
@@ -186,6 +197,7 @@ def test_checkpoint_never_keeps_nothing_and_teaches_the_bar_nothing(llm, baselin
 
 
 def test_checkpoint_never_with_persist_fails_only_kvci(llm, baseline):
-    out = generate_one(llm, PROMPTS["opted"], kvci_params(tenant="acme", checkpoint="never", persist=True))
+    out = generate_one(llm, PROMPTS["opted"],
+                       kvci_params(tenant="never-persist", checkpoint="never", persist=True))
     assert list(out.outputs[0].token_ids) == baseline["opted"]
     assert "checkpoint 'never'" in out.kv_transfer_params["kvci"]["error"]

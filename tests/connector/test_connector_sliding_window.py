@@ -7,6 +7,10 @@ keeps and loads only the blocks its window reads.
 
 float32, as in test_connector_pressure: a preempted request recomputes its generated tokens in a
 prefill, and bf16 rounding can flip a near-tied greedy choice of a random-weight model.
+
+The tests that start engines of their own keep the shared engine's metrics its own (vLLM's
+Prometheus series are process-global), so the bytes a RAM hit test reads are its engine's in
+any order.
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ import time
 
 import pytest
 from durable_support import catalog_rows, session_token, setup_dirs
-from engine import BLOCK_SIZE, generate_one, greedy, kvci_params, make_llm, shutdown
+from engine import (
+    BLOCK_SIZE,
+    earlier_engines_metrics_kept,
+    generate_one,
+    greedy,
+    kvci_params,
+    make_llm,
+    shutdown,
+)
 
 from kvci_plugin.connector.groups import KVGroup
 from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
@@ -24,7 +36,7 @@ from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
 pytestmark = pytest.mark.engine
 
 WINDOW = 64
-ENGINE = dict(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512,
+ENGINE = dict(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=512, dtype="float32",
               disable_log_stats=False)
 _rng = random.Random(53)
 
@@ -124,6 +136,11 @@ def test_a_partial_prefix_hit_gives_the_recomputed_output(llm, baseline):
 
 
 def test_a_disk_hit_after_a_restart_gives_the_recomputed_output(model, baseline, tmp_path):
+    with earlier_engines_metrics_kept():
+        _disk_hit_after_a_restart(model, baseline, tmp_path)
+
+
+def _disk_hit_after_a_restart(model, baseline, tmp_path):
     extra = setup_dirs(tmp_path)
     first = make_llm(model, extra, **ENGINE)
     try:
@@ -151,9 +168,14 @@ def test_hits_under_preemption_give_the_recomputed_output(spec, model, baseline,
     if not spec.full_attention_every:
         pytest.skip("a model whose every layer slides frees a block for each it takes: its "
                     "requests never outgrow their blocks, so vLLM does not preempt them")
+    with earlier_engines_metrics_kept():
+        _hits_under_preemption(model, baseline, tmp_path)
+
+
+def _hits_under_preemption(model, baseline, tmp_path):
     llm = make_llm(model, {"ram_bytes": "16MiB", "system_trigger": False,
                            "state_dir": str(tmp_path / "state")},
-                   num_gpu_blocks_override=16, **{**ENGINE, "max_model_len": 320})
+                   num_gpu_blocks_override=24, **{**ENGINE, "max_model_len": 320})
     try:
         for prompt in BATCH:
             kept = generate_one(llm, prompt, kvci_params(tenant="t", checkpoint="now"))
