@@ -414,10 +414,18 @@ def test_metrics_match_the_traffic(engine: Engine, kept: Kept, request: pytest.F
     assert token not in text and "acme" not in text and "doc-public" not in text
 
 
+def _streams_carry_kv_transfer_params() -> bool:
+    """Whether the installed vLLM's streamed completion chunk has a kv_transfer_params field."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionStreamResponse
+
+    return "kv_transfer_params" in CompletionStreamResponse.model_fields
+
+
 def test_a_streaming_client_reads_its_advisory_over_rest(engine: Engine,
                                                         request: pytest.FixtureRequest) -> None:
-    """vLLM sends no kv_transfer_params on a stream: the `advisory` action hands the verdict over,
-    the same object a non-streaming response carries."""
+    """vLLM 0.32 sends no kv_transfer_params on a stream (0.33 does, on the chunk that finishes
+    it: feature-detected from the stream chunk's model): the `advisory` action hands the verdict
+    over either way, the same object a non-streaming response carries."""
     token = engine.session()
     prompt = own_prompt(request, 4)
     # Every field the engine measures for a request of a session given (the turn's churn and
@@ -434,7 +442,12 @@ def test_a_streaming_client_reads_its_advisory_over_rest(engine: Engine,
     chunks = list(engine.openai.completions.create(
         model=engine.model, prompt=prompt, max_tokens=4, temperature=0.0, stream=True,
         extra_body={"kv_transfer_params": {"kvci": {**kvci, "session_id": "stream-1"}}}))
-    assert chunks and not any((c.model_extra or {}).get("kv_transfer_params") for c in chunks)
+    carried = [c.model_extra["kv_transfer_params"] for c in chunks
+               if (c.model_extra or {}).get("kv_transfer_params")]
+    if _streams_carry_kv_transfer_params():
+        assert len(carried) == 1 and carried[0]["kvci"]["advisory"] == plain["advisory"]
+    else:
+        assert chunks and carried == []
     body = engine.act(action="advisory", session_id="stream-1", session_token=token)
     streamed = engine.count(body["kvci"], prompt)
     assert (body["tenant"], body["session_id"]) == ("acme", "stream-1")
