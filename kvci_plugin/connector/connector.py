@@ -60,15 +60,17 @@ def _kv_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
     under another. The engine core records the layout in the cache config and each worker does
     before it builds its connector."""
     layout = vllm_config.cache_config.kv_cache_layout or kv_cache_config.kv_cache_layout
-    plain = not groups.hybrid and groups.groups[0].window is None
+    plain = not groups.hybrid and groups.groups[0].full
     return (f"{vllm_config.device_config.device_type}/{layout or 'default'}/pages"
             + ("" if plain else "/groups=" + groups.describe()))
 
 
 def _group_layout(kv_cache_config: "KVCacheConfig", block_size: int) -> GroupLayout:
-    """kvci keeps attention KV: full or sliding-window groups. A state-space (Mamba) or other
-    group is refused at start, naming it: its state at a block boundary is not a page of KV."""
+    """kvci keeps attention KV: full, sliding-window and chunked local-attention groups. A
+    state-space (Mamba) or other group is refused at start, naming it: its state at a block
+    boundary is not a page of KV."""
     from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
         FullAttentionSpec,
         SlidingWindowSpec,
         UniformTypeKVCacheSpecs,
@@ -78,13 +80,16 @@ def _group_layout(kv_cache_config: "KVCacheConfig", block_size: int) -> GroupLay
     for i, group in enumerate(kv_cache_config.kv_cache_groups):
         spec = group.kv_cache_spec
         if isinstance(spec, SlidingWindowSpec):
-            groups.append(KVGroup(tuple(group.layer_names), spec.sliding_window))
+            groups.append(KVGroup(tuple(group.layer_names), window=spec.sliding_window))
+        elif isinstance(spec, ChunkedLocalAttentionSpec):
+            groups.append(KVGroup(tuple(group.layer_names), chunk=spec.attention_chunk_size))
         elif isinstance(spec, FullAttentionSpec | UniformTypeKVCacheSpecs):
             groups.append(KVGroup(tuple(group.layer_names)))
         else:
             raise ValueError(
                 f"kvci: KV cache group {i} ({', '.join(group.layer_names[:3])}...) is "
-                f"{type(spec).__name__}: kvci keeps full-attention and sliding-window KV only; "
+                f"{type(spec).__name__}: kvci keeps full-attention, sliding-window and chunked "
+                "local-attention KV only; "
                 "state-space (Mamba) and other layer kinds are not supported: remove "
                 "--kv-transfer-config for this model")
     return GroupLayout(tuple(groups), block_size)

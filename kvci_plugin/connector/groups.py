@@ -27,16 +27,30 @@ from kvci_plugin.tiering.types import PageKey
 
 @dataclass(frozen=True)
 class KVGroup:
-    """One KV cache group: its layers and, for a sliding-window group, its window in tokens."""
+    """One KV cache group: its layers and, for a sliding-window group, its window in tokens, or
+    for a chunked local-attention group (Llama 4), its chunk."""
 
     layer_names: tuple[str, ...]
-    window: int | None = None  # None: full attention
+    window: int | None = None
+    chunk: int | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.window is None and self.chunk is None
 
     def skipped_blocks(self, num_tokens: int, block_size: int) -> int:
-        """Leading blocks of a prefix of ``num_tokens`` this group never reads again."""
-        if self.window is None:
-            return 0
-        return max(0, num_tokens - (self.window - 1)) // block_size
+        """Leading blocks of a prefix of ``num_tokens`` this group never reads again: those
+        before the window, or the chunk, of the next token (vLLM's `get_num_skipped_tokens`)."""
+        if self.window is not None:
+            return max(0, num_tokens - (self.window - 1)) // block_size
+        if self.chunk is not None:
+            return num_tokens // self.chunk * self.chunk // block_size
+        return 0
+
+    def describe(self) -> str:
+        kind = ("full" if self.full else f"window{self.window}" if self.window is not None
+                else f"chunk{self.chunk}")
+        return f"{kind}:{','.join(self.layer_names)}"
 
 
 @dataclass(frozen=True)
@@ -54,8 +68,7 @@ class GroupLayout:
 
     def describe(self) -> str:
         """The layout in the namespace: KV of one layout never loads under another."""
-        return ";".join(f"{'full' if g.window is None else f'window{g.window}'}:{','.join(g.layer_names)}"
-                        for g in self.groups)
+        return ";".join(g.describe() for g in self.groups)
 
     def group_keys(self, keys: Sequence[PageKey]) -> list[list[PageKey]]:
         """Each group's page keys for the blocks ``keys`` name (group 0's are ``keys``)."""
@@ -76,9 +89,9 @@ class GroupLayout:
         ``first``; ``held(keys)`` is how many leading ``keys`` a tier holds."""
         last = cap
         for g, group in enumerate(self.groups):
-            if group.window is None:
+            if group.full:
                 last = min(last, held(group_keys[g][:cap]))
-        sliding = [g for g, group in enumerate(self.groups) if group.window is not None]
+        sliding = [g for g, group in enumerate(self.groups) if not group.full]
         while last > first:
             if all(held(group_keys[g][need.start:need.stop]) == len(need)
                    for g in sliding for need in (self.needed(g, first, last),)):

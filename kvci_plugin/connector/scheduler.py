@@ -138,7 +138,7 @@ class KVCIScheduler:
         self.block_size = block_size
         self.layout = layout or GroupLayout((KVGroup(()),), block_size)
         # One full-attention group: a hit is the leading run of the request's keys.
-        self._plain = not self.layout.hybrid and self.layout.groups[0].window is None
+        self._plain = not self.layout.hybrid and self.layout.groups[0].full
         self._base_namespace = namespace
         self._secret = secret
         self._tp_size = tp_size

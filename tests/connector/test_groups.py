@@ -45,14 +45,27 @@ def _attention(window: int | None = None, heads: int = 2):
                              dtype=torch.bfloat16, sliding_window=window)
 
 
-def test_the_connector_reads_full_and_sliding_groups_and_refuses_a_state_space_one():
-    from vllm.v1.kv_cache_interface import MambaSpec
+def test_a_chunked_local_group_needs_the_current_chunk_only():
+    """vLLM's ChunkedLocalAttentionManager skips every token before the next token's chunk."""
+    chunked = KVGroup(("c",), chunk=128)  # 4 blocks of 32
+    assert chunked.skipped_blocks(13 * BLOCK_SIZE, BLOCK_SIZE) == 12  # chunk 3 starts at block 12
+    assert chunked.skipped_blocks(12 * BLOCK_SIZE, BLOCK_SIZE) == 12  # a new chunk: nothing read
+    assert chunked.skipped_blocks(3 * BLOCK_SIZE, BLOCK_SIZE) == 0
+    layout = GroupLayout((KVGroup(("f",)), chunked), BLOCK_SIZE)
+    assert list(layout.needed(1, 0, 14)) == [12, 13] and list(layout.needed(1, 0, 12)) == []
+
+
+def test_the_connector_reads_its_groups_and_refuses_a_state_space_one():
+    from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, MambaSpec
 
     from kvci_plugin.connector.connector import _group_layout, _slot_bytes
 
-    config = _config(_attention(WINDOW), _attention())
+    chunked = ChunkedLocalAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=32,
+                                        dtype=torch.bfloat16, attention_chunk_size=256)
+    config = _config(_attention(WINDOW), _attention(), chunked)
     layout = _group_layout(config, BLOCK_SIZE)
-    assert [g.window for g in layout.groups] == [WINDOW, None] and layout.hybrid
+    assert [(g.window, g.chunk) for g in layout.groups] == [(WINDOW, None), (None, None), (None, 256)]
+    assert layout.describe() == f"window{WINDOW}:layer.0;full:layer.1;chunk256:layer.2"
     assert _slot_bytes(config) == _attention().page_size_bytes
     mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((4, 8),), dtypes=(torch.float32,))
     with pytest.raises(ValueError, match="group 1 .* MambaSpec.*not supported"):
