@@ -51,7 +51,7 @@ request keeps its KV; `promote` asks the eligibility gate for a disk copy with a
 from the caller's session credential; `explain` says why a checkpoint exists and why it is where
 it is; `ram_stats` reports RAM-tier occupancy, the RAM admission bar, the gate in force and the
 registered scorers; `advisory` returns the kvci reply of a session's latest finished request
-(streaming responses carry no kv_transfer_params); `reset` (an operator action: no tenant
+(for responses that carried no kv_transfer_params: streams on vLLM 0.32, aborts, stop strings); `reset` (an operator action: no tenant
 credential, the surface itself is loopback-only or bearer-protected) fences every checkpoint kvci
 holds, in RAM and on disk, so no KV from before it is loaded after it (kvci's tiers only, not
 vLLM's own prefix cache)."""

@@ -124,7 +124,8 @@ class RamStatsRequest(BaseModel):
 
 class AdvisoryRequest(BaseModel):
     """The `kvci` object the session's latest finished request would have carried back: for
-    streaming clients, whose responses carry no kv_transfer_params. Visible to its tenant only;
+    clients whose responses carried no kv_transfer_params (streams on vLLM 0.32, aborts and stop
+    strings on every version). Visible to its tenant only;
     a request made with a session credential is visible only with one (of that tenant)."""
 
     model_config = _IN

@@ -1,7 +1,8 @@
 """The verdict each session's latest finished request published, for clients that never saw it.
 
-vLLM returns `kv_transfer_params` only on non-streaming responses, so a streaming agent gets no
-advisory back. The scheduler keeps, per (tenant, session_id), the `kvci` object it would have
+vLLM 0.32 returns `kv_transfer_params` only on non-streaming responses (0.33 also on a stream's
+final chunk; an abort or a stop string loses them on both), so such an agent gets no advisory
+back. The scheduler keeps, per (tenant, session_id), the `kvci` object it would have
 returned, and the control surface's `advisory` action hands it over. Per-run state, as the seed
 asks of the verdict: one tenant's session never reads another's, and a verdict published under
 a verified session credential is read only with a verified one (a declared tenant proves
