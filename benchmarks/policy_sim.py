@@ -9,9 +9,13 @@ disk tier, once per policy and budget, in one process:
 - ``arc``: store everything, ARC eviction (vLLM's offloading offers it);
 - ``store-after-N``: store a block once it has been offered N times (vLLM's ``store_threshold``,
   Dynamo KVBM's "seen at least twice" disk filter);
-- ``kvci``: kvci's worthiness admission, the real ``kvci_plugin.worthiness`` advisor and cache
-  gate scoring what a live engine knows when the request finishes (never the future);
-  ``kvci@T`` is the same advisor built with a RAM threshold T, as a deployment may;
+- ``kvci``: the connector's default RAM tier, replayed with the product's code
+  (``benchmarks/policysim/kvci_tier.py``): the real ``RAMIndex`` with its ``ValuePolicy``
+  (``kvci_plugin.policy``), the real advisor and cache gate, offers built as the connector
+  builds them, only full blocks kept;
+- ``kvci-threshold``: the worthiness bar (``ram_policy: "threshold"``), the real advisor and
+  cache gate scoring what a live engine knows when the request finishes (never the future);
+  ``kvci-threshold@T`` is the same advisor built with a RAM threshold T;
 - ``kvci-pressure``: the same advisor whose RAM threshold follows the RAM tier's pressure
   (``kvci_plugin.tiering.admission.PressureAwareAdmission``): it rises with each admitted request
   evicted before a hit and falls with each held-back request that a later one extends;
@@ -27,7 +31,8 @@ The model: a block is 512 tokens, one hash id. A request hits the longest leadin
 hash ids resident in RAM (then on disk); it saves that many blocks of prefill, capped at its input
 length. Then the policy admits a leading run of its chain to each tier; bytes written = blocks
 newly written x 512 x bytes per token of the model shape. Every policy but ``arc`` evicts by the
-same block LRU, so the admission decision is the only difference. Sessions (the trace has no ids)
+same block LRU, so the admission decision is the only difference; ``kvci`` evicts by its own
+policy at checkpoint granularity, as the connector does. Sessions (the trace has no ids)
 are inferred from the first two hash ids: see ``benchmarks/policysim/sessions.py``.
 
 Get the traces from the Mooncake release (github.com/kvcache-ai/Mooncake, FAST25-release/traces);

@@ -50,16 +50,7 @@ def replay(
         chain = request.hash_ids
         ram_run = leading_run(ram, chain)
         disk_run = leading_run(disk, chain, ram_run) if disk is not None else 0
-        ram_saved = min(ram_run * BLOCK_TOKENS, request.input_length)
-        saved = min((ram_run + disk_run) * BLOCK_TOKENS, request.input_length)
-        tally.requests += 1
-        tally.input_tokens += request.input_length
-        tally.requested_blocks += len(chain)
-        tally.requests_with_hit += saved > 0
-        tally.ram_hit_blocks += ram_run
-        tally.disk_hit_blocks += disk_run
-        tally.ram_saved_tokens += ram_saved
-        tally.disk_saved_tokens += saved - ram_saved
+        saved = account_lookup(tally, request, ram_run, disk_run)
 
         admission = policy.admit(request, context, saved)
         for tier, blocks in (("ram_blocks", admission.ram_blocks), ("disk_blocks", admission.disk_blocks)):
@@ -70,6 +61,22 @@ def replay(
         if disk is not None:
             tally.disk_blocks_written += _serve(disk, chain, ram_run, ram_run + disk_run, admission.disk_blocks)
     return tally
+
+
+def account_lookup(tally: Tally, request: TraceRequest, ram_run: int, disk_run: int) -> int:
+    """Count a lookup that found ``ram_run`` blocks in RAM and then ``disk_run`` on disk; returns
+    the prefill tokens it saved (capped at the input: the last block is partial)."""
+    ram_saved = min(ram_run * BLOCK_TOKENS, request.input_length)
+    saved = min((ram_run + disk_run) * BLOCK_TOKENS, request.input_length)
+    tally.requests += 1
+    tally.input_tokens += request.input_length
+    tally.requested_blocks += len(request.hash_ids)
+    tally.requests_with_hit += saved > 0
+    tally.ram_hit_blocks += ram_run
+    tally.disk_hit_blocks += disk_run
+    tally.ram_saved_tokens += ram_saved
+    tally.disk_saved_tokens += saved - ram_saved
+    return saved
 
 
 def _serve(cache: BlockCache, chain: Sequence[int], hit_start: int, hit_end: int, admitted: int) -> int:

@@ -15,6 +15,7 @@ from benchmarks.policysim.arc_cache import ARCBlockCache
 from benchmarks.policysim.block_cache import BlockCache
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.follow_up import follow_up_table
+from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
 from benchmarks.policysim.model_shape import model_shape
 from benchmarks.policysim.offer_threshold import StoreAfterNOffers
 from benchmarks.policysim.oracle_admission import ContinuationOracle, continued_later
@@ -158,6 +159,11 @@ def _budget_run(
         for threshold in config.kvci_ram_thresholds
     ]
     results.extend(kvci)
+    # The connector's default: the RAM index with its ValuePolicy, as a user who sets nothing runs it.
+    tier = KVCITier(ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second)
+    default = PolicyResult.from_tally(
+        tier.name, tier.policy.name, replay_kvci(requests, contexts, tier), block_bytes, tier.stats())
+    results.insert(1, default)
     # The same advisor with the bar that follows the RAM tier's pressure (it learns from evictions).
     advisor = CheckpointAdvisor(ram_threshold=config.kvci_ram_thresholds[0])
     pressure = WorthinessAdmission(
@@ -167,8 +173,8 @@ def _budget_run(
         block_bytes=block_bytes,
     )
     results.append(run(pressure, lambda capacity: LRUBlockCache(capacity, on_evict=pressure.evicted), "lru"))
-    # The control: whole requests admitted blindly, as often as the first kvci policy admitted.
-    rate = kvci[0].admitted_requests / kvci[0].requests
+    # The control: whole requests admitted blindly, as often as the default kvci policy admitted.
+    rate = default.admitted_requests / default.requests
     results.append(run(RandomAdmission(rate, seed=config.seed), LRUBlockCache, "lru"))
     results.extend(
         run(ContinuationOracle(continued, first_turns=first_turns), LRUBlockCache, "lru")

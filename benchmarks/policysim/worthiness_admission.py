@@ -74,7 +74,7 @@ class WorthinessAdmission:
         self.pressure = pressure
         self.block_bytes = block_bytes
         default = advisor.ram_threshold == DEFAULT_RAM_THRESHOLD
-        name = "kvci" if default else f"kvci@{advisor.ram_threshold:g}"
+        name = "kvci-threshold" if default else f"kvci-threshold@{advisor.ram_threshold:g}"
         self.name = name if pressure is None else f"{name}-pressure"
         self._clock = TraceClock()
         self.gate = CacheGate(clock=self._clock)
@@ -115,18 +115,7 @@ class WorthinessAdmission:
         return Admission(blocks, blocks if tier is CheckpointTier.DISK else 0)
 
     def observation(self, request: TraceRequest, context: RequestContext, hit_tokens: int) -> CheckpointObservation:
-        """What the engine knows about ``request`` when it finishes, as the advisor reads it."""
-        return CheckpointObservation(
-            context_tokens=request.input_length,
-            output_tokens=request.output_length,
-            cached_tokens=hit_tokens,
-            wall_time_s=(request.input_length - hit_tokens) / self.prefill_tokens_per_second,
-            observed_reuse=context.observed_reuse,
-            turns_since_change=context.turns_since_change,
-            context_rewrites=context.context_rewrites,
-            retrieved_items=None if context.novel_blocks is None else len(request.hash_ids),
-            novel_items=context.novel_blocks,
-        )
+        return trace_observation(request, context, hit_tokens, self.prefill_tokens_per_second)
 
     def evicted(self, block: int) -> None:
         """The RAM tier evicted ``block`` (the replay's cache calls this)."""
@@ -144,3 +133,20 @@ class WorthinessAdmission:
         if self.pressure is not None:
             stats["pressure"] = dataclasses.asdict(self.pressure.stats())
         return stats
+
+
+def trace_observation(
+    request: TraceRequest, context: RequestContext, hit_tokens: int, prefill_tokens_per_second: float
+) -> CheckpointObservation:
+    """What the engine knows about ``request`` when it finishes, as the advisor reads it."""
+    return CheckpointObservation(
+        context_tokens=request.input_length,
+        output_tokens=request.output_length,
+        cached_tokens=hit_tokens,
+        wall_time_s=(request.input_length - hit_tokens) / prefill_tokens_per_second,
+        observed_reuse=context.observed_reuse,
+        turns_since_change=context.turns_since_change,
+        context_rewrites=context.context_rewrites,
+        retrieved_items=None if context.novel_blocks is None else len(request.hash_ids),
+        novel_items=context.novel_blocks,
+    )

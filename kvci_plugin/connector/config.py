@@ -47,6 +47,14 @@ class KVCIConfig(BaseModel):
     ram_max_entries: int = Field(4096, ge=1, description="most checkpoints kept in RAM")
     tenant_quota_bytes: ByteSize | None = Field(None, description="RAM bytes one tenant may hold")
     system_trigger: bool = Field(True, description="store worthy contexts without being asked")
+    ram_policy: Literal["value", "lru", "threshold"] = Field(
+        "value", description="what the RAM tier keeps: `value` offers every request the seed's "
+        "rules allow and keeps, under pressure, only what is worth more than what it would evict "
+        "(kvci_plugin.policy.ValuePolicy); `lru` keeps every such request and evicts the least "
+        "recently used (vLLM's native offloading); `threshold` keeps what clears the worthiness "
+        "bar (ram_threshold, ram_admission), LRU eviction. `threshold` when ram_threshold or "
+        "ram_admission is set and this is not. Explicit checkpoints are kept whatever the policy "
+        "and evicted last")
     ram_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description=f"score for tier RAM; none = {DEFAULT_RAM_THRESHOLD}. "
         "Setting it fixes the system trigger's bar there unless ram_admission is set to `pressure`")
@@ -101,13 +109,22 @@ class KVCIConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _fixed_bar_for_a_chosen_threshold(cls, data: Any) -> Any:
-        # An operator who chose ram_threshold gets that bar unless they ask for it to move.
-        if isinstance(data, dict) and data.get("ram_threshold") is not None and "ram_admission" not in data:
-            return {**data, "ram_admission": "fixed"}
+        # An operator who chose a bar gets it; one who chose ram_threshold gets that bar unless
+        # they ask for it to move.
+        if not isinstance(data, dict):
+            return data
+        if "ram_policy" not in data and (data.get("ram_threshold") is not None or "ram_admission" in data):
+            data = {**data, "ram_policy": "threshold"}
+        if data.get("ram_threshold") is not None and "ram_admission" not in data:
+            data = {**data, "ram_admission": "fixed"}
         return data
 
     @model_validator(mode="after")
     def _check(self) -> "KVCIConfig":
+        bar = {"ram_threshold", "ram_admission", "ram_threshold_min"} & self.model_fields_set
+        if self.ram_policy != "threshold" and bar:
+            raise ValueError(f"{', '.join(sorted(bar))} set the worthiness bar, which applies only "
+                             f"with ram_policy 'threshold' (ram_policy is {self.ram_policy!r})")
         if self.ram_admission == "pressure":
             start = DEFAULT_RAM_THRESHOLD if self.ram_threshold is None else self.ram_threshold
             if self.ram_threshold_min > start:

@@ -22,6 +22,8 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_recommendations_total{tier}       recommendations by recommended tier
     vllm:kvci_cache_gate_pauses_total           worthy keeps the cache gate paused
     vllm:kvci_params_errors_total               requests whose kvci params were refused
+    vllm:kvci_ram_refused_under_pressure_total  offers the RAM tier's policy found worth less than what they would evict
+    vllm:kvci_ram_evicted_unread_total          RAM checkpoints evicted before any load read them
     vllm:kvci_ram_wasted_writes_total           system checkpoints evicted before any hit (bar up)
     vllm:kvci_ram_missed_reuses_total           requests wanting a checkpoint the bar held back (bar down)
     vllm:kvci_ram_threshold                     the RAM threshold recommendations are scored at (gauge)
@@ -58,6 +60,11 @@ _PLAIN = {
     "checkpoints_ram": ("vllm:kvci_checkpoints", "Checkpoints kept in the RAM tier."),
     "evicted_checkpoints": ("vllm:kvci_evicted_checkpoints", "RAM checkpoints evicted to make room."),
     "store_declined": ("vllm:kvci_store_declined", "Keeps that did not fit the RAM tier."),
+    "ram_refused_under_pressure": ("vllm:kvci_ram_refused_under_pressure",
+                                   "Offers the RAM tier's policy found worth less than the "
+                                   "checkpoints they would evict."),
+    "ram_evicted_unread": ("vllm:kvci_ram_evicted_unread",
+                           "RAM checkpoints evicted before any load read them."),
     "store_opted_out": ("vllm:kvci_store_opted_out", "Requests whose client asked for checkpoint 'never'."),
     "cache_resets": ("vllm:kvci_cache_resets", "Cache resets (after weight updates): tiers fenced."),
     "checkpoints_fenced": ("vllm:kvci_checkpoints_fenced",

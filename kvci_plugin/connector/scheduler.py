@@ -23,6 +23,7 @@ from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_r
 from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import key_bytes, prefix_block_keys
+from kvci_plugin.policy import LRUPolicy, ValuePolicy, offer_for, system_may_offer
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.keys import generation_namespace
@@ -38,6 +39,7 @@ from kvci_plugin.worthiness import (
     CheckpointTier,
     PublishedVerdict,
     PublishedVerdicts,
+    RebuildCostModel,
     render_advisory,
 )
 
@@ -91,7 +93,8 @@ class _Req:
     prompt_done: bool = False
     prefill_s: float | None = None
     scheduled_tokens: int = 0
-    bar_saw_lookup: bool = False
+    lookup_learned: bool = False  # the tier policy (and the bar) learned this request's lookup
+    lineage: int = 0  # remembered anchors its prompt re-sent (the tier policy's answer)
     resident: int | None = None  # the RAM run its lookup found; the bar learns it once it runs
     disk_declined: bool = False  # counted once a request, however often vLLM asks
 
@@ -148,7 +151,8 @@ class KVCIScheduler:
             raise ValueError(
                 f"kvci: ram_bytes ({int(config.ram_bytes)}) holds no page of {slot_bytes} bytes")
         index = RAMIndex(num_slots, slot_bytes, config.ram_max_entries,
-                         tenant_quota_bytes=config.tenant_quota_bytes)
+                         tenant_quota_bytes=config.tenant_quota_bytes,
+                         policy=ValuePolicy() if config.ram_policy == "value" else LRUPolicy())
         advisor_kwargs: dict[str, Any] = {}
         if config.ram_threshold is not None:
             advisor_kwargs["ram_threshold"] = config.ram_threshold
@@ -161,7 +165,7 @@ class KVCIScheduler:
             disk_region=config.disk_region)
         # The system trigger's RAM bar, moved by the tier's pressure; None: the advisor's own.
         self._bar: PressureAwareAdmission[PageKey] | None = None
-        if config.system_trigger and config.ram_admission == "pressure":
+        if config.system_trigger and config.ram_policy == "threshold" and config.ram_admission == "pressure":
             self._bar = PressureAwareAdmission.for_advisor(
                 advisor, capacity_bytes=index.capacity_bytes, min_threshold=config.ram_threshold_min)
         g = config.cache_gate
@@ -180,9 +184,11 @@ class KVCIScheduler:
         # By session_key(tenant, session id): one tenant's session never sees another's.
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._load_rule = LoadOrRecompute()
+        self._rebuild = RebuildCostModel()  # the shared estimate the tier policy weighs
         self._stats = KVCIStats()
         self._stats.gauge("ram_threshold", self.ram_threshold)
         self._bar_reported = self._bar.stats() if self._bar is not None else None
+        self._policy_reported = index.stats().policy
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
         self._verdicts = PublishedVerdicts()
         # Keys are made in the manager's generation (a disk tier's comes from its catalog).
@@ -200,6 +206,11 @@ class KVCIScheduler:
     def ram_threshold(self) -> float:
         """The RAM threshold requests are scored at now."""
         return self._bar.threshold if self._bar is not None else self.manager.advisor.ram_threshold
+
+    def _system_offers(self, rec: CheckpointRecommendation) -> bool:
+        """Whether the system trigger offers this request to the RAM tier: under the bar only
+        what clears it; under a policy that weighs offers, whatever the seed's rules allow."""
+        return rec.worth_it if self.config.ram_policy == "threshold" else system_may_offer(rec)
 
     def admission_stats(self) -> AdmissionStats | None:
         """Control surface: the moving RAM bar's threshold and counts; None when the bar is fixed.
@@ -348,14 +359,16 @@ class KVCIScheduler:
             st = self._reqs.get(req_id)
             if st is None:
                 continue
-            if self._bar is not None and not st.bar_saw_lookup and st.resident is not None:
+            if not st.lookup_learned and st.resident is not None:
                 # Once a request, though vLLM may look it up again (after a preemption), and only
                 # once it runs: one aborted before it ran leaves no trace. An opted-out request
-                # counts too: its hit, or its miss on a prefix the bar held back, is a reuse of
-                # KV that others' requests built.
-                st.bar_saw_lookup = True
+                # counts too: its hit, or its miss on a prefix the policy did not keep, is a
+                # reuse of KV that others' requests built.
+                st.lookup_learned = True
                 if st.keys is not None and st.generation == self.generation:
-                    self._bar.observe_lookup(st.keys, st.resident)
+                    st.lineage = self.manager.index.observe_lookup(st.keys)
+                    if self._bar is not None:
+                        self._bar.observe_lookup(st.keys, st.resident)
             if st.prompt_done and st.prefill_s is None:
                 # The step after the one that completed the prompt: that forward has run.
                 st.prefill_s = now - (st.first_scheduled or now)
@@ -454,7 +467,7 @@ class KVCIScheduler:
         gate = None
         if opted_out:
             self._stats.count("store_opted_out")
-        elif trigger is None and self.config.system_trigger and rec.worth_it:
+        elif trigger is None and self.config.system_trigger and self._system_offers(rec):
             gate = self.cache_gate.decide(
                 _session_key(st.tenant, params.session_id) if params and params.session_id else None)
             if gate.allow:
@@ -470,6 +483,14 @@ class KVCIScheduler:
         if prompt_keys is not None:
             n_full = min(request.num_computed_tokens // self.block_size,
                          *(len(ids) for ids in group_block_ids))
+        offer = None
+        if prompt_keys and n_full and not opted_out:
+            # Anchored where the bar anchors: the prompt's last full block, which a continuation
+            # re-sends. Kept or not, the policy remembers it.
+            offer = offer_for(rec, anchor=prompt_keys[min(n_full, len(prompt_keys)) - 1],
+                              explicit=trigger not in (None, "system"), lineage=st.lineage,
+                              pages=n_full, rebuild_s=self._rebuild.estimate_observation(obs).seconds)
+            self.manager.index.sight(offer)
         if trigger is not None and prompt_keys is not None:
             chain = (prompt_keys[:n_full] if n_full <= len(prompt_keys)
                      else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
@@ -486,7 +507,7 @@ class KVCIScheduler:
                 tenant=st.tenant, keys=keys, trigger=trigger, recommendation=rec,
                 source=(request.request_id, {key: (b, g) for key, b, g in pages}),
                 source_ids=params.source_ids if params else (), persist=persist,
-                session_token=token, delegation_tokens=delegations)
+                session_token=token, delegation_tokens=delegations, offer=offer)
             self._count_outcome(outcome)
             if outcome.pending:
                 self._store_of[request.request_id] = outcome.checkpoint_id
@@ -608,8 +629,21 @@ class KVCIScheduler:
     def take_stats(self) -> KVCIStats | None:
         if self._bar is not None:
             self._report_bar(self._bar.stats())
+        self._report_policy()
         stats, self._stats = self._stats, KVCIStats()
         return None if stats.is_empty() else stats
+
+    def _report_policy(self) -> None:
+        """The tier policy's refusals and unread evictions since the last report, as counters
+        (its admissions and evictions are counted where they happen)."""
+        now = self.manager.index.stats().policy
+        last = self._policy_reported
+        for name, was, value in (
+                ("ram_refused_under_pressure", last.refused_under_pressure, now.refused_under_pressure),
+                ("ram_evicted_unread", last.evicted_before_hit, now.evicted_before_hit)):
+            if value > was:
+                self._stats.count(name, value - was)
+        self._policy_reported = now
 
     def _report_bar(self, now: AdmissionStats) -> None:
         """The bar's moves since the last report, as counters and the threshold's gauge."""

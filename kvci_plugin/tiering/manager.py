@@ -36,6 +36,7 @@ from kvci_plugin.governance import (
     Trigger,
     get_persistence_eligibility_gate,
 )
+from kvci_plugin.policy import Offer
 from kvci_plugin.tiering.catalog import KVCheckpointRecord
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.ram_index import RAMIndex
@@ -180,8 +181,12 @@ class TieredCheckpointManager:
         persist: bool = False,
         session_token: str | None = None,
         delegation_tokens: Sequence[str] = (),
+        offer: Offer | None = None,
     ) -> CheckpointOutcome:
         """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy.
+
+        `offer` is what the RAM tier's policy weighs (None: a plain one anchored at the last
+        key); the policy may find it worth less than what it would evict, and keep nothing.
 
         `source` is whatever the mover copies the new pages from. Input that could only fail at
         the gate (trigger, source ids) is checked first, so a bad call keeps nothing.
@@ -203,7 +208,7 @@ class TieredCheckpointManager:
         }
         with self.lock:
             try:
-                res = self.index.reserve(cid, tenant, keys, meta)
+                res = self.index.reserve(cid, tenant, keys, meta, offer=offer)
             except (DoesNotFitError, TenantMismatchError) as exc:
                 return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
                                          reason=f"not kept in RAM: {exc}")
@@ -481,7 +486,7 @@ class TieredCheckpointManager:
             "entries": s.entries, "pending_entries": s.pending_entries, "pages": s.pages,
             "pinned_pages": s.pinned_pages, "bytes_used": s.bytes_used,
             "capacity_bytes": s.capacity_bytes, "max_entries": s.max_entries,
-            "slot_bytes": s.slot_bytes, "evictions": s.evictions,
+            "slot_bytes": s.slot_bytes, "evictions": s.evictions, "policy": asdict(s.policy),
             "tenant_bytes": dict(s.tenant_bytes), "tenant_quota_bytes": s.tenant_quota_bytes,
             "persists_in_flight": persists,
             "gate_in_force": self.gate.name,

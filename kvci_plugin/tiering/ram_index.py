@@ -6,9 +6,10 @@ new pages -> ``commit`` (or ``abort``); a load is ``pin`` (slots returned, tenan
 worker copies the pages back -> ``unpin``. A page shared by several checkpoints is held once and
 freed with its last reference; a slot that is being written or read is never freed.
 
-Eviction is plain LRU at checkpoint granularity: loading pages makes every checkpoint holding
-them most recently used. A checkpoint is only evicted when it is committed and none of its pages
-is pinned or still being written.
+Which checkpoint leaves first, and whether a newcomer may displace what is held, is the
+``TierPolicy``'s choice (``kvci_plugin.policy``; plain LRU unless one is given). A checkpoint is
+only evicted when it is committed and none of its pages is pinned or still being written,
+whatever the policy's order.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Callable
 
+from kvci_plugin.policy import LRUPolicy, Offer, TierPolicy
 from kvci_plugin.tiering.types import (
     CheckpointBusyError,
     CheckpointEntry,
@@ -28,6 +30,7 @@ from kvci_plugin.tiering.types import (
     CheckpointNotFoundError,
     DoesNotFitError,
     Eviction,
+    NotWorthDisplacingError,
     PageKey,
     PageNotFoundError,
     RAMStats,
@@ -95,7 +98,11 @@ class RAMIndex:
         max_entries: int,
         max_bytes: int | None = None,
         tenant_quota_bytes: int | None = None,
+        policy: TierPolicy | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self._policy: TierPolicy = policy if policy is not None else LRUPolicy()
+        self._clock = clock
         self._num_slots = _positive_int("num_slots", num_slots)
         self._slot_bytes = _positive_int("slot_bytes", slot_bytes)
         self._max_entries = _positive_int("max_entries", max_entries)
@@ -142,6 +149,23 @@ class RAMIndex:
     @property
     def capacity_bytes(self) -> int:
         return self._page_capacity * self._slot_bytes
+
+    @property
+    def policy_name(self) -> str:
+        return self._policy.name
+
+    # ---- what the policy learns from -------------------------------------------------------
+
+    def observe_lookup(self, chain: Sequence[PageKey]) -> int:
+        """A request's prompt keys, once per request at its lookup (whatever it hits): the policy
+        learns which remembered contexts came back. Returns how many it re-sent (its lineage)."""
+        with self._lock:
+            return self._policy.observe_lookup(chain, self._clock())
+
+    def sight(self, offer: Offer) -> None:
+        """A request finished, kept or not: the policy remembers its anchor."""
+        with self._lock:
+            self._policy.sighted(offer, self._clock())
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -201,6 +225,7 @@ class RAMIndex:
                 ),
                 tenant_quota_bytes=self._tenant_quota_bytes,
                 evictions=self._evictions,
+                policy=self._policy.stats(),
             )
 
     # ---- loads -----------------------------------------------------------------------------
@@ -209,7 +234,7 @@ class RAMIndex:
         """Slots of ``keys`` for a load, pinned until ``unpin``.
 
         Fails closed, pinning nothing, if any page is missing, not yet copied in, or held under
-        another tenant. Every checkpoint holding one of the pages becomes most recently used.
+        another tenant. Every checkpoint holding the last of the pages becomes most recently used.
         """
         check_tenant(tenant)
         keys = _check_keys(keys)
@@ -224,11 +249,12 @@ class RAMIndex:
                 if not page.ready:
                     raise PageNotFoundError(f"page {i} of the load is not copied in yet")
                 pages.append(page)
-            touched: set[str] = set()
             for page in pages:
                 page.pins += 1
-                touched.update(page.holders)
-            self._touch(touched)
+            # The checkpoints holding the load's last page hold its whole prefix: those are
+            # the ones it used. A sibling that shares only the root keeps its place, and a hit on
+            # a prefix shared by thousands costs no more than one on a private chain.
+            self._touch(set(pages[-1].holders) if pages else set())
             return [page.slot for page in pages]
 
     def unpin(self, keys: Sequence[PageKey]) -> None:
@@ -252,13 +278,16 @@ class RAMIndex:
         tenant: str,
         keys: Sequence[PageKey],
         meta: Mapping[str, Any] | None = None,
+        offer: Offer | None = None,
     ) -> Reservation:
         """Make room for a checkpoint and choose the slots its new pages go to.
 
         Pages already held for ``tenant`` are reused; a key held under another tenant is
-        refused. Least recently used checkpoints are evicted until the entry count, the bytes and
-        the tenant's quota hold. If that is impossible, ``DoesNotFitError`` is raised and nothing
-        changes. The checkpoint is pending until ``commit`` or ``abort``.
+        refused. Checkpoints are evicted in the policy's order until the entry count, the bytes
+        and the tenant's quota hold. If that is impossible, ``DoesNotFitError`` is raised; if the
+        policy finds ``offer`` worth less than what it would evict, ``NotWorthDisplacingError``;
+        either way nothing changes. ``offer`` says what the policy weighs (None: a plain offer
+        anchored at the last key). The checkpoint is pending until ``commit`` or ``abort``.
         """
         check_checkpoint_id(checkpoint_id)
         check_tenant(tenant)
@@ -280,13 +309,18 @@ class RAMIndex:
                     raise TenantMismatchError(
                         "a page key of the checkpoint belongs to another tenant"
                     )
-            victims = self._plan_evictions(tenant, distinct, len(new_keys))
+            now = self._clock()
+            victims = self._plan_evictions(tenant, distinct, len(new_keys), now)
+            offer = offer if offer is not None else Offer(anchor=keys[-1])
+            if not self._policy.admits(offer, victims, now):
+                raise NotWorthDisplacingError(
+                    "the checkpoint is worth less than the checkpoints it would evict")
 
             # Hold the reused pages first so that evicting their other holders keeps them.
             for key in distinct:
                 if key in self._pages:
                     self._pages[key].holders.add(checkpoint_id)
-            evicted = tuple(self._drop(cid) for cid in victims)
+            evicted = tuple(self._drop(cid, evicted=True) for cid in victims)
             self._evictions += len(evicted)
             for key in new_keys:
                 self._pages[key] = _Page(
@@ -297,7 +331,7 @@ class RAMIndex:
                 page = self._pages[key]
                 if not page.ready and page.writer is None:
                     page.writer = checkpoint_id
-            now = time.time()
+            self._policy.admitted(checkpoint_id, offer, now)
             self._use_seq += 1
             self._entries[checkpoint_id] = _Entry(
                 tenant=tenant,
@@ -366,6 +400,7 @@ class RAMIndex:
             self._pages.clear()
             self._tenant_pages.clear()
             self._free = list(range(self._num_slots - 1, -1, -1))
+            self._policy.cleared()
             return ids
 
     def set_meta(self, checkpoint_id: str, **values: Any) -> None:
@@ -411,7 +446,8 @@ class RAMIndex:
         )
 
     def _touch(self, checkpoint_ids: set[str]) -> None:
-        now = time.time()
+        now = self._clock()
+        self._policy.touched(tuple(checkpoint_ids), now)
         # Keep the touched checkpoints' relative order: the older stays older.
         for cid in sorted(checkpoint_ids, key=lambda c: self._entries[c].use_seq):
             self._use_seq += 1
@@ -429,8 +465,9 @@ class RAMIndex:
                 return False
         return True
 
-    def _plan_evictions(self, tenant: str, distinct: tuple[PageKey, ...], n_new: int) -> list[str]:
-        """Checkpoints to evict, least recently used first, so that the reservation fits."""
+    def _plan_evictions(self, tenant: str, distinct: tuple[PageKey, ...], n_new: int,
+                        now: float) -> list[str]:
+        """Checkpoints to evict, in the policy's order, so that the reservation fits."""
         need = len(distinct)
         if need > self._page_capacity:
             raise DoesNotFitError(
@@ -454,9 +491,12 @@ class RAMIndex:
         keep = set(distinct)
         released: Counter[PageKey] = Counter()
         victims: list[str] = []
-        for cid, entry in self._entries.items():
+        if entries_over <= 0 and pages_over <= 0 and quota_over <= 0:
+            return victims
+        for cid in self._policy.eviction_order(self._entries, now):
             if entries_over <= 0 and pages_over <= 0 and quota_over <= 0:
                 break
+            entry = self._entries[cid]
             # With only the quota over, only the tenant's own checkpoints make room.
             if entries_over <= 0 and pages_over <= 0 and entry.tenant != tenant:
                 continue
@@ -484,8 +524,9 @@ class RAMIndex:
                 )
         return victims
 
-    def _drop(self, checkpoint_id: str) -> Eviction:
+    def _drop(self, checkpoint_id: str, *, evicted: bool = False) -> Eviction:
         entry = self._entries.pop(checkpoint_id)
+        self._policy.dropped(checkpoint_id, evicted=evicted)
         for key in entry.distinct:
             page = self._pages[key]
             page.holders.discard(checkpoint_id)

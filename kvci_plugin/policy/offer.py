@@ -1,0 +1,81 @@
+"""What the tier policy is told about a request that could be kept: an ``Offer``.
+
+Everything in it is known when the request finishes: the worthiness recommendation's score, how
+many earlier requests' anchors its prompt re-sent (its lineage: a continuation or a repeat), the
+rebuild cost per page from the shared ``RebuildCostEstimate``, and whether a client or operator
+asked for the checkpoint explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from kvci_plugin.worthiness import CheckpointRecommendation
+
+# Scores fall into this many equal bands: coarse enough that every band gathers evidence
+# quickly, fine enough to separate what the advisor calls poor, middling and strong.
+SCORE_BANDS = 4
+# Counts (lineage, reuses) are told apart up to this: "none", "once", "more than once".
+COUNT_CAP = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A request that finished, as the tier policy weighs it.
+
+    ``anchor`` is the deepest key a continuation re-sends (for an engine, the key of the
+    prompt's last full block): a later lookup that holds it re-used this request's context.
+    """
+
+    anchor: Hashable
+    explicit: bool = False
+    score: float | None = None
+    lineage: int = 0
+    rebuild_s_per_page: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.score is not None and not 0.0 <= self.score <= 1.0:
+            raise ValueError(f"score must be in [0, 1] or None, not {self.score!r}")
+        if isinstance(self.lineage, bool) or not isinstance(self.lineage, int) or self.lineage < 0:
+            raise ValueError(f"lineage must be an int >= 0, not {self.lineage!r}")
+        if self.rebuild_s_per_page is not None and not self.rebuild_s_per_page >= 0.0:
+            raise ValueError(f"rebuild_s_per_page must be >= 0 or None, not {self.rebuild_s_per_page!r}")
+
+    @property
+    def band(self) -> int:
+        """The score's band; -1 when the advisor had no evidence to score."""
+        if self.score is None:
+            return -1
+        return min(int(self.score * SCORE_BANDS), SCORE_BANDS - 1)
+
+
+def system_may_offer(rec: CheckpointRecommendation) -> bool:
+    """Whether the system trigger offers this request to a value policy at all.
+
+    A value policy replaces the RAM bar, so a score under the bar is still offered (the policy
+    weighs it against what it would displace); what blocks at any bar still blocks: a veto, no
+    evidence, or the model's self-report standing alone (the seed's rules)."""
+    return rec.worth_it or rec.held_back_by_threshold
+
+
+def offer_for(
+    rec: CheckpointRecommendation | None,
+    *,
+    anchor: Hashable,
+    explicit: bool,
+    lineage: int,
+    pages: int,
+    rebuild_s: float | None,
+) -> Offer:
+    """The offer of a request the engine is about to keep ``pages`` pages of; ``rebuild_s`` is
+    the shared ``RebuildCostModel``'s estimate for its context (None when not known)."""
+    per_page = rebuild_s / pages if rebuild_s is not None and pages > 0 else None
+    return Offer(
+        anchor=anchor,
+        explicit=explicit,
+        score=rec.score if rec is not None else None,
+        lineage=lineage,
+        rebuild_s_per_page=per_page,
+    )
+

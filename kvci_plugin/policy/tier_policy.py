@@ -1,0 +1,67 @@
+"""The contract between the RAM index and the policy that decides what it keeps.
+
+The index owns the mechanism (slots, pages shared between checkpoints, pins, tenants, quotas,
+bounds); the policy owns the two choices: the order in which checkpoints leave, and whether a
+newcomer is worth what it would displace. The index calls the policy under its own lock, so a
+policy needs no lock of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvci_plugin.policy.offer import Offer
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStats:
+    policy: str
+    # Checkpoints the policy let in, and those of them kept explicitly (whatever it weighed).
+    admitted: int
+    admitted_explicit: int
+    # Checkpoints evicted to make room for an admitted one.
+    displaced: int
+    # Offers turned away because they were worth less than what they would have displaced.
+    refused_under_pressure: int
+    # Evicted checkpoints that no load ever read: writes that bought nothing.
+    evicted_before_hit: int
+    # Contexts the policy remembers (held or not) to learn how soon they come back.
+    tracked_anchors: int
+
+
+class TierPolicy(Protocol):
+    name: str
+
+    def observe_lookup(self, chain: Sequence[Hashable], now: float) -> int:
+        """A request's prompt keys at its lookup; returns how many remembered anchors it re-sent."""
+        ...
+
+    def sighted(self, offer: Offer, now: float) -> None:
+        """A request finished (kept or not): remember its anchor."""
+        ...
+
+    def eviction_order(self, entries: Mapping[str, Any], now: float) -> Iterator[str]:
+        """Every held checkpoint id, first to leave first; ``entries`` is the index's LRU order."""
+        ...
+
+    def admits(self, offer: Offer, victims: Sequence[str], now: float) -> bool:
+        """Whether ``offer`` is worth evicting ``victims`` (empty: there is room)."""
+        ...
+
+    def admitted(self, checkpoint_id: str, offer: Offer, now: float) -> None: ...
+
+    def touched(self, checkpoint_ids: Sequence[str], now: float) -> None:
+        """A load read these checkpoints' pages."""
+        ...
+
+    def dropped(self, checkpoint_id: str, *, evicted: bool) -> None:
+        """The checkpoint left: evicted for room, or removed / aborted / cleared by its owner."""
+        ...
+
+    def cleared(self) -> None:
+        """A cache reset: every checkpoint and every remembered anchor is gone."""
+        ...
+
+    def stats(self) -> PolicyStats: ...

@@ -1,0 +1,264 @@
+"""ValuePolicy: kvci's RAM tier policy — keep what is expected to save the most per byte held.
+
+Rules, each with the anchor it comes from:
+
+- **Value.** A held checkpoint is worth ``rate x rebuild seconds per page``: ``rate`` is how often
+  a context of its class, idle as long as it has been, is re-sent (``ReuseHazard``, after "KVCache
+  Cache in the Wild": reuse probability by workload class and idle age), and the rebuild cost is
+  the shared ``RebuildCostEstimate`` per page. A class is the worthiness score's band, the
+  request's lineage (how many earlier anchors its prompt re-sent: a first sighting, a
+  continuation) and how often its own anchor was re-sent since (a frequency, as LFU and TinyLFU
+  count it). The learning costs no bytes: every request's anchor is remembered whether it was
+  kept or not (S3-FIFO's and ARC's ghosts), so the policy learns what its refusals would have
+  bought.
+- **Admission.** With room, every offer is kept: refusing into free memory buys nothing (the
+  gap the old RAM bar left). Under pressure an offer is kept only if it is worth at least the
+  most valuable checkpoint it would evict (TinyLFU's "admit only if worth more than the
+  victim"); otherwise it stays a remembered anchor, and comes in when its class proves itself.
+  Only full blocks are ever offered (the engine keeps no partial block).
+- **Eviction.** Lowest value first. Within a class value falls with idle age, so each class
+  is an LRU list and only the heads compete (a heap): eviction costs a few comparisons, not a
+  scan. A chain leaves tail first with no rule of its own: a continuation's checkpoint shares
+  its parent's pages, and the index frees a page only with its last holder, so a page's
+  priority is the highest of its holders' and never rises from root to tail.
+- **The seed's rules come first.** An explicit checkpoint (``checkpoint: "now"``, the control
+  surface) is admitted whatever its value and is evicted only after every other checkpoint;
+  ``never``, vetoes and the self-report rule never reach the policy (nothing is offered);
+  pins, in-flight copies, tenant quotas and the bounds are the index's and hold whatever the
+  policy orders.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvci_plugin.policy.offer import COUNT_CAP, Offer
+from kvci_plugin.policy.reuse_hazard import ReuseHazard
+from kvci_plugin.policy.tier_policy import PolicyStats
+
+# Anchors remembered without their data. One costs ~200 B, so the default bound costs ~13 MB,
+# and with the learning it keeps, a tier sees past its own capacity (ARC keeps ghosts of its size).
+DEFAULT_MAX_GHOSTS = 65536
+# Rates are recomputed after this many lookups, or after an eighth of the tracked anchors' count
+# of them when that is more: the refresh walks every tracked anchor, so its cost per lookup stays
+# bounded.
+REFRESH_LOOKUPS = 64
+
+
+@dataclass(slots=True)
+class _Anchor:
+    band: int
+    lineage: int
+    last_seen: float
+    cost: float | None
+    reuses: int = 0
+    cids: set[str] = field(default_factory=set)
+
+    @property
+    def cls(self) -> tuple[int, int, int]:
+        return (self.band, min(self.lineage, COUNT_CAP), min(self.reuses, COUNT_CAP))
+
+
+class ValuePolicy:
+    name = "kvci"
+
+    def __init__(self, *, max_ghosts: int = DEFAULT_MAX_GHOSTS) -> None:
+        if isinstance(max_ghosts, bool) or not isinstance(max_ghosts, int) or max_ghosts < 0:
+            raise ValueError(f"max_ghosts must be an int >= 0, not {max_ghosts!r}")
+        self._max_ghosts = max_ghosts
+        self._hazard = ReuseHazard()
+        # Anchors with no checkpoint held, least recently seen first; and those with one.
+        self._ghosts: OrderedDict[Hashable, _Anchor] = OrderedDict()
+        self._held: dict[Hashable, _Anchor] = {}
+        self._anchor_of: dict[str, Hashable] = {}
+        # Held non-explicit checkpoints per class, least recently seen first; explicit ones apart.
+        self._by_class: dict[tuple[int, int, int], OrderedDict[str, None]] = {}
+        self._explicit: OrderedDict[str, None] = OrderedDict()
+        self._unread: set[str] = set()
+        self._lookups_since_refresh = 0
+        self._cost_sum = 0.0
+        self._cost_n = 0
+        self._admitted = self._admitted_explicit = self._displaced = 0
+        self._refused = self._wasted = 0
+
+    # ---- learning ----------------------------------------------------------------------------
+
+    def observe_lookup(self, chain: Sequence[Hashable], now: float) -> int:
+        lineage = 0
+        for key in chain:
+            anchor = self._held.get(key)
+            if anchor is None:
+                anchor = self._ghosts.get(key)
+                if anchor is None:
+                    continue
+                self._ghosts.move_to_end(key)
+            lineage += 1
+            self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=True)
+            before = anchor.cls
+            anchor.reuses += 1
+            anchor.last_seen = now
+            self._reclass(anchor, before)
+        self._lookups_since_refresh += 1
+        if self._lookups_since_refresh >= max(REFRESH_LOOKUPS, self.tracked // 8):
+            self._refresh(now)
+        return lineage
+
+    def sighted(self, offer: Offer, now: float) -> None:
+        self._learn_cost(offer.rebuild_s_per_page)
+        anchor = self._held.get(offer.anchor)
+        if anchor is not None:
+            anchor.cost = offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
+            return
+        anchor = self._ghosts.get(offer.anchor)
+        if anchor is None:
+            self._ghosts[offer.anchor] = _Anchor(offer.band, offer.lineage, now, offer.rebuild_s_per_page)
+            self._forget_overflow(now)
+        else:
+            # The same context finished again (a repeat): its class follows the latest score.
+            anchor.band = offer.band
+            anchor.cost = offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
+
+    @property
+    def tracked(self) -> int:
+        return len(self._ghosts) + len(self._held)
+
+    # ---- choices -----------------------------------------------------------------------------
+
+    def eviction_order(self, entries: Mapping[str, Any], now: float) -> Iterator[str]:
+        heap: list[tuple[float, int, Iterator[str], str]] = []
+        for n, members in enumerate(self._by_class.values()):
+            it = iter(members)
+            head = next(it, None)
+            if head is not None:
+                heap.append((self._value(head, now), n, it, head))
+        heapq.heapify(heap)
+        while heap:
+            _, n, it, cid = heap[0]
+            yield cid
+            following = next(it, None)
+            if following is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (self._value(following, now), n, it, following))
+        yield from self._explicit
+        # Checkpoints the policy was never told about (none when the index drives it) go last.
+        for cid in entries:
+            if cid not in self._anchor_of:
+                yield cid
+
+    def admits(self, offer: Offer, victims: Sequence[str], now: float) -> bool:
+        if offer.explicit or not victims:
+            return True
+        if any(cid in self._explicit for cid in victims):
+            self._refused += 1
+            return False
+        anchor = self._held.get(offer.anchor) or self._ghosts.get(offer.anchor)
+        cls = anchor.cls if anchor is not None else (offer.band, min(offer.lineage, COUNT_CAP), 0)
+        worth = self._hazard.rate(cls, 0.0) * self._cost(offer.rebuild_s_per_page)
+        if worth >= max(self._value(cid, now) for cid in victims):
+            return True
+        self._refused += 1
+        return False
+
+    # ---- what the index did ------------------------------------------------------------------
+
+    def admitted(self, checkpoint_id: str, offer: Offer, now: float) -> None:
+        anchor = self._held.get(offer.anchor)
+        if anchor is None:
+            anchor = self._ghosts.pop(offer.anchor, None)
+            if anchor is None:
+                anchor = _Anchor(offer.band, offer.lineage, now, offer.rebuild_s_per_page)
+            self._held[offer.anchor] = anchor
+        anchor.cids.add(checkpoint_id)
+        self._anchor_of[checkpoint_id] = offer.anchor
+        self._unread.add(checkpoint_id)
+        self._admitted += 1
+        if offer.explicit:
+            self._admitted_explicit += 1
+            self._explicit[checkpoint_id] = None
+        else:
+            self._by_class.setdefault(anchor.cls, OrderedDict())[checkpoint_id] = None
+
+    def touched(self, checkpoint_ids: Sequence[str], now: float) -> None:
+        self._unread.difference_update(checkpoint_ids)
+
+    def dropped(self, checkpoint_id: str, *, evicted: bool) -> None:
+        key = self._anchor_of.pop(checkpoint_id, None)
+        if evicted:
+            self._displaced += 1
+            self._wasted += checkpoint_id in self._unread
+        self._unread.discard(checkpoint_id)
+        if key is None:
+            return
+        anchor = self._held[key]
+        anchor.cids.discard(checkpoint_id)
+        if self._explicit.pop(checkpoint_id, 0) is not None:
+            members = self._by_class.get(anchor.cls)
+            if members is not None:
+                members.pop(checkpoint_id, None)
+                if not members:
+                    del self._by_class[anchor.cls]
+        if not anchor.cids:
+            # Still remembered: whether it comes back is what the next decision learns from.
+            self._ghosts[key] = self._held.pop(key)
+
+    def cleared(self) -> None:
+        # What was learned about the workload stays; the anchors (keys of the old generation) go.
+        self._ghosts.clear()
+        self._held.clear()
+        self._anchor_of.clear()
+        self._by_class.clear()
+        self._explicit.clear()
+        self._unread.clear()
+
+    def stats(self) -> PolicyStats:
+        return PolicyStats(
+            policy=self.name, admitted=self._admitted, admitted_explicit=self._admitted_explicit,
+            displaced=self._displaced, refused_under_pressure=self._refused,
+            evicted_before_hit=self._wasted, tracked_anchors=self.tracked)
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _value(self, checkpoint_id: str, now: float) -> float:
+        anchor = self._held[self._anchor_of[checkpoint_id]]
+        return self._hazard.rate(anchor.cls, max(0.0, now - anchor.last_seen)) * self._cost(anchor.cost)
+
+    def _cost(self, per_page: float | None) -> float:
+        if per_page is not None:
+            return per_page
+        # Unknown: the mean of those known, so a context without a measure is neither favoured
+        # nor sacrificed; 1 before any is known (every value then scales alike).
+        return self._cost_sum / self._cost_n if self._cost_n else 1.0
+
+    def _learn_cost(self, per_page: float | None) -> None:
+        if per_page is not None:
+            self._cost_sum += per_page
+            self._cost_n += 1
+
+    def _reclass(self, anchor: _Anchor, before: tuple[int, int, int]) -> None:
+        """The anchor was just seen: its held checkpoints move to the tail of its (new) class."""
+        after = anchor.cls
+        for cid in anchor.cids:
+            if cid in self._explicit:
+                self._explicit.move_to_end(cid)
+                continue
+            members = self._by_class[before]
+            del members[cid]
+            if not members:
+                del self._by_class[before]
+            self._by_class.setdefault(after, OrderedDict())[cid] = None
+
+    def _forget_overflow(self, now: float) -> None:
+        while len(self._ghosts) > self._max_ghosts:
+            _, anchor = self._ghosts.popitem(last=False)
+            self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=False)
+
+    def _refresh(self, now: float) -> None:
+        self._lookups_since_refresh = 0
+        self._hazard.refresh(
+            (a.cls, max(0.0, now - a.last_seen))
+            for table in (self._ghosts, self._held) for a in table.values())

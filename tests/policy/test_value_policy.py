@@ -1,0 +1,239 @@
+"""kvci's tier policy: each rule, the seed's guarantees, chain order, and the policy inside the
+real RAMIndex under random operations (hypothesis) against a reference model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvci_plugin.policy import LRUPolicy, Offer, ValuePolicy
+from kvci_plugin.policy.reuse_hazard import EDGES, ReuseHazard, bucket
+from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(n: int) -> bytes:
+    return n.to_bytes(16, "big")
+
+
+def chain(*blocks: int) -> list[bytes]:
+    return [key(b) for b in blocks]
+
+
+def index(pages: int, policy=None, clock=None, **kw) -> RAMIndex:
+    return RAMIndex(pages, 1, 10_000, policy=policy or ValuePolicy(), clock=clock or Clock(), **kw)
+
+
+def keep(ix: RAMIndex, cid: str, keys: list[bytes], **offer) -> None:
+    ix.sight(Offer(anchor=keys[-1], **offer))
+    ix.reserve(cid, "t", keys, offer=Offer(anchor=keys[-1], **offer))
+    ix.commit(cid)
+
+
+def held(ix: RAMIndex) -> set[str]:
+    return {e.checkpoint_id for e in ix.entries()}
+
+
+# ---- the hazard -------------------------------------------------------------------------------
+
+
+def test_buckets_double_from_one_second() -> None:
+    assert bucket(0.0) == 0 and bucket(0.99) == 0 and bucket(1.0) == 1 and bucket(3.0) == 2
+    assert bucket(1e9) == len(EDGES) - 1
+
+
+def test_a_class_that_comes_back_outranks_one_that_never_does() -> None:
+    hazard = ReuseHazard()
+    for _ in range(40):
+        hazard.ended("back", 30.0, reused=True)
+        hazard.ended("gone", 3000.0, reused=False)
+    hazard.refresh([])
+    assert hazard.rate("back", 0.0) > 10 * hazard.rate("gone", 0.0)
+    # Past the age at which it always came back, holding it buys little.
+    assert hazard.rate("back", 100.0) < hazard.rate("back", 0.0)
+
+
+def test_the_best_horizon_holds_a_context_through_a_pause() -> None:
+    """Re-sent only after ~100 s (a tool call): at age 10 s the rate still counts that return."""
+    hazard = ReuseHazard()
+    for _ in range(40):
+        hazard.ended("pause", 100.0, reused=True)
+        hazard.ended("gone", 3000.0, reused=False)
+    hazard.refresh([])
+    assert hazard.rate("pause", 10.0) > 10 * hazard.rate("gone", 10.0)
+
+
+def test_contexts_still_idle_count_as_exposure() -> None:
+    hazard = ReuseHazard()
+    for _ in range(10):
+        hazard.ended("c", 5.0, reused=True)
+    hazard.refresh([])
+    before = hazard.rate("c", 0.0)
+    hazard.refresh([("c", 5000.0)] * 200)
+    assert hazard.rate("c", 0.0) < before / 10
+
+
+# ---- admission and eviction -------------------------------------------------------------------
+
+
+def test_with_room_every_offer_is_kept() -> None:
+    ix = index(10)
+    for n in range(5):
+        keep(ix, f"c{n}", chain(2 * n, 2 * n + 1))
+    assert len(held(ix)) == 5
+    assert ix.stats().policy.refused_under_pressure == 0
+
+
+def learned(clock: Clock, ix: RAMIndex) -> None:
+    """Teach the policy: a context re-sent every 10 s is worth keeping, one-offs are not."""
+    keep(ix, "hot", chain(1, 2))
+    for n in range(100):
+        clock.now += 10.0
+        ix.observe_lookup(chain(1, 2))
+        # One-offs, never re-sent: looked up (a miss), then seen to finish, as the engine does.
+        ix.observe_lookup(chain(1000 + n))
+        ix.sight(Offer(anchor=key(1000 + n)))
+
+
+def test_under_pressure_an_offer_worth_less_than_its_victim_is_refused_and_remembered() -> None:
+    clock = Clock()
+    ix = index(3, clock=clock)
+    learned(clock, ix)
+    keep(ix, "other", chain(50))
+    clock.now += 10.0
+    with pytest.raises(NotWorthDisplacingError):
+        ix.reserve("oneoff", "t", chain(60, 61), offer=Offer(anchor=key(61)))
+    assert held(ix) == {"hot", "other"}
+    assert ix.stats().policy.refused_under_pressure == 1
+    assert ix.stats().policy.tracked_anchors >= 100
+
+
+def test_eviction_takes_the_lowest_value_first_not_the_oldest() -> None:
+    clock = Clock()
+    ix = index(4, clock=clock)
+    learned(clock, ix)
+    keep(ix, "oneoff", chain(70, 71))  # room: kept, and more recent than "hot"
+    clock.now += 5.0
+    res = ix.reserve("hot2", "t", chain(1, 2, 3, 4), offer=Offer(anchor=key(4), lineage=1))
+    assert [e.checkpoint_id for e in res.evicted] == ["oneoff"]  # LRU would have taken "hot"
+
+
+def test_an_explicit_checkpoint_is_kept_whatever_its_value_and_leaves_last() -> None:
+    clock = Clock()
+    ix = index(5, clock=clock)
+    learned(clock, ix)
+    keep(ix, "now", chain(80, 81), explicit=True)  # a one-off, but asked for
+    keep(ix, "x", chain(90))
+    clock.now += 10.0
+    # A system offer never displaces the explicit checkpoint: here only it could make room.
+    with pytest.raises(NotWorthDisplacingError):
+        ix.reserve("big", "t", chain(200, 201, 202, 203), offer=Offer(anchor=key(203)))
+    # An explicit offer is admitted under pressure; the explicit checkpoint goes only when nothing else can.
+    res = ix.reserve("now2", "t", chain(95, 96), offer=Offer(anchor=key(96), explicit=True))
+    ix.commit("now2")
+    assert "now" in held(ix) and "now2" in held(ix)
+    assert {e.checkpoint_id for e in res.evicted} <= {"x", "hot"}
+
+
+def test_plain_reservations_without_offers_still_work() -> None:
+    ix = index(2)
+    ix.reserve("a", "t", chain(1))
+    ix.commit("a")
+    ix.reserve("b", "t", chain(2))
+    ix.commit("b")
+    res = ix.reserve("c", "t", chain(3))
+    assert len(res.evicted) == 1
+
+
+def test_a_reset_forgets_anchors_but_keeps_what_it_learned() -> None:
+    clock = Clock()
+    ix = index(8, clock=clock)
+    learned(clock, ix)
+    hot_rate = ix._policy._hazard.rate((-1, 0, 2), 0.0)  # noqa: SLF001 - the learned table itself
+    ix.clear()
+    assert ix.stats().policy.tracked_anchors == 0 and not held(ix)
+    assert ix._policy._hazard.rate((-1, 0, 2), 0.0) == hot_rate  # noqa: SLF001
+
+
+# ---- the seed's rules and chain order under random operations --------------------------------
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["offer", "explicit", "lookup", "tick", "pin"]),
+              st.integers(0, 5), st.integers(1, 4)),
+    min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, pages=st.integers(3, 12))
+def test_invariants_against_a_reference_model(ops, pages) -> None:
+    """A reference model of the rules: capacity holds; an explicit checkpoint is never refused
+    for want of value and leaves only when no other checkpoint could make room; every chain's
+    resident pages are a prefix (a tail never outlives its root); with room nothing is refused."""
+    clock = Clock()
+    ix = index(pages, clock=clock)
+    explicit: set[str] = set()
+    n = 0
+    for op, root, depth in ops:
+        # Chains of a few roots, each extended to some depth: continuations share their parent's pages.
+        keys = [key(root * 100 + d) for d in range(depth)]
+        if op == "tick":
+            clock.now += 2.0 ** depth
+            continue
+        if op == "lookup":
+            ix.observe_lookup(keys)
+            continue
+        if op == "pin":
+            run = ix.longest_prefix(keys, "t")
+            if run:
+                ix.pin(keys[:run], "t")
+                ix.unpin(keys[:run])
+            continue
+        n += 1
+        cid = f"c{n}"
+        offer = Offer(anchor=keys[-1], explicit=op == "explicit")
+        free = pages - ix.stats().pages
+        new = len(ix.absent(keys))
+        before = held(ix)
+        ix.sight(offer)
+        try:
+            res = ix.reserve(cid, "t", keys, offer=offer)
+        except NotWorthDisplacingError:
+            assert not offer.explicit, "an explicit checkpoint was refused for want of value"
+            assert new > free, "refused although the tier had room"
+            assert held(ix) == before
+            continue
+        except DoesNotFitError:
+            assert len(keys) > pages
+            continue
+        ix.commit(cid)
+        gone = {e.checkpoint_id for e in res.evicted}
+        if gone & explicit:
+            # Only when every non-explicit checkpoint left (or is the newcomer's own pages) too.
+            assert not (before - gone - explicit), "an explicit checkpoint left before another"
+        explicit -= gone
+        if offer.explicit:
+            explicit.add(cid)
+        stats = ix.stats()
+        assert stats.pages <= pages
+        for root_ in range(6):
+            resident = [ix.longest_prefix([key(root_ * 100 + d) for d in range(i + 1)], "t") == i + 1
+                        for i in range(4)]
+            assert resident == sorted(resident, reverse=True), "a chain kept a tail without its root"
+    assert explicit <= held(ix)
+
+
+def test_lru_policy_keeps_lru_order_and_explicit_last() -> None:
+    ix = index(2, policy=LRUPolicy())
+    keep(ix, "e", chain(1), explicit=True)
+    keep(ix, "a", chain(2))
+    res = ix.reserve("b", "t", chain(3), offer=Offer(anchor=key(3)))
+    assert [e.checkpoint_id for e in res.evicted] == ["a"]
