@@ -184,8 +184,9 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         "for every request; `oracle-later-first-all` / `-none` only for later turns, and admit every / no "
         f"session's first request. `{OFFLINE_BOUND}`, the offline bound, reads every block's next use: "
         "Belady's MIN with bypass, prefix-closed; no policy replayed under these rules gets more RAM hit "
-        "blocks (`benchmarks/policysim/belady_bound.py`). Bound gain: (saved - LRU saved) / (bound saved - "
-        "LRU saved).",
+        "blocks (`benchmarks/policysim/belady_bound.py`)"
+        + ("; it bounds the RAM tier only, so with a disk tier another policy may save more in all. " if settings.disk_fraction else ". ")
+        + "Bound gain: (saved - LRU saved) / (bound saved - LRU saved).",
         "",
         *_targets(report),
         "",

@@ -29,7 +29,9 @@ resident comes from a heap with lazy deletion (a stale entry is skipped when it 
 
 As a replay pair, the bound is both the admission policy and the RAM tier: ``admit`` plans the
 request's writes and evictions, then the replay's ``insert`` writes exactly the planned blocks.
-The disk tier, when there is one, gets every block, as store-everything gives it.
+The disk tier, when there is one, gets every block, as store-everything gives it: the bound is
+on the RAM tier's hits, so with a disk tier another policy's RAM and disk hits together may exceed
+the bound's.
 """
 
 from __future__ import annotations
