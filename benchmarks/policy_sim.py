@@ -7,6 +7,9 @@ disk tier, once per policy and budget, in one process:
 - ``lru``: store every block of every request, evict least recently used (what vLLM's native
   offloading and LMCache do by default);
 - ``arc``: store everything, ARC eviction (vLLM's offloading offers it);
+- ``s3-fifo``: store everything, S3-FIFO eviction (small FIFO, main FIFO, ghost; SOSP'23);
+- ``w-tinylfu``: store everything into a window; a frequency sketch admits the window's victim
+  to the main segmented LRU only if it is used more often than the main victim (Caffeine's design);
 - ``store-after-N``: store a block once it has been offered N times (vLLM's ``store_threshold``,
   Dynamo KVBM's "seen at least twice" disk filter);
 - ``kvci``: the connector's default RAM tier, replayed with the product's code
@@ -22,7 +25,14 @@ disk tier, once per policy and budget, in one process:
 - ``random``: the control, whole requests admitted blindly as often as ``kvci`` admitted;
 - ``oracle``: a bound, not a policy: admits exactly the requests whose session continues;
 - ``oracle-later-first-all`` / ``-none``: bounds that know the future of later turns only and
-  admit every / no session's first request.
+  admit every / no session's first request;
+- ``belady``: the offline bound, Belady's MIN with bypass over the trace's future block uses,
+  prefix-closed (``benchmarks/policysim/belady_bound.py`` says what exactly it bounds).
+
+For every policy and budget the report gives saved tokens and bytes written against LRU, and the
+share of the offline bound's gain over LRU the policy captured; per budget, the best online
+baseline (the most saving of lru, arc, s3-fifo, w-tinylfu, store-after-N) and whether ``kvci``
+meets the issue's per-budget targets.
 
 The report also holds a descriptive follow-up table: how often a request's session continues, by
 the first request's input and output lengths and by the turn (it reads the whole trace).
@@ -30,16 +40,18 @@ the first request's input and output lengths and by the turn (it reads the whole
 The model: a block is 512 tokens, one hash id. A request hits the longest leading run of its
 hash ids resident in RAM (then on disk); it saves that many blocks of prefill, capped at its input
 length. Then the policy admits a leading run of its chain to each tier; bytes written = blocks
-newly written x 512 x bytes per token of the model shape. Every policy but ``arc`` evicts by the
-same block LRU, so the admission decision is the only difference; ``kvci`` evicts by its own
-policy at checkpoint granularity, as the connector does. Sessions (the trace has no ids)
+newly written x 512 x bytes per token of the model shape. The admission policies (store-after-N,
+kvci-threshold, random, the oracles) evict by the same block LRU, so for them the admission
+decision is the only difference; arc, s3-fifo and w-tinylfu store everything and differ by their
+eviction; ``kvci`` evicts by its own policy at checkpoint granularity, as the connector does.
+Sessions (the trace has no ids)
 are inferred from the first two hash ids: see ``benchmarks/policysim/sessions.py``.
 
 Get the traces from the Mooncake release (github.com/kvcache-ai/Mooncake, FAST25-release/traces);
 this project never copies them. From the repository root:
 
     .venv/bin/python -m benchmarks.policy_sim --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
-        --json benchmarks/results/policy_sim_conversation.json --plot benchmarks/results/policy_sim_conversation.png
+        --out benchmarks/results     # policy_sim_conversation.json and .png
     .venv/bin/python -m benchmarks.render_results    # benchmarks/results/README.md from the JSON files
 """
 
@@ -56,7 +68,7 @@ from rich.table import Table
 
 from benchmarks.policysim.model_shape import MODEL_SHAPES
 from benchmarks.policysim.plot import plot_report
-from benchmarks.policysim.report import TARGET_SAVED_RATIO, TARGET_WRITE_REDUCTION, SimulationReport
+from benchmarks.policysim.report import TARGET_POLICY, Comparison, SimulationReport
 from benchmarks.policysim.sweep import (
     DEFAULT_BUDGET_FRACTIONS,
     DEFAULT_MODEL,
@@ -74,6 +86,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="python -m benchmarks.policy_sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--trace", type=Path, required=True, help="Mooncake-format JSONL trace")
+    parser.add_argument(
+        "--label",
+        help="names the report's section and the files --out writes (default: from the trace's file name, "
+        "e.g. conversation for mooncake_conversation_trace.jsonl)",
+    )
     parser.add_argument("--limit", type=int, help="replay only the first N requests")
     parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=DEFAULT_MODEL, help="KV shape: bytes per token")
     parser.add_argument(
@@ -100,8 +117,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--session-key-blocks", type=int, default=2, help="leading hash ids that key a session")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random control")
-    parser.add_argument("--json", type=Path, help="write the report as JSON here")
-    parser.add_argument("--plot", type=Path, help="write the PNG figure here")
+    parser.add_argument("--out", type=Path, help="write policy_sim_LABEL.json and policy_sim_LABEL.png in this folder")
+    parser.add_argument("--json", type=Path, help="write the report as JSON here (instead of --out's name)")
+    parser.add_argument("--plot", type=Path, help="write the PNG figure here (instead of --out's name)")
     return parser.parse_args(argv)
 
 
@@ -115,6 +133,7 @@ def _fractions(text: str) -> tuple[float, ...]:
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
     return SweepConfig(
         trace=args.trace,
+        label=args.label,
         limit=args.limit,
         model=args.model,
         budget_fractions=tuple(args.budgets),
@@ -131,13 +150,12 @@ def results_table(report: SimulationReport) -> Table:
     disk = report.settings.disk_fraction > 0
     table = Table(
         title=(
-            f"{report.trace.requests} requests, working set {report.working_set_bytes / GIB:,.0f} GiB "
-            f"({report.model.name}); kvci targets: saved >= {TARGET_SAVED_RATIO}x LRU, "
-            f"writes >= {TARGET_WRITE_REDUCTION}x fewer"
+            f"{report.label}: {report.trace.requests} requests, working set {report.working_set_bytes / GIB:,.0f} GiB "
+            f"({report.model.name}); target: {TARGET_POLICY} against LRU and the best online baseline"
         )
     )
     headers = ["budget", "policy", "saved Mtok", "hit", "RAM GiB w", *(["disk GiB w"] if disk else []), "tok/GB w"]
-    headers += ["saved xLRU", "LRU w/this", "target"]
+    headers += ["saved xLRU", "LRU w/this", "bound gain", "target"]
     for header in headers:
         table.add_column(header, justify="left" if header in ("budget", "policy") else "right")
     for run in report.runs:
@@ -146,9 +164,10 @@ def results_table(report: SimulationReport) -> Table:
         for index, result in enumerate(run.policies):
             comparison = comparisons.get(result.name)
             per_gb = result.saved_tokens_per_gb_written
+            name = f"[dim]{result.name}[/dim]" if result.role == "bound" else result.name
             cells = [
                 budget if index == 0 else "",
-                result.name,
+                f"{name} *" if result.name == run.best_online else name,
                 f"{result.saved_tokens / 1e6:.2f}",
                 f"{result.token_hit_rate:.1%}",
                 f"{result.ram_bytes_written / GIB:,.0f}",
@@ -156,22 +175,31 @@ def results_table(report: SimulationReport) -> Table:
                 "-" if per_gb is None else f"{per_gb:,.0f}",
                 _times(comparison.saved_ratio) if comparison else "1",
                 _times(comparison.write_reduction) if comparison else "1",
-                _verdict(comparison.target_met) if comparison else "",
+                _share(comparison.bound_share) if comparison else "0%",
+                _verdict(comparison) if comparison else "",
             ]
             table.add_row(*cells)
-        ceiling = ["", "[dim]never evicts[/dim]", *[""] * (len(headers) - 5), f"[dim]{_times(run.ceiling_saved_ratio)}[/dim]"]
-        table.add_row(*ceiling, "", "", end_section=True)
+        ceiling = ["", "[dim]never evicts[/dim]", *[""] * (len(headers) - 6), f"[dim]{_times(run.ceiling_saved_ratio)}[/dim]"]
+        table.add_row(*ceiling, "", "", "", end_section=True)
+    table.caption = "*: the best online baseline at that budget; bound gain: share of the offline bound's gain over LRU"
     return table
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _times(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def _verdict(met: bool | None) -> str:
-    if met is None:
+def _verdict(comparison: Comparison) -> str:
+    if comparison.target_met is None:
         return ""
-    return "[green]met[/green]" if met else "[red]missed[/red]"
+    goal = f">={comparison.target_saved_ratio}x"
+    if comparison.target_write_reduction is not None:
+        goal += f", w>={comparison.target_write_reduction}x"
+    return f"[green]met {goal}[/green]" if comparison.target_met else f"[red]missed {goal}[/red]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,13 +214,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     console.print(results_table(report))
     console.print(f"replayed in {report.runtime_s:.1f} s")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        console.print(f"wrote {args.json}")
-    if args.plot is not None:
-        plot_report(report, args.plot)
-        console.print(f"wrote {args.plot}")
+    stem = f"policy_sim_{report.label}"
+    json_path = args.json if args.json is not None or args.out is None else args.out / f"{stem}.json"
+    plot_path = args.plot if args.plot is not None or args.out is None else args.out / f"{stem}.png"
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {json_path}")
+    if plot_path is not None:
+        plot_report(report, plot_path)
+        console.print(f"wrote {plot_path}")
     return 0
 
 

@@ -35,7 +35,11 @@ class ARCBlockCache:
         else:
             self.t2.move_to_end(block)
 
-    def insert(self, block: int) -> None:
+    def refresh(self, block: int) -> None:
+        # Touched once already for this request, so it is in T2: only its recency moves.
+        self.t2.move_to_end(block)
+
+    def insert(self, block: int) -> bool:
         if block in self:
             raise ValueError(f"block {block} is already resident: touch it instead")
         c = self.capacity
@@ -44,13 +48,13 @@ class ARCBlockCache:
             self._replace(in_b2=False)
             del self.b1[block]
             self.t2[block] = None
-            return
+            return True
         if block in self.b2:
             self.target_t1 = max(0.0, self.target_t1 - max(len(self.b1) / len(self.b2), 1.0))
             self._replace(in_b2=True)
             del self.b2[block]
             self.t2[block] = None
-            return
+            return True
         l1 = len(self.t1) + len(self.b1)
         total = l1 + len(self.t2) + len(self.b2)
         if l1 >= c:
@@ -64,6 +68,7 @@ class ARCBlockCache:
                 self.b2.popitem(last=False)
             self._replace(in_b2=False)
         self.t1[block] = None
+        return True
 
     def _replace(self, *, in_b2: bool) -> None:
         """Evict one resident block into its ghost list, when the cache is full."""

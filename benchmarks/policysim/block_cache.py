@@ -9,8 +9,13 @@ from typing import Protocol
 class BlockCache(Protocol):
     """A bounded set of resident blocks (one block = one trace hash id) with its eviction order.
 
-    ``touch`` records a hit on a resident block; ``insert`` writes a block that is not resident,
-    evicting by the cache's own order when it is full.
+    ``touch`` records a use (a hit) of a resident block; ``refresh`` only reorders one already
+    touched for the same request, so that it stays more recent than the blocks the request has
+    just written (a cache that counts uses must not count it twice). ``insert`` offers a block that
+    is not resident, evicting by the cache's own order when it is full; it returns whether the block
+    was written (False: the cache declined it, as an offline bound's bypass does). A block that was
+    written and later turned away inside the cache (TinyLFU's rejection of its window's victim)
+    was still written once.
     """
 
     capacity: int
@@ -21,7 +26,9 @@ class BlockCache(Protocol):
 
     def touch(self, block: int) -> None: ...
 
-    def insert(self, block: int) -> None: ...
+    def refresh(self, block: int) -> None: ...
+
+    def insert(self, block: int) -> bool: ...
 
 
 def leading_run(cache: BlockCache, chain: Sequence[int], start: int = 0) -> int:

@@ -26,7 +26,9 @@ class LRUBlockCache:
     def touch(self, block: int) -> None:
         self._blocks.move_to_end(block)
 
-    def insert(self, block: int) -> None:
+    refresh = touch
+
+    def insert(self, block: int) -> bool:
         if block in self._blocks:
             raise ValueError(f"block {block} is already resident: touch it instead")
         if len(self._blocks) >= self.capacity:
@@ -34,3 +36,4 @@ class LRUBlockCache:
             if self._on_evict is not None:
                 self._on_evict(evicted)
         self._blocks[block] = None
+        return True

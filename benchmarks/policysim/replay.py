@@ -7,6 +7,10 @@ tier: resident blocks are left as they are, the others are written. Within a req
 are visited from the last to the first, so the chain's root ends up most recently used and an
 LRU evicts a chain from its tail, as vLLM's prefix cache does: a run that lost its root is
 worthless.
+
+A write is a block a tier accepted from ``insert``: one the cache declines (an offline bound's
+bypass) is not written; one it accepts and later turns away internally (TinyLFU's window victim
+refused by its main segment) was written once, when it entered.
 """
 
 from __future__ import annotations
@@ -89,11 +93,10 @@ def _serve(cache: BlockCache, chain: Sequence[int], hit_start: int, hit_end: int
     for position in range(admitted - 1, -1, -1):
         block = chain[position]
         if block not in cache:
-            cache.insert(block)
-            written += 1
+            written += cache.insert(block)
     if written:
-        # Touched again so that the root is more recent than the tail just written.
+        # Reordered so that the root is more recent than the tail just written.
         for block in reversed(served):
             if block in cache:
-                cache.touch(block)
+                cache.refresh(block)
     return written

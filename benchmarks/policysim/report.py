@@ -2,21 +2,52 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from benchmarks.policysim.belady_bound import NAME as OFFLINE_BOUND
 from benchmarks.policysim.follow_up import FollowUpTable
 from benchmarks.policysim.model_shape import ModelShape
 from benchmarks.policysim.replay import Tally
 
-SCHEMA = "kvci-policy-sim/2"
+SCHEMA = "kvci-policy-sim/3"
 GB = 1_000_000_000
-# The issue's targets for kvci against store-everything LRU, at budgets up to 25 % of the working set.
-TARGET_SAVED_RATIO = 1.2
-TARGET_WRITE_REDUCTION = 3.0
-TARGET_MAX_BUDGET_FRACTION = 0.25
 BASELINE = "lru"
+# The policy the targets are for: kvci as a user who sets nothing gets it.
+TARGET_POLICY = "kvci"
+# baseline: what others ship (the best online figure is taken over these); kvci: kvci's own;
+# control: a yardstick tied to a kvci policy; bound: reads the future.
+Role = Literal["baseline", "kvci", "control", "bound"]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetTarget:
+    """Issue 18's target for ``TARGET_POLICY`` at one RAM budget, against store-everything LRU."""
+
+    budget_fraction: float
+    saved_ratio: float
+    # LRU bytes written / the policy's; None: no write target at this budget.
+    write_reduction: Optional[float]
+
+
+TARGETS = (
+    BudgetTarget(0.01, 1.9, 3.0),
+    BudgetTarget(0.025, 1.7, 3.0),
+    BudgetTarget(0.05, 1.2, None),
+    BudgetTarget(0.10, 1.05, None),
+    BudgetTarget(0.25, 1.0, None),
+)
+
+
+def target_for(budget_fraction: float) -> Optional[BudgetTarget]:
+    for target in TARGETS:
+        if math.isclose(target.budget_fraction, budget_fraction):
+            return target
+    return None
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -40,6 +71,7 @@ class PolicyResult(BaseModel):
 
     name: str
     eviction: str
+    role: Role
     requests: NonNegativeInt
     input_tokens: NonNegativeInt
     requested_blocks: NonNegativeInt
@@ -69,7 +101,7 @@ class PolicyResult(BaseModel):
 
     @classmethod
     def from_tally(
-        cls, name: str, eviction: str, tally: Tally, block_bytes: int, stats: dict[str, JsonValue]
+        cls, name: str, eviction: str, role: Role, tally: Tally, block_bytes: int, stats: dict[str, JsonValue]
     ) -> PolicyResult:
         saved = tally.ram_saved_tokens + tally.disk_saved_tokens
         ram_bytes = tally.ram_blocks_written * block_bytes
@@ -78,6 +110,7 @@ class PolicyResult(BaseModel):
         return cls(
             name=name,
             eviction=eviction,
+            role=role,
             requests=tally.requests,
             input_tokens=tally.input_tokens,
             requested_blocks=tally.requested_blocks,
@@ -110,8 +143,15 @@ class Comparison(BaseModel):
     saved_ratio: Optional[float]
     # LRU bytes written / policy bytes written; None when the policy wrote nothing.
     write_reduction: Optional[float]
-    # Whether the issue's targets apply (kvci policies, budgets <= 25 %), and whether they are met.
+    # The share of the offline bound's gain over LRU this policy captured:
+    # (saved - LRU saved) / (bound saved - LRU saved); None when the bound gains nothing.
+    bound_share: Optional[float]
+    # Whether a target applies (the policy named TARGET_POLICY, at a budget TARGETS names), what
+    # it asks, and whether it is met: saved and writes against LRU, and saved >= the best online.
     target_applies: bool
+    target_saved_ratio: Optional[float]
+    target_write_reduction: Optional[float]
+    at_least_best_online: Optional[bool]
     target_met: Optional[bool]
 
 
@@ -125,6 +165,11 @@ class BudgetRun(BaseModel):
     disk_blocks: NonNegativeInt
     # The most any policy could save, over what LRU saved at this budget (None when LRU saved none).
     ceiling_saved_ratio: Optional[float]
+    # The offline bound's saved tokens over LRU's (None when it was not run or LRU saved none).
+    bound_saved_ratio: Optional[float]
+    # The baseline that saved the most (ties: the first run), and its saved tokens over LRU's.
+    best_online: str
+    best_online_saved_ratio: Optional[float]
     policies: tuple[PolicyResult, ...]
     comparisons: tuple[Comparison, ...]
 
@@ -154,6 +199,8 @@ class SimulationReport(BaseModel):
     model_config = _FROZEN
 
     report_format: str = SCHEMA
+    # Names the trace's section and files (a second trace gets its own).
+    label: str
     command: str
     trace: TraceSummary
     model: ModelShape
@@ -171,22 +218,68 @@ class SimulationReport(BaseModel):
     runtime_s: float
 
 
-def compare(result: PolicyResult, baseline: PolicyResult, budget_fraction: float) -> Comparison:
+def budget_run(
+    budget_fraction: float,
+    ram_blocks: int,
+    disk_blocks: int,
+    block_bytes: int,
+    ceiling_saved_tokens: int,
+    results: Sequence[PolicyResult],
+) -> BudgetRun:
+    """One budget's results with their comparisons; ``results`` hold ``BASELINE`` and a baseline."""
+    by_name = {result.name: result for result in results}
+    baseline = by_name[BASELINE]
+    bound = by_name.get(OFFLINE_BOUND)
+    best = max((result for result in results if result.role == "baseline"), key=lambda result: result.saved_tokens)
+    return BudgetRun(
+        budget_fraction=budget_fraction,
+        ram_bytes=ram_blocks * block_bytes,
+        ram_blocks=ram_blocks,
+        disk_bytes=disk_blocks * block_bytes,
+        disk_blocks=disk_blocks,
+        ceiling_saved_ratio=ratio(ceiling_saved_tokens, baseline.saved_tokens),
+        bound_saved_ratio=ratio(bound.saved_tokens, baseline.saved_tokens) if bound is not None else None,
+        best_online=best.name,
+        best_online_saved_ratio=ratio(best.saved_tokens, baseline.saved_tokens),
+        policies=tuple(results),
+        comparisons=tuple(
+            compare(result, baseline, bound, best, budget_fraction) for result in results if result is not baseline
+        ),
+    )
+
+
+def compare(
+    result: PolicyResult,
+    baseline: PolicyResult,
+    bound: Optional[PolicyResult],
+    best_online: PolicyResult,
+    budget_fraction: float,
+) -> Comparison:
     saved_ratio = ratio(result.saved_tokens, baseline.saved_tokens)
     write_reduction = ratio(baseline.bytes_written, result.bytes_written)
-    applies = result.name.startswith("kvci") and budget_fraction <= TARGET_MAX_BUDGET_FRACTION
-    met: Optional[bool] = None
-    if applies:
+    bound_share = None
+    if bound is not None and bound.saved_tokens > baseline.saved_tokens:
+        bound_share = (result.saved_tokens - baseline.saved_tokens) / (bound.saved_tokens - baseline.saved_tokens)
+    target = target_for(budget_fraction) if result.name == TARGET_POLICY else None
+    at_least_best = met = None
+    if target is not None:
+        at_least_best = result.saved_tokens >= best_online.saved_tokens
         met = (
-            saved_ratio is not None
-            and saved_ratio >= TARGET_SAVED_RATIO
-            and (write_reduction is None or write_reduction >= TARGET_WRITE_REDUCTION)
+            at_least_best
+            and saved_ratio is not None
+            and saved_ratio >= target.saved_ratio
+            # None: it wrote nothing, fewer bytes than any reduction asks.
+            and (target.write_reduction is None or write_reduction is None or write_reduction >= target.write_reduction)
         )
     return Comparison(
         policy=result.name,
         saved_ratio=saved_ratio,
         write_reduction=write_reduction,
-        target_applies=applies,
+        bound_share=bound_share,
+        target_applies=target is not None,
+        target_saved_ratio=target.saved_ratio if target is not None else None,
+        target_write_reduction=target.write_reduction if target is not None else None,
+        at_least_best_online=at_least_best,
         target_met=met,
     )
 

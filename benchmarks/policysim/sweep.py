@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from benchmarks.policysim.admission import AdmissionPolicy, StoreEverything
 from benchmarks.policysim.arc_cache import ARCBlockCache
+from benchmarks.policysim.belady_bound import BeladyBound
 from benchmarks.policysim.block_cache import BlockCache
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.follow_up import follow_up_table
@@ -25,12 +26,13 @@ from benchmarks.policysim.report import (
     BASELINE,
     BudgetRun,
     PolicyResult,
-    ratio,
+    Role,
     SimulationReport,
     SweepSettings,
     TraceSummary,
-    compare,
+    budget_run,
 )
+from benchmarks.policysim.s3fifo_cache import S3FIFOBlockCache
 from benchmarks.policysim.sessions import (
     DEFAULT_KEY_BLOCKS,
     DEFAULT_MAX_SESSIONS,
@@ -39,6 +41,7 @@ from benchmarks.policysim.sessions import (
     SessionTracker,
     session_contexts,
 )
+from benchmarks.policysim.tinylfu_cache import WTinyLFUBlockCache
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.policysim.worthiness_admission import WorthinessAdmission
 from kvci_plugin.tiering.admission import PressureAwareAdmission
@@ -56,6 +59,8 @@ class SweepConfig(BaseModel):
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
 
     trace: Path
+    # Names the report's section and files; None: derived from the trace's file name.
+    label: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]] = None
     limit: Optional[Annotated[int, Field(ge=1)]] = None
     model: str = DEFAULT_MODEL
     budget_fractions: tuple[UnitFraction, ...] = DEFAULT_BUDGET_FRACTIONS
@@ -97,6 +102,7 @@ def run_sweep(config: SweepConfig, *, command: str) -> SimulationReport:
         for fraction in sorted(config.budget_fractions)
     ]
     return SimulationReport(
+        label=config.label or trace_label(config.trace),
         command=command,
         trace=_summary(config, requests, contexts, distinct_blocks),
         model=shape,
@@ -137,33 +143,35 @@ def _budget_run(
     ram_blocks = _blocks(fraction, distinct_blocks, "budget")
     disk_blocks = _blocks(config.disk_fraction, distinct_blocks, "disk_fraction") if config.disk_fraction else 0
 
-    def run(policy: AdmissionPolicy, cache: Callable[[int], BlockCache], eviction: str) -> PolicyResult:
+    def run(policy: AdmissionPolicy, cache: Callable[[int], BlockCache], eviction: str, role: Role) -> PolicyResult:
         disk = LRUBlockCache(disk_blocks) if disk_blocks else None
         tally = replay(requests, contexts, policy, cache(ram_blocks), disk)
-        return PolicyResult.from_tally(policy.name, eviction, tally, block_bytes, policy.stats())
+        return PolicyResult.from_tally(policy.name, eviction, role, tally, block_bytes, policy.stats())
 
-    baseline = run(StoreEverything(BASELINE), LRUBlockCache, "lru")
     results = [
-        baseline,
-        run(StoreEverything("arc"), ARCBlockCache, "arc"),
-        run(StoreAfterNOffers(config.store_threshold), LRUBlockCache, "lru"),
+        run(StoreEverything(BASELINE), LRUBlockCache, "lru", "baseline"),
+        run(StoreEverything("arc"), ARCBlockCache, "arc", "baseline"),
+        run(StoreEverything("s3-fifo"), S3FIFOBlockCache, "s3-fifo", "baseline"),
+        run(StoreEverything("w-tinylfu"), WTinyLFUBlockCache, "w-tinylfu", "baseline"),
+        run(StoreAfterNOffers(config.store_threshold), LRUBlockCache, "lru", "baseline"),
     ]
-    kvci = [
+    kvci = [  # the worthiness bar, as ram_policy "threshold" runs it
         run(
             WorthinessAdmission(
                 CheckpointAdvisor(ram_threshold=threshold), prefill_tokens_per_second=config.prefill_tokens_per_second
             ),
             LRUBlockCache,
             "lru",
+            "kvci",
         )
         for threshold in config.kvci_ram_thresholds
     ]
-    results.extend(kvci)
     # The connector's default: the RAM index with its ValuePolicy, as a user who sets nothing runs it.
     tier = KVCITier(ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second)
     default = PolicyResult.from_tally(
-        tier.name, tier.policy.name, replay_kvci(requests, contexts, tier), block_bytes, tier.stats())
-    results.insert(1, default)
+        tier.name, tier.policy.name, "kvci", replay_kvci(requests, contexts, tier), block_bytes, tier.stats())
+    results.append(default)
+    results.extend(kvci)
     # The same advisor with the bar that follows the RAM tier's pressure (it learns from evictions).
     advisor = CheckpointAdvisor(ram_threshold=config.kvci_ram_thresholds[0])
     pressure = WorthinessAdmission(
@@ -172,24 +180,17 @@ def _budget_run(
         pressure=PressureAwareAdmission.for_advisor(advisor, capacity_bytes=ram_blocks * block_bytes),
         block_bytes=block_bytes,
     )
-    results.append(run(pressure, lambda capacity: LRUBlockCache(capacity, on_evict=pressure.evicted), "lru"))
+    results.append(run(pressure, lambda capacity: LRUBlockCache(capacity, on_evict=pressure.evicted), "lru", "kvci"))
     # The control: whole requests admitted blindly, as often as the default kvci policy admitted.
     rate = default.admitted_requests / default.requests
-    results.append(run(RandomAdmission(rate, seed=config.seed), LRUBlockCache, "lru"))
+    results.append(run(RandomAdmission(rate, seed=config.seed), LRUBlockCache, "lru", "control"))
     results.extend(
-        run(ContinuationOracle(continued, first_turns=first_turns), LRUBlockCache, "lru")
+        run(ContinuationOracle(continued, first_turns=first_turns), LRUBlockCache, "lru", "bound")
         for first_turns in (None, True, False)
     )
-    return BudgetRun(
-        budget_fraction=fraction,
-        ram_bytes=ram_blocks * block_bytes,
-        ram_blocks=ram_blocks,
-        disk_bytes=disk_blocks * block_bytes,
-        disk_blocks=disk_blocks,
-        ceiling_saved_ratio=ratio(ceiling, baseline.saved_tokens),
-        policies=tuple(results),
-        comparisons=tuple(compare(result, baseline, fraction) for result in results[1:]),
-    )
+    bound = BeladyBound(requests, ram_blocks)
+    results.append(run(bound, lambda capacity: bound, "belady", "bound"))
+    return budget_run(fraction, ram_blocks, disk_blocks, block_bytes, ceiling, results)
 
 
 def _blocks(fraction: float, distinct_blocks: int, field: str) -> int:
@@ -197,6 +198,14 @@ def _blocks(fraction: float, distinct_blocks: int, field: str) -> int:
     if blocks < 1:
         raise ValueError(f"{field} {fraction} of a {distinct_blocks}-block working set holds no block")
     return blocks
+
+
+def trace_label(trace: Path) -> str:
+    """``mooncake_conversation_trace.jsonl`` -> ``conversation``: the file name without the
+    release's common prefix and suffix."""
+    label = trace.name.split(".")[0]
+    label = label.removeprefix("mooncake_").removesuffix("_trace")
+    return label or "trace"
 
 
 def _summary(

@@ -75,7 +75,7 @@ class WorthinessAdmission:
         self.block_bytes = block_bytes
         default = advisor.ram_threshold == DEFAULT_RAM_THRESHOLD
         name = "kvci-threshold" if default else f"kvci-threshold@{advisor.ram_threshold:g}"
-        self.name = name if pressure is None else f"{name}-pressure"
+        self.name = name if pressure is None else name.replace("-threshold", "") + "-pressure"
         self._clock = TraceClock()
         self.gate = CacheGate(clock=self._clock)
         self._tiers: Counter[str] = Counter()

@@ -16,26 +16,25 @@ from hypothesis import strategies as st
 import kvci_plugin
 from benchmarks.policysim.admission import Admission, StoreEverything
 from benchmarks.policysim.arc_cache import ARCBlockCache
+from benchmarks.policysim.belady_bound import BeladyBound
 from benchmarks.policysim.follow_up import FollowUpRate, follow_up_table
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.model_shape import model_shape
 from benchmarks.policysim.offer_threshold import StoreAfterNOffers
 from benchmarks.policysim.oracle_admission import ContinuationOracle, continued_later
 from benchmarks.policysim.random_admission import RandomAdmission
-from benchmarks.policysim.replay import replay
-from benchmarks.policysim.report import SimulationReport
-from benchmarks.policysim.sessions import RequestContext, SessionTracker, extends, session_contexts
+from benchmarks.policysim.replay import Tally, replay
+from benchmarks.policysim.report import BudgetRun, PolicyResult, Role, SimulationReport, budget_run, target_for
+from benchmarks.policysim.s3fifo_cache import S3FIFOBlockCache
+from benchmarks.policysim.sessions import RequestContext, SessionTracker, extends
+from benchmarks.policysim.tinylfu_cache import WTinyLFUBlockCache
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.policysim.worthiness_admission import WorthinessAdmission
 from kvci_plugin.tiering.admission import PressureAwareAdmission
 from kvci_plugin.worthiness import CheckpointAdvisor, CheckpointObservation
+from bench.sim_traces import chains, contexts_of, request
 
 REPO_ROOT = Path(kvci_plugin.__file__).resolve().parents[1]
-
-
-def request(chain: Sequence[int], *, at_ms: int = 0, short_by: int = 100, output: int = 200) -> TraceRequest:
-    """A request whose input fills ``chain`` (the last block partly)."""
-    return TraceRequest(at_ms, len(chain) * BLOCK_TOKENS - short_by, output, tuple(chain))
 
 
 def write_trace(path: Path, requests: Sequence[TraceRequest]) -> Path:
@@ -45,10 +44,6 @@ def write_trace(path: Path, requests: Sequence[TraceRequest]) -> Path:
     )
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
-
-
-def contexts_of(requests: Sequence[TraceRequest]) -> list[RequestContext]:
-    return session_contexts(requests, SessionTracker())
 
 
 # --- trace and model shape -------------------------------------------------------------------
@@ -377,26 +372,6 @@ def test_a_disk_tier_serves_what_ram_evicted_and_counts_apart() -> None:
     assert tally.disk_blocks_written == 5  # write-through: every block once
 
 
-def chains() -> st.SearchStrategy[list[tuple[int, ...]]]:
-    """Prefix-consistent chains: each either extends a prefix of an earlier one or starts anew."""
-
-    @st.composite
-    def build(draw: st.DrawFn) -> list[tuple[int, ...]]:
-        out: list[tuple[int, ...]] = []
-        fresh = 1
-        for _ in range(draw(st.integers(1, 30))):
-            base: tuple[int, ...] = (0,)
-            if out and draw(st.booleans()):
-                parent = draw(st.sampled_from(out))
-                base = parent[: draw(st.integers(1, len(parent)))]
-            grow = draw(st.integers(0, 5))
-            out.append(base + tuple(range(fresh, fresh + grow)))
-            fresh += grow
-        return out
-
-    return build()
-
-
 @settings(max_examples=80, deadline=None)
 @given(chains=chains(), capacity=st.integers(1, 40))
 def test_replay_bounds_hold_for_every_policy(chains: list[tuple[int, ...]], capacity: int) -> None:
@@ -415,10 +390,13 @@ def test_replay_bounds_hold_for_every_policy(chains: list[tuple[int, ...]], capa
     assert unbounded.ram_saved_tokens == ceiling
     assert unbounded.ram_blocks_written == len(distinct)
 
-    def policies() -> list[tuple[object, object]]:
+    def policies(capacity: int) -> list[tuple[object, object]]:
         return [
             (StoreEverything("lru"), LRUBlockCache),
             (StoreEverything("arc"), ARCBlockCache),
+            (StoreEverything("s3-fifo"), S3FIFOBlockCache),
+            (StoreEverything("w-tinylfu"), WTinyLFUBlockCache),
+            (bound := BeladyBound(trace, capacity), lambda n: bound),
             (StoreAfterNOffers(2), LRUBlockCache),
             (kvci(), LRUBlockCache),
             (pressured := kvci_pressure(capacity), lambda n: LRUBlockCache(n, on_evict=pressured.evicted)),
@@ -426,13 +404,15 @@ def test_replay_bounds_hold_for_every_policy(chains: list[tuple[int, ...]], capa
             (ContinuationOracle(continued_later(trace, 2)), LRUBlockCache),
         ]
 
-    for policy, cache in policies():
+    for policy, cache in policies(capacity):
         tally = replay(trace, contexts, policy, cache(capacity))  # type: ignore[operator,arg-type]
         assert tally.ram_saved_tokens <= ceiling
         assert tally.ram_hit_blocks <= tally.requested_blocks
-    for policy, cache in policies():
+    for policy, cache in policies(len(distinct)):
         roomy = replay(trace, contexts, policy, cache(len(distinct)))  # type: ignore[operator,arg-type]
         assert roomy.ram_blocks_written <= len(distinct), "with room for all, no block is written twice"
+    roomy_bound = BeladyBound(trace, len(distinct))
+    assert replay(trace, contexts, roomy_bound, roomy_bound).ram_saved_tokens == ceiling
 
 
 @settings(max_examples=60, deadline=None)
@@ -453,6 +433,44 @@ def test_kvci_reads_each_prompt_as_the_context_bundle_of_its_turn(chains: list[t
         derived = CheckpointObservation.from_inputs(context_bundle=bundle)
         assert (observation.retrieved_items, observation.novel_items) == (derived.retrieved_items, derived.novel_items)
         previous[r.hash_ids[:2]] = set(r.hash_ids)
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def result(name: str, role: Role, saved: int, written: int) -> PolicyResult:
+    tally = Tally(requests=1, input_tokens=10**6, ram_saved_tokens=saved, ram_blocks_written=written)
+    return PolicyResult.from_tally(name, "lru", role, tally, 1, {})
+
+
+def test_the_targets_are_per_budget_for_the_policy_named_kvci_and_ask_for_the_best_online_too() -> None:
+    assert [target_for(f).saved_ratio for f in (0.01, 0.025, 0.05, 0.10, 0.25)] == [1.9, 1.7, 1.2, 1.05, 1.0]
+    assert [target_for(f).write_reduction for f in (0.01, 0.025, 0.05)] == [3.0, 3.0, None]
+    assert target_for(0.5) is None
+
+    def run(kvci_saved: int, kvci_written: int, best_saved: int, fraction: float = 0.01) -> BudgetRun:
+        results = [
+            result("lru", "baseline", 1000, 300),
+            result("arc", "baseline", best_saved, 300),
+            result("kvci", "kvci", kvci_saved, kvci_written),
+            result("kvci@0.4", "kvci", 5000, 1),
+            result("oracle", "bound", 9000, 1),
+            result("belady", "bound", 3000, 50),
+        ]
+        return budget_run(fraction, 10, 0, 1, 10_000, results)
+
+    met = run(kvci_saved=1900, kvci_written=100, best_saved=1500)
+    comparisons = {comparison.policy: comparison for comparison in met.comparisons}
+    assert (met.best_online, met.best_online_saved_ratio, met.bound_saved_ratio) == ("arc", 1.5, 3.0)
+    assert comparisons["kvci"].target_met and comparisons["kvci"].at_least_best_online
+    assert comparisons["kvci"].bound_share == pytest.approx(900 / 2000)
+    assert comparisons["belady"].bound_share == 1.0 and comparisons["arc"].bound_share == 0.25
+    assert not comparisons["kvci@0.4"].target_applies and comparisons["kvci@0.4"].target_met is None
+    assert "lru" not in comparisons
+    for missed in (run(1899, 100, 1500), run(1900, 101, 1500), run(1900, 100, 1901)):
+        assert {c.policy: c for c in missed.comparisons}["kvci"].target_met is False
+    roomy = {c.policy: c for c in run(1000, 301, 900, fraction=0.25).comparisons}["kvci"]
+    assert roomy.target_met and roomy.target_write_reduction is None
 
 
 # --- the command line and the results README ------------------------------------------------
@@ -486,54 +504,92 @@ def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "synthetic.jsonl", synthetic_trace())
     results = tmp_path / "results"
-    json_path, png_path = results / "synthetic.json", results / "synthetic.png"
     done = run_module(
         "benchmarks.policy_sim",
         "--trace", str(trace), "--budgets", "0.1,0.5", "--disk-fraction", "1",
-        "--kvci-ram-threshold", "0.55", "--kvci-ram-threshold", "0.4",
-        "--json", str(json_path), "--plot", str(png_path),
+        "--kvci-ram-threshold", "0.55", "--kvci-ram-threshold", "0.4", "--out", str(results),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "kvci-threshold@0.4" in done.stdout and "store-after-2" in done.stdout
-    report = SimulationReport.model_validate_json(json_path.read_text())
-    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "kvci-threshold@0.4" in done.stdout and "store-after-2" in done.stdout and "w-tinylfu" in done.stdout
+    report = SimulationReport.model_validate_json((results / "policy_sim_synthetic.json").read_text())
+    assert report.label == "synthetic" and report.report_format == "kvci-policy-sim/3"
+    assert (results / "policy_sim_synthetic.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [run.budget_fraction for run in report.runs] == [0.1, 0.5]
     assert report.working_set_blocks == len({b for r in synthetic_trace() for b in r.hash_ids})
     for run in report.runs:
         names = [result.name for result in run.policies]
         assert names == [
-            "lru", "kvci", "arc", "store-after-2", "kvci-threshold", "kvci-threshold@0.4", "kvci-pressure",
-            "random",
-            "oracle", "oracle-later-first-all", "oracle-later-first-none",
+            "lru", "arc", "s3-fifo", "w-tinylfu", "store-after-2", "kvci", "kvci-threshold",
+            "kvci-threshold@0.4", "kvci-pressure", "random",
+            "oracle", "oracle-later-first-all", "oracle-later-first-none", "belady",
         ]  # fmt: skip
-        assert [result.name for result in run.policies if result.reads_the_future] == names[-3:]
+        assert [result.name for result in run.policies if result.reads_the_future] == names[-4:]
+        roles = {result.name: result.role for result in run.policies}
+        assert [name for name in names if roles[name] == "baseline"] == names[:5]
         bar = run.policy("kvci-pressure").stats["pressure"]
         assert isinstance(bar, dict) and 0.30 <= bar["threshold"] <= 0.75  # type: ignore[operator]
-        lru = run.policy("lru")
+        lru, bound = run.policy("lru"), run.policy("belady")
         assert lru.disk_bytes_written == report.working_set_bytes  # write-through, a disk that holds
         for result in run.policies:
             assert result.saved_tokens <= report.ceiling_saved_tokens
+            assert result.ram_hit_blocks <= bound.ram_hit_blocks
             assert result.bytes_written == (result.ram_blocks_written + result.disk_blocks_written) * report.block_bytes
         by_name = {comparison.policy: comparison for comparison in run.comparisons}
         assert by_name["kvci"].saved_ratio == pytest.approx(run.policy("kvci").saved_tokens / lru.saved_tokens)
-        assert by_name["kvci"].target_applies == (run.budget_fraction <= 0.25)
-        assert not by_name["arc"].target_applies
+        assert run.bound_saved_ratio == pytest.approx(bound.saved_tokens / lru.saved_tokens)
+        if bound.saved_tokens > lru.saved_tokens:
+            assert by_name["belady"].bound_share == pytest.approx(1.0)
+            share = (run.policy("arc").saved_tokens - lru.saved_tokens) / (bound.saved_tokens - lru.saved_tokens)
+            assert by_name["arc"].bound_share == pytest.approx(share)
+        best = max(run.policy(name).saved_tokens for name in names[:5])
+        assert run.policy(run.best_online).saved_tokens == best and roles[run.best_online] == "baseline"
+        kvci = by_name["kvci"]
+        assert kvci.target_applies == (run.budget_fraction == 0.1)
+        assert not by_name["kvci-threshold@0.4"].target_applies and not by_name["arc"].target_applies
+        if kvci.target_applies:
+            assert (kvci.target_saved_ratio, kvci.target_write_reduction) == (1.05, None)
+            assert kvci.at_least_best_online == (run.policy("kvci").saved_tokens >= best)
+            assert kvci.target_met == (kvci.at_least_best_online and kvci.saved_ratio >= 1.05)
 
     rendered = run_module("benchmarks.render_results", "--results", str(results))
     assert rendered.returncode == 0, rendered.stderr
     readme = (results / "README.md").read_text()
-    assert report.command in readme and "synthetic.jsonl" in readme
+    assert report.command in readme and "synthetic.jsonl" in readme and "## policy_sim_synthetic" in readme
     for run in report.runs:
         for comparison in run.comparisons:
             if comparison.target_applies:
-                assert f"| {comparison.policy} | {comparison.saved_ratio:.2f}x |" in readme
+                assert f"| {comparison.saved_ratio:.2f}x | >= {comparison.target_saved_ratio}x |" in readme
         for result in run.policies:
             assert f"| {result.name} | {result.saved_tokens:,} |" in readme
+        by_name = {comparison.policy: comparison for comparison in run.comparisons}
+        assert f"{by_name['belady'].saved_ratio:.2f}x | {run.best_online_saved_ratio:.2f}x ({run.best_online}) |" in readme
     assert "`oracle`, `oracle-later-first-all`, `oracle-later-first-none` read the future" in readme
     first = report.follow_up.by_turn[0]
     assert f"| all turns, by turn | 1 | {first.requests:,} | {first.followed_up:,} |" in readme
     again = run_module("benchmarks.render_results", "--results", str(results))
     assert again.returncode == 0 and (results / "README.md").read_text() == readme
+
+
+def test_a_second_trace_gets_its_own_report_and_section(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for name in ("mooncake_first_trace.jsonl", "mooncake_second_trace.jsonl"):
+        trace = write_trace(tmp_path / name, synthetic_trace())
+        done = run_module("benchmarks.policy_sim", "--trace", str(trace), "--budgets", "0.25", "--out", str(results))
+        assert done.returncode == 0, done.stderr
+    labelled = run_module(
+        "benchmarks.policy_sim", "--trace", str(trace), "--budgets", "0.25", "--label", "second-tuned",
+        "--json", str(results / "named.json"),
+    )  # fmt: skip
+    assert labelled.returncode == 0, labelled.stderr
+    assert sorted(path.name for path in results.iterdir()) == [
+        "named.json", "policy_sim_first.json", "policy_sim_first.png", "policy_sim_second.json", "policy_sim_second.png",
+    ]  # fmt: skip
+    assert SimulationReport.model_validate_json((results / "named.json").read_text()).label == "second-tuned"
+    assert run_module("benchmarks.render_results", "--results", str(results)).returncode == 0
+    readme = (results / "README.md").read_text()
+    for section in ("## named", "## policy_sim_first", "## policy_sim_second"):
+        assert readme.count(section + "\n") == 1
+    assert "Trace label `first`." in readme and "Trace label `second-tuned`." in readme
 
 
 def test_the_cli_reports_bad_input_without_a_traceback(tmp_path: Path) -> None:

@@ -1,0 +1,117 @@
+"""kvci's RAM tier as the connector runs it, replayed on a trace: the product's code, not a copy.
+
+Per request, in the connector's order (``connector/scheduler.py``): the lookup tells the real
+``RAMIndex`` the prompt's keys (``observe_lookup``: the policy learns which remembered contexts
+came back) and hits the longest run the index holds, pinned and released as a load is; when the
+request finishes, the real ``CheckpointAdvisor`` scores what the engine knows then, the real
+``CacheGate`` may pause the system trigger, ``system_may_offer`` decides whether the request is
+offered, and ``offer_for`` builds the offer the index's policy weighs in ``reserve``. Only full
+blocks are offered, as the engine keeps them. The policy is the connector's default
+(``ValuePolicy``, no settings) unless another is passed.
+
+A hash id becomes a 16-byte page key; one page = one 512-token block. The entry bound is the
+page capacity: a deployment that sizes the tier for N pages lets it hold N checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections import Counter
+
+from pydantic import JsonValue
+
+from benchmarks.policysim.replay import Tally, account_lookup
+from benchmarks.policysim.sessions import RequestContext
+from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
+from benchmarks.policysim.worthiness_admission import TraceClock, trace_observation
+from kvci_plugin.policy import TierPolicy, ValuePolicy, offer_for, system_may_offer
+from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
+from kvci_plugin.worthiness import CacheGate, CheckpointAdvisor, RebuildCostModel
+
+TENANT = "trace"
+
+
+def page_key(block: int) -> bytes:
+    return block.to_bytes(16, "little")
+
+
+class KVCITier:
+    def __init__(
+        self,
+        capacity_blocks: int,
+        *,
+        prefill_tokens_per_second: float,
+        policy: TierPolicy | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.policy = policy if policy is not None else ValuePolicy()
+        self.name = name or self.policy.name
+        self._clock = TraceClock()
+        self.index = RAMIndex(capacity_blocks, 1, capacity_blocks, policy=self.policy, clock=self._clock)
+        self.advisor = CheckpointAdvisor()
+        self.gate = CacheGate(clock=self._clock)
+        self.prefill_tokens_per_second = prefill_tokens_per_second
+        self._rebuild = RebuildCostModel()
+        self._outcomes: Counter[str] = Counter()
+        self._kept_any = False
+
+    def step(self, request: TraceRequest, context: RequestContext, tally: Tally) -> None:
+        """One request: its lookup, then what the connector keeps of it when it finishes."""
+        self._clock.now_s = request.timestamp_ms / 1000.0
+        full = request.input_length // BLOCK_TOKENS
+        keys = [page_key(block) for block in request.hash_ids[:full]]
+        lineage = self.index.observe_lookup(keys)
+        run = self.index.longest_prefix(keys, TENANT)
+        if run:
+            self.index.pin(keys[:run], TENANT)
+            self.index.unpin(keys[:run])
+        saved = account_lookup(tally, request, run, 0)
+        if self._kept_any:
+            self.gate.record_lookup(saved > 0)
+        if context.rewrote and context.session_id is not None:
+            self.gate.record_context_change(context.session_id)
+        observation = trace_observation(request, context, saved, self.prefill_tokens_per_second)
+        rec = self.advisor.recommend(observation)
+        if not keys:
+            self._outcomes["no_full_block"] += 1
+            return
+        offer = offer_for(rec, anchor=keys[-1], explicit=False, lineage=lineage, pages=len(keys),
+                          rebuild_s=self._rebuild.estimate_observation(observation).seconds)
+        self.index.sight(offer)
+        if not system_may_offer(rec):
+            self._outcomes["not_offered"] += 1
+            return
+        if not self.gate.decide(context.session_id).allow:
+            self._outcomes["cache_gate_paused"] += 1
+            return
+        cid = uuid.uuid4().hex
+        try:
+            reservation = self.index.reserve(cid, TENANT, keys, offer=offer)
+        except NotWorthDisplacingError:
+            self._outcomes["refused_under_pressure"] += 1
+            return
+        except DoesNotFitError:
+            self._outcomes["does_not_fit"] += 1
+            return
+        self.index.commit(cid)
+        self._kept_any = True
+        self._outcomes["kept"] += 1
+        tally.admitted_requests += 1
+        tally.ram_blocks_written += len(reservation.new)
+
+    def stats(self) -> dict[str, JsonValue]:
+        return {
+            "outcomes": dict(sorted(self._outcomes.items())),
+            "policy": dataclasses.asdict(self.index.stats().policy),
+        }
+
+
+def replay_kvci(requests: list[TraceRequest], contexts: list[RequestContext], tier: KVCITier) -> Tally:
+    if len(requests) != len(contexts):
+        raise ValueError(f"{len(requests)} requests but {len(contexts)} contexts")
+    tally = Tally()
+    for request, context in zip(requests, contexts):
+        tier.step(request, context, tally)
+    return tally
