@@ -116,6 +116,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="turns uncached tokens into the prefill time kvci observes (default: the rebuild-cost model's rate)",
     )
     parser.add_argument("--session-key-blocks", type=int, default=2, help="leading hash ids that key a session")
+    parser.add_argument("--session-threads", action="store_true",
+                        help="infer sessions as threads (a request continues the one it extends) instead of "
+                        "keying them by their leading hash ids")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random control")
     parser.add_argument("--out", type=Path, help="write policy_sim_LABEL.json and policy_sim_LABEL.png in this folder")
     parser.add_argument("--json", type=Path, help="write the report as JSON here (instead of --out's name)")
@@ -142,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         kvci_ram_thresholds=tuple(args.kvci_ram_threshold or (DEFAULT_RAM_THRESHOLD,)),
         prefill_tokens_per_second=args.prefill_tokens_per_second,
         session_key_blocks=args.session_key_blocks,
+        session_threads=args.session_threads,
         seed=args.seed,
     )
 

@@ -127,6 +127,8 @@ def _serve_parser(sub: Any) -> None:
     g.add_argument("--tenant-quota-bytes", help="RAM bytes one tenant may hold")
     g.add_argument("--no-system-trigger", action="store_true",
                    help="keep KV only when a client or the control surface asks")
+    g.add_argument("--ram-policy", choices=("value", "lru", "threshold"),
+                   help="what the RAM tier keeps (default value: what is worth more than it evicts)")
     g.add_argument("--ram-threshold", type=float,
                    help="score for tier RAM; alone it fixes the system trigger's bar there")
     g.add_argument("--ram-admission", choices=("pressure", "fixed"),
@@ -173,7 +175,8 @@ def serve_extra_config(args: argparse.Namespace) -> dict[str, Any]:
         extra = _json_object(args.kvci_config, "--kvci-config")
     simple = {
         "ram_bytes": args.ram_bytes, "ram_max_entries": args.ram_max_entries,
-        "tenant_quota_bytes": args.tenant_quota_bytes, "ram_threshold": args.ram_threshold,
+        "tenant_quota_bytes": args.tenant_quota_bytes, "ram_policy": args.ram_policy,
+        "ram_threshold": args.ram_threshold,
         "ram_admission": args.ram_admission, "ram_threshold_min": args.ram_threshold_min,
         "disk_threshold": args.disk_threshold, "disk_root": args.disk_root,
         "disk_bytes": args.disk_bytes, "disk_region": args.disk_region,

@@ -190,6 +190,7 @@ class SweepSettings(BaseModel):
     kvci_ram_thresholds: tuple[float, ...]
     prefill_tokens_per_second: float
     session_key_blocks: int
+    session_threads: bool = False
     max_sessions: int
     rewrite_window_s: float
     seed: int

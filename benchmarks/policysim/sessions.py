@@ -12,6 +12,11 @@ context; any other request rewrote it (an edit, a truncation, a different branch
 novel blocks are those its session's previous prompt did not hold: the new message of a turn,
 everything after the point where a rewrite diverged, every block of a session's first request.
 Everything here is counted from earlier requests only: nothing reads the future.
+
+``threads=True`` infers sessions without a key: a request continues the earlier thread whose
+last prompt it extends, and any other request starts its own. Where many users share a long
+system prompt (a production trace), keying by the first blocks puts them all in one session that
+"rewrites" with every request; threads keep them apart, at the price of never seeing a rewrite.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class SessionTracker:
         key_blocks: int = DEFAULT_KEY_BLOCKS,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         rewrite_window_s: float = DEFAULT_REWRITE_WINDOW_S,
+        threads: bool = False,
     ) -> None:
         for name, value in (("key_blocks", key_blocks), ("max_sessions", max_sessions)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -72,10 +78,43 @@ class SessionTracker:
         self.max_sessions = max_sessions
         self.rewrite_window_ms = rewrite_window_s * 1000.0
         self._sessions: OrderedDict[tuple[int, ...], _Session] = OrderedDict()
+        self.threads = threads
+        # Threads by the id of their last prompt's last full block (chained ids: equal id, equal prefix).
+        self._threads: OrderedDict[int, tuple[str, _Session]] = OrderedDict()
+        self._thread_count = 0
+
+    def _thread(self, request: TraceRequest) -> RequestContext:
+        """``threads``: a request continues the thread whose last prompt it extends; any other
+        request starts a thread of its own, so nothing is ever a rewrite."""
+        chain = request.hash_ids
+        found = None
+        for position in range(len(chain) - 1, -1, -1):
+            entry = self._threads.get(chain[position])
+            if entry is not None and len(entry[1].last_chain) - 2 == position:
+                found = self._threads.pop(chain[position])
+                break
+        if found is None:
+            self._thread_count += 1
+            session_id, session = f"t{self._thread_count}", _Session(last_chain=chain)
+            context = RequestContext(session_id, 0, 0, 0, False, len(chain))
+        else:
+            session_id, session = found
+            session.turns_since_change += 1
+            context = RequestContext(session_id, session.requests, session.turns_since_change, 0, False,
+                                     len(chain) - common_prefix(session.last_chain, chain))
+            session.requests += 1
+            session.last_chain = chain
+        if len(chain) >= 2:
+            self._threads[chain[-2]] = (session_id, session)
+            if len(self._threads) > self.max_sessions:
+                self._threads.popitem(last=False)
+        return context
 
     def observe(self, request: TraceRequest) -> RequestContext:
         """The request's context as known when it finishes; then remember the request."""
         chain = request.hash_ids
+        if self.threads:
+            return self._thread(request)
         if len(chain) < self.key_blocks:
             return RequestContext(None, 0, 0, 0, False, None)
         key = chain[: self.key_blocks]

@@ -71,6 +71,8 @@ class SweepConfig(BaseModel):
     kvci_ram_thresholds: tuple[Annotated[float, Field(gt=0.0, le=1.0)], ...] = (DEFAULT_RAM_THRESHOLD,)
     prefill_tokens_per_second: Annotated[float, Field(gt=0.0)] = DEFAULT_PREFILL_TOKENS_PER_SECOND
     session_key_blocks: Annotated[int, Field(ge=1)] = DEFAULT_KEY_BLOCKS
+    # Sessions as threads (a request continues the one it extends) instead of keyed by first blocks.
+    session_threads: bool = False
     max_sessions: Annotated[int, Field(ge=1)] = DEFAULT_MAX_SESSIONS
     rewrite_window_s: Annotated[float, Field(gt=0.0)] = DEFAULT_REWRITE_WINDOW_S
     seed: int = 0
@@ -87,6 +89,7 @@ def run_sweep(config: SweepConfig, *, command: str) -> SimulationReport:
     shape = model_shape(config.model)
     requests = load_trace(config.trace, config.limit)
     tracker = SessionTracker(
+        threads=config.session_threads,
         key_blocks=config.session_key_blocks,
         max_sessions=config.max_sessions,
         rewrite_window_s=config.rewrite_window_s,
@@ -121,6 +124,7 @@ def run_sweep(config: SweepConfig, *, command: str) -> SimulationReport:
             kvci_ram_thresholds=config.kvci_ram_thresholds,
             prefill_tokens_per_second=config.prefill_tokens_per_second,
             session_key_blocks=config.session_key_blocks,
+            session_threads=config.session_threads,
             max_sessions=config.max_sessions,
             rewrite_window_s=config.rewrite_window_s,
             seed=config.seed,

@@ -38,6 +38,10 @@ class CacheGateSettings(BaseModel):
     churn_threshold: int = Field(3, ge=1, description="rewrites in the window that pause a session")
 
 
+# The worthiness bar's settings: they choose ram_policy "threshold" unless it is named.
+_BAR_SETTINGS = ("ram_threshold", "ram_admission", "ram_threshold_min")
+
+
 class KVCIConfig(BaseModel):
     """kvci's part of `--kv-transfer-config`, under `kv_connector_extra_config`."""
 
@@ -53,7 +57,7 @@ class KVCIConfig(BaseModel):
         "(kvci_plugin.policy.ValuePolicy); `lru` keeps every such request and evicts the least "
         "recently used (vLLM's native offloading); `threshold` keeps what clears the worthiness "
         "bar (ram_threshold, ram_admission), LRU eviction. `threshold` when ram_threshold or "
-        "ram_admission is set and this is not. Explicit checkpoints are kept whatever the policy "
+        "ram_admission or ram_threshold_min is set and this is not. Explicit checkpoints are kept whatever the policy "
         "and evicted last")
     ram_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description=f"score for tier RAM; none = {DEFAULT_RAM_THRESHOLD}. "
@@ -113,7 +117,7 @@ class KVCIConfig(BaseModel):
         # they ask for it to move.
         if not isinstance(data, dict):
             return data
-        if "ram_policy" not in data and (data.get("ram_threshold") is not None or "ram_admission" in data):
+        if "ram_policy" not in data and any(data.get(k) is not None for k in _BAR_SETTINGS):
             data = {**data, "ram_policy": "threshold"}
         if data.get("ram_threshold") is not None and "ram_admission" not in data:
             data = {**data, "ram_admission": "fixed"}
@@ -121,7 +125,7 @@ class KVCIConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "KVCIConfig":
-        bar = {"ram_threshold", "ram_admission", "ram_threshold_min"} & self.model_fields_set
+        bar = {k for k in _BAR_SETTINGS if k in self.model_fields_set and getattr(self, k) is not None}
         if self.ram_policy != "threshold" and bar:
             raise ValueError(f"{', '.join(sorted(bar))} set the worthiness bar, which applies only "
                              f"with ram_policy 'threshold' (ram_policy is {self.ram_policy!r})")

@@ -1,4 +1,4 @@
-"""ReuseHazard: how soon, per class, a context idle for so long is re-sent.
+"""ReuseHazard: how likely, per class, a context idle for so long is re-sent soon.
 
 From "KVCache Cache in the Wild" (Wang et al., USENIX ATC '25): on real traces the probability
 that a cached prefix is reused depends strongly on its workload class and on how long it has sat
@@ -10,17 +10,18 @@ learned only from what it kept could never learn that what it refuses is worth k
 context still idle contributes its exposure so far at each refresh; one re-sent or forgotten
 ends its idle period.
 
-``rate(cls, age)`` is the best re-send rate (re-sends per second) that holding the context from
-``age`` to some later horizon buys: the highest ratio of re-sends to exposure over the buckets
-from ``age`` on. Taking the best horizon, not the next bucket alone, keeps a context whose class
-comes back after a pause (a tool call, a user reading) worth holding through that pause.
-A class with little evidence leans on all classes pooled: its counts are blended with the
-pooled rate weighted as one context's idle time over the same buckets.
+``resend_probability(cls, age, horizon)`` is how likely a context of ``cls`` idle for ``age`` is
+re-sent within ``horizon`` more seconds, from the per-bucket hazards (re-sends per second of
+exposure). A class with little evidence leans on all classes pooled: each bucket's counts are
+blended with the pooled hazard, weighted as one context's stay in that bucket; the pooled
+hazard's own prior is one re-send per stay (optimistic until evidence says otherwise, so a fresh
+tier keeps what it is offered).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Hashable, Iterable
 
 # Bucket edges in seconds: [0, 1), [1, 2), [2, 4) ... [2^16, inf): from one engine step to most of
@@ -31,6 +32,11 @@ _BUCKETS = len(EDGES)
 
 def bucket(age_s: float) -> int:
     return max(0, bisect.bisect_right(EDGES, age_s) - 1)
+
+
+def _width(j: int) -> float:
+    """A bucket's span; the open last one counts as long as all before it."""
+    return EDGES[j + 1] - EDGES[j] if j + 1 < _BUCKETS else EDGES[j]
 
 
 def _add_exposure(row: list[float], age_s: float) -> None:
@@ -47,8 +53,8 @@ class ReuseHazard:
     def __init__(self) -> None:
         self._reuses: dict[Hashable, list[float]] = {}
         self._exposure: dict[Hashable, list[float]] = {}
-        self._rates: dict[Hashable, list[float]] = {}
-        self._pooled: list[float] = self._best([0.0] * _BUCKETS, [0.0] * _BUCKETS, None)
+        self._pooled: list[float] = [1.0 / _width(j) for j in range(_BUCKETS)]
+        self._hazards: dict[Hashable, list[float]] = {}
 
     def ended(self, cls: Hashable, age_s: float, *, reused: bool) -> None:
         """An idle period of a ``cls`` context ended after ``age_s`` s: re-sent, or forgotten."""
@@ -58,46 +64,32 @@ class ReuseHazard:
             reuses[bucket(age_s)] += 1.0
 
     def refresh(self, live: Iterable[tuple[Hashable, float]]) -> None:
-        """Recompute every rate, counting the idle time so far of the contexts still idle."""
+        """Recompute every hazard, counting the idle time so far of the contexts still idle."""
         exposure = {cls: list(row) for cls, row in self._exposure.items()}
         for cls, age_s in live:
             _add_exposure(exposure.setdefault(cls, [0.0] * _BUCKETS), age_s)
         classes = set(exposure) | set(self._reuses)
         zero = [0.0] * _BUCKETS
-        pooled_r = [sum(self._reuses.get(c, zero)[j] for c in classes) for j in range(_BUCKETS)]
-        pooled_e = [sum(exposure.get(c, zero)[j] for c in classes) for j in range(_BUCKETS)]
-        self._pooled = self._best(pooled_r, pooled_e, None)
-        self._rates = {
-            cls: self._best(self._reuses.get(cls, zero), exposure.get(cls, zero), (pooled_r, pooled_e))
+        self._pooled = [
+            (sum(self._reuses.get(c, zero)[j] for c in classes) + 1.0)
+            / (sum(exposure.get(c, zero)[j] for c in classes) + _width(j))
+            for j in range(_BUCKETS)
+        ]
+        self._hazards = {
+            cls: [(self._reuses.get(cls, zero)[j] + self._pooled[j] * _width(j))
+                  / (exposure.get(cls, zero)[j] + _width(j)) for j in range(_BUCKETS)]
             for cls in classes
         }
 
-    def rate(self, cls: Hashable, age_s: float) -> float:
-        return self._rates.get(cls, self._pooled)[bucket(age_s)]
-
-    @staticmethod
-    def _best(reuses: list[float], exposure: list[float],
-              prior: tuple[list[float], list[float]] | None) -> list[float]:
-        """Per start bucket, the best re-sends per second over the horizons from there on.
-
-        ``prior`` is the pooled (re-sends, exposure) per bucket; None for the pooled rate itself,
-        whose prior is one re-send per idle time (optimistic until evidence says otherwise, so
-        a fresh tier keeps what it is offered)."""
-        best = [0.0] * _BUCKETS
-        for b in range(_BUCKETS):
-            r = e = pr = pe = 0.0
-            top = 0.0
-            for k in range(b, _BUCKETS):
-                r += reuses[k]
-                e += exposure[k]
-                # One context's idle time over the same buckets: the weight of the prior.
-                width = (EDGES[k + 1] if k + 1 < _BUCKETS else 2 * EDGES[k]) - EDGES[b]
-                if prior is None:
-                    value = (r + 1.0) / (e + width)
-                else:
-                    pr += prior[0][k]
-                    pe += prior[1][k]
-                    value = (r + (pr + 1.0) / (pe + width) * width) / (e + width)
-                top = max(top, value)
-            best[b] = top
-        return best
+    def resend_probability(self, cls: Hashable, age_s: float, horizon_s: float) -> float:
+        """How likely a ``cls`` context idle for ``age_s`` is re-sent within ``horizon_s`` more."""
+        hazards = self._hazards.get(cls, self._pooled)
+        end = age_s + horizon_s
+        total = 0.0
+        for j in range(bucket(age_s), _BUCKETS):
+            lo = EDGES[j]
+            if lo >= end:
+                break
+            hi = EDGES[j + 1] if j + 1 < _BUCKETS else end
+            total += hazards[j] * (min(hi, end) - max(lo, age_s))
+        return 1.0 - math.exp(-total)

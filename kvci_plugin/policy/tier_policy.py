@@ -25,7 +25,8 @@ class PolicyStats:
     displaced: int
     # Offers turned away because they were worth less than what they would have displaced.
     refused_under_pressure: int
-    # Evicted checkpoints that no load ever read: writes that bought nothing.
+    # Evicted checkpoints whose context no lookup re-sent while they were held: writes that
+    # bought nothing.
     evicted_before_hit: int
     # Contexts the policy remembers (held or not) to learn how soon they come back.
     tracked_anchors: int

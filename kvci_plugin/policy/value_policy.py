@@ -2,10 +2,13 @@
 
 Rules, each with the anchor it comes from:
 
-- **Value.** A held checkpoint is worth ``rate x rebuild seconds per page``: ``rate`` is how often
-  a context of its class, idle as long as it has been, is re-sent (``ReuseHazard``, after "KVCache
-  Cache in the Wild": reuse probability by workload class and idle age), and the rebuild cost is
-  the shared ``RebuildCostEstimate`` per page. A class is the worthiness score's band, the
+- **Value.** A held checkpoint is worth ``P x rebuild seconds per page``: ``P`` is how likely a
+  context of its class, idle as long as it has been, is re-sent within the tier's holding horizon
+  (``ReuseHazard``, after "KVCache Cache in the Wild": reuse probability by workload class and
+  idle age), and the rebuild cost is the shared ``RebuildCostEstimate`` per page. The horizon is
+  how long the tier holds what it admits now, measured: the median idle age of its latest
+  victims (the characteristic time of Che's approximation for LRU caches); a return later than
+  the tier can wait for is worth nothing to it. A class is the worthiness score's band, the
   request's lineage (how many earlier anchors its prompt re-sent: a first sighting, a
   continuation) and how often its own anchor was re-sent since (a frequency, as LFU and TinyLFU
   count it). The learning costs no bytes: every request's anchor is remembered whether it was
@@ -16,8 +19,8 @@ Rules, each with the anchor it comes from:
   most valuable checkpoint it would evict (TinyLFU's "admit only if worth more than the
   victim"); otherwise it stays a remembered anchor, and comes in when its class proves itself.
   Only full blocks are ever offered (the engine keeps no partial block).
-- **Eviction.** Lowest value first. Within a class value falls with idle age, so each class
-  is an LRU list and only the heads compete (a heap): eviction costs a few comparisons, not a
+- **Eviction.** Lowest value first. Within a class value mostly falls with idle age, so each
+  class is an LRU list and only the heads compete (a heap): eviction costs a few comparisons, not a
   scan. A chain leaves tail first with no rule of its own: a continuation's checkpoint shares
   its parent's pages, and the index frees a page only with its last holder, so a page's
   priority is the highest of its holders' and never rises from root to tail.
@@ -31,13 +34,13 @@ Rules, each with the anchor it comes from:
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvci_plugin.policy.offer import COUNT_CAP, Offer
-from kvci_plugin.policy.reuse_hazard import ReuseHazard
+from kvci_plugin.policy.reuse_hazard import EDGES, ReuseHazard
 from kvci_plugin.policy.tier_policy import PolicyStats
 
 # Anchors remembered without their data. One costs ~200 B, so the default bound costs ~13 MB,
@@ -47,6 +50,8 @@ DEFAULT_MAX_GHOSTS = 65536
 # of them when that is more: the refresh walks every tracked anchor, so its cost per lookup stays
 # bounded.
 REFRESH_LOOKUPS = 64
+# Victim ages the holding horizon is the median of.
+HORIZON_SAMPLES = 64
 
 
 @dataclass(slots=True)
@@ -82,6 +87,8 @@ class ValuePolicy:
         self._lookups_since_refresh = 0
         self._cost_sum = 0.0
         self._cost_n = 0
+        # Idle ages of the latest victims: how long the tier can hold what it admits now.
+        self._victim_ages: deque[float] = deque(maxlen=HORIZON_SAMPLES)
         self._admitted = self._admitted_explicit = self._displaced = 0
         self._refused = self._wasted = 0
 
@@ -97,6 +104,7 @@ class ValuePolicy:
                     continue
                 self._ghosts.move_to_end(key)
             lineage += 1
+            self._unread.difference_update(anchor.cids)  # held and re-sent: this lookup hits it
             self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=True)
             before = anchor.cls
             anchor.reuses += 1
@@ -151,18 +159,26 @@ class ValuePolicy:
                 yield cid
 
     def admits(self, offer: Offer, victims: Sequence[str], now: float) -> bool:
-        if offer.explicit or not victims:
+        if not victims:
             return True
-        if any(cid in self._explicit for cid in victims):
+        if offer.explicit:
+            admit = True
+        elif any(cid in self._explicit for cid in victims):
+            admit = False
+        else:
+            anchor = self._held.get(offer.anchor) or self._ghosts.get(offer.anchor)
+            cls = anchor.cls if anchor is not None else (offer.band, min(offer.lineage, COUNT_CAP), 0)
+            worth = self._worth(cls, 0.0) * self._cost(offer.rebuild_s_per_page)
+            admit = worth >= max(self._value(cid, now) for cid in victims)
+        if not admit:
             self._refused += 1
             return False
-        anchor = self._held.get(offer.anchor) or self._ghosts.get(offer.anchor)
-        cls = anchor.cls if anchor is not None else (offer.band, min(offer.lineage, COUNT_CAP), 0)
-        worth = self._hazard.rate(cls, 0.0) * self._cost(offer.rebuild_s_per_page)
-        if worth >= max(self._value(cid, now) for cid in victims):
-            return True
-        self._refused += 1
-        return False
+        # The index evicts them now: how long they were held sets the horizon.
+        for cid in victims:
+            anchor = self._held.get(self._anchor_of.get(cid))  # type: ignore[arg-type]
+            if anchor is not None:
+                self._victim_ages.append(max(0.0, now - anchor.last_seen))
+        return True
 
     # ---- what the index did ------------------------------------------------------------------
 
@@ -184,7 +200,8 @@ class ValuePolicy:
             self._by_class.setdefault(anchor.cls, OrderedDict())[checkpoint_id] = None
 
     def touched(self, checkpoint_ids: Sequence[str], now: float) -> None:
-        self._unread.difference_update(checkpoint_ids)
+        # A hit is counted where the policy learns it: its lookup re-sent the anchor.
+        return None
 
     def dropped(self, checkpoint_id: str, *, evicted: bool) -> None:
         key = self._anchor_of.pop(checkpoint_id, None)
@@ -225,7 +242,19 @@ class ValuePolicy:
 
     def _value(self, checkpoint_id: str, now: float) -> float:
         anchor = self._held[self._anchor_of[checkpoint_id]]
-        return self._hazard.rate(anchor.cls, max(0.0, now - anchor.last_seen)) * self._cost(anchor.cost)
+        return self._worth(anchor.cls, max(0.0, now - anchor.last_seen)) * self._cost(anchor.cost)
+
+    def _worth(self, cls: tuple[int, int, int], age_s: float) -> float:
+        """How likely a ``cls`` context idle ``age_s`` is re-sent while the tier could hold it."""
+        return self._hazard.resend_probability(cls, age_s, self._horizon())
+
+    def _horizon(self) -> float:
+        """How long the tier holds what it admits now: the median idle age of its latest victims
+        (Che's characteristic time of an LRU cache, measured); before any eviction, the longest
+        idle age the hazard tells apart."""
+        if not self._victim_ages:
+            return EDGES[-1]
+        return max(sorted(self._victim_ages)[len(self._victim_ages) // 2], EDGES[1])
 
     def _cost(self, per_page: float | None) -> float:
         if per_page is not None:

@@ -19,6 +19,20 @@ def test_the_bar_follows_pressure_unless_a_threshold_was_chosen() -> None:
     assert KVCIConfig(ram_admission="fixed").ram_admission == "fixed"
 
 
+def test_the_value_policy_is_the_default_and_a_bar_setting_chooses_the_threshold_policy() -> None:
+    assert KVCIConfig().ram_policy == "value"
+    assert KVCIConfig.from_extra_config({"ram_threshold": None}).ram_policy == "value"
+    for bar in ({"ram_threshold": 0.6}, {"ram_admission": "fixed"}, {"ram_threshold_min": 0.4}):
+        assert KVCIConfig.from_extra_config(bar).ram_policy == "threshold"
+    assert KVCIConfig(ram_policy="lru").ram_policy == "lru"
+    for policy in ("value", "lru"):
+        with pytest.raises(ValueError, match=f"ram_threshold set the worthiness bar, which applies only "
+                                             f"with ram_policy 'threshold' \\(ram_policy is '{policy}'\\)"):
+            KVCIConfig.from_extra_config({"ram_policy": policy, "ram_threshold": 0.5})
+    with pytest.raises(ValueError, match="ram_policy"):
+        KVCIConfig.from_extra_config({"ram_policy": "arc"})
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

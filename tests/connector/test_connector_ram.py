@@ -9,8 +9,8 @@ whose client observation makes them worthy are kept without being asked.
 The tests share one engine and pass in any order: each keeps and looks up under tenants of its
 own (keys are per tenant), so none hits, or misses, because of another's checkpoint; the bar
 tests measure the bar's moves from where they find it; and the RAM tier's other contents are
-explicit checkpoints, which the flood evicts first (least recently used) and which are no
-system checkpoint evicted unused.
+explicit checkpoints, which leave last, so the flood test empties the tier first (a connector
+reset).
 """
 
 from __future__ import annotations
@@ -143,6 +143,8 @@ def _kvci_metrics(llm) -> dict[str, float]:
 
 
 def test_the_ram_bar_rises_with_unused_evictions_and_falls_with_a_missed_reuse(llm, baseline):
+    # Other tests' explicit checkpoints leave last: an empty tier makes the flood's room known.
+    assert llm.reset_prefix_cache(reset_connector=True)
     before = _kvci_metrics(llm)
     worthy = kvci_params(tenant="flood", observation=WORTHY)
     replies = [generate_one(llm, p, worthy).kv_transfer_params["kvci"] for p in FLOOD]

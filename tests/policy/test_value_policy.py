@@ -57,19 +57,22 @@ def test_a_class_that_comes_back_outranks_one_that_never_does() -> None:
         hazard.ended("back", 30.0, reused=True)
         hazard.ended("gone", 3000.0, reused=False)
     hazard.refresh([])
-    assert hazard.rate("back", 0.0) > 10 * hazard.rate("gone", 0.0)
+    assert hazard.resend_probability("back", 0.0, 60.0) > 10 * hazard.resend_probability("gone", 0.0, 60.0)
+    assert hazard.resend_probability("back", 0.0, 60.0) > 0.5
     # Past the age at which it always came back, holding it buys little.
-    assert hazard.rate("back", 100.0) < hazard.rate("back", 0.0)
+    assert hazard.resend_probability("back", 100.0, 60.0) < hazard.resend_probability("back", 0.0, 60.0) / 2
+    # A horizon shorter than the return buys less than one that reaches it.
+    assert hazard.resend_probability("back", 0.0, 8.0) < hazard.resend_probability("back", 0.0, 60.0) / 2
 
 
-def test_the_best_horizon_holds_a_context_through_a_pause() -> None:
-    """Re-sent only after ~100 s (a tool call): at age 10 s the rate still counts that return."""
+def test_a_horizon_that_reaches_past_a_pause_counts_the_return() -> None:
+    """Re-sent only after ~100 s (a tool call): at age 10 s a long enough horizon counts it."""
     hazard = ReuseHazard()
     for _ in range(40):
         hazard.ended("pause", 100.0, reused=True)
         hazard.ended("gone", 3000.0, reused=False)
     hazard.refresh([])
-    assert hazard.rate("pause", 10.0) > 10 * hazard.rate("gone", 10.0)
+    assert hazard.resend_probability("pause", 10.0, 200.0) > 10 * hazard.resend_probability("gone", 10.0, 200.0)
 
 
 def test_contexts_still_idle_count_as_exposure() -> None:
@@ -77,9 +80,9 @@ def test_contexts_still_idle_count_as_exposure() -> None:
     for _ in range(10):
         hazard.ended("c", 5.0, reused=True)
     hazard.refresh([])
-    before = hazard.rate("c", 0.0)
+    before = hazard.resend_probability("c", 0.0, 4000.0)
     hazard.refresh([("c", 5000.0)] * 200)
-    assert hazard.rate("c", 0.0) < before / 10
+    assert hazard.resend_probability("c", 0.0, 4000.0) < before / 2
 
 
 # ---- admission and eviction -------------------------------------------------------------------
@@ -158,10 +161,10 @@ def test_a_reset_forgets_anchors_but_keeps_what_it_learned() -> None:
     clock = Clock()
     ix = index(8, clock=clock)
     learned(clock, ix)
-    hot_rate = ix._policy._hazard.rate((-1, 0, 2), 0.0)  # noqa: SLF001 - the learned table itself
+    hot = ix._policy._hazard.resend_probability((-1, 0, 2), 0.0, 60.0)  # noqa: SLF001 - the table itself
     ix.clear()
     assert ix.stats().policy.tracked_anchors == 0 and not held(ix)
-    assert ix._policy._hazard.rate((-1, 0, 2), 0.0) == hot_rate  # noqa: SLF001
+    assert ix._policy._hazard.resend_probability((-1, 0, 2), 0.0, 60.0) == hot  # noqa: SLF001
 
 
 # ---- the seed's rules and chain order under random operations --------------------------------
