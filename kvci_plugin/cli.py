@@ -405,6 +405,13 @@ def _render_stats(body: dict[str, Any], console: Console) -> None:
         ("wasted writes", bar["wasted_writes"]), ("missed reuses", bar["missed_reuses"]),
         ("paid writes", bar["paid_writes"]),
     ]))
+    policy = s["policy"]
+    console.print(_kv_table(f"RAM tier policy ({policy['policy']})", [
+        ("admitted", f"{policy['admitted']} ({policy['admitted_explicit']} explicit)"),
+        ("displaced", policy["displaced"]), ("refused under pressure", policy["refused_under_pressure"]),
+        ("evicted before any hit", policy["evicted_before_hit"]),
+        ("contexts remembered", policy["tracked_anchors"]),
+    ]))
     scorers = Table(title="registered scorers", title_justify="left")
     scorers.add_column("scorer")
     scorers.add_column("weight")

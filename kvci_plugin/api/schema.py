@@ -258,6 +258,21 @@ class RAMAdmissionStats(BaseModel):
         description="system checkpoints a request hit before their eviction; none when fixed")
 
 
+class RAMPolicyStats(BaseModel):
+    """What the RAM tier's policy did since the engine started (`ram_policy`)."""
+
+    model_config = _VIEW
+
+    policy: str = Field(description="`kvci` (ram_policy value) or `lru` (ram_policy lru or threshold)")
+    admitted: int = Field(description="checkpoints the policy let in")
+    admitted_explicit: int = Field(description="of those, explicit checkpoints (kept whatever it weighed)")
+    displaced: int = Field(description="checkpoints evicted to make room for an admitted one")
+    refused_under_pressure: int = Field(
+        description="offers worth less than the checkpoints they would have evicted")
+    evicted_before_hit: int = Field(description="evicted checkpoints no request re-sent while held")
+    tracked_anchors: int = Field(description="contexts remembered (held or not) to learn reuse from")
+
+
 class RAMTierStats(BaseModel):
     model_config = _VIEW
 
@@ -276,6 +291,7 @@ class RAMTierStats(BaseModel):
     gate_in_force: str
     scorers: dict[str, float] = Field(description="registered scorers and their weights")
     admission: RAMAdmissionStats
+    policy: RAMPolicyStats
     disk: DiskTierStats | None
 
 

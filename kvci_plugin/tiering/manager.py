@@ -185,8 +185,9 @@ class TieredCheckpointManager:
     ) -> CheckpointOutcome:
         """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy.
 
-        `offer` is what the RAM tier's policy weighs (None: a plain one anchored at the last
-        key); the policy may find it worth less than what it would evict, and keep nothing.
+        `offer` is what the RAM tier's policy weighs (None: one anchored at the last key,
+        explicit unless the trigger is the system's); the policy may find a system offer worth
+        less than what it would evict, and keep nothing.
 
         `source` is whatever the mover copies the new pages from. Input that could only fail at
         the gate (trigger, source ids) is checked first, so a bad call keeps nothing.
@@ -208,7 +209,9 @@ class TieredCheckpointManager:
         }
         with self.lock:
             try:
-                res = self.index.reserve(cid, tenant, keys, meta, offer=offer)
+                # Without an offer, what the trigger says: only the system's own keeps are weighed.
+                res = self.index.reserve(cid, tenant, keys, meta, offer=offer or Offer(
+                    anchor=keys[-1], explicit=trigger != "system"))
             except (DoesNotFitError, TenantMismatchError) as exc:
                 return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
                                          reason=f"not kept in RAM: {exc}")

@@ -220,6 +220,23 @@ def test_cli_stats_shows_the_admission_bar(world: Any, capsys: pytest.CaptureFix
     assert (rows["wasted writes"], rows["missed reuses"], rows["paid writes"]) == ("3", "0", "0")
 
 
+def test_cli_stats_shows_what_the_tier_policy_did(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    world.checkpoint()
+    server = serve_control_plane(world.plane, host="127.0.0.1", port=0, token_file=None)
+    try:
+        code, out = run_cli(capsys, "stats", "--control-url", server.url, "--json")
+        assert code == 0
+        policy = json.loads(out)["stats"]["policy"]
+        assert (policy["policy"], policy["admitted"], policy["displaced"]) == ("lru", 1, 0)
+        code, out = run_cli(capsys, "stats", "--control-url", server.url)
+    finally:
+        server.stop()
+    cells = [[c.strip() for c in line.strip().strip("│").split("│")] for line in out.splitlines()]
+    rows = {row[0]: row[1] for row in cells if len(row) == 2}
+    assert "RAM tier policy (lru)" in out
+    assert (rows["admitted"], rows["refused under pressure"]) == ("1 (1 explicit)", "0")
+
+
 def test_cli_reset(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
     cid = world.checkpoint()
     server = serve_control_plane(world.plane, host="127.0.0.1", port=0, token_file=None)
