@@ -48,7 +48,10 @@ Sessions (the trace has no ids)
 are inferred from the first two hash ids: see ``benchmarks/policysim/sessions.py``.
 
 Get the traces from the Mooncake release (github.com/kvcache-ai/Mooncake, FAST25-release/traces);
-this project never copies them. From the repository root:
+this project never copies them. The second trace the results README shows, a slice of 1,000
+requests of Mooncake's mixed production trace (many users behind shared system prompts), is
+`mooncake_trace.jsonl` of github.com/hiverge/dynamo at commit 4915d8fa; it runs as is and with
+`--session-threads` (keyed sessions would put every user of a system prompt in one session). From the repository root:
 
     .venv/bin/python -m benchmarks.policy_sim --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         --out benchmarks/results     # policy_sim_conversation.json and .png

@@ -179,8 +179,10 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         f"- A cache that never evicts saves {report.ceiling_saved_tokens:,} tokens: no policy at any budget saves more.",
         f"- kvci policies: the default advisor and cache gate; `kvci-threshold` is the worthiness bar "
         f"(`kvci-threshold@T` at a threshold T), `kvci-pressure` the bar that follows the tier's pressure; "
-        f"prefill rate {settings.prefill_tokens_per_second:,.0f} tokens/s; sessions keyed by the first "
-        f"{settings.session_key_blocks} hash ids. `random` admits as often as `kvci` (seed "
+        f"prefill rate {settings.prefill_tokens_per_second:,.0f} tokens/s; "
+        + ("sessions inferred as threads (a request continues the one it extends)."
+           if settings.session_threads else
+           f"sessions keyed by the first {settings.session_key_blocks} hash ids.") + f" `random` admits as often as `kvci` (seed "
         f"{settings.seed}).",
         f"- Bounds, not policies: {oracles} read the future (whether the session continues). `oracle` knows it "
         "for every request; `oracle-later-first-all` / `-none` only for later turns, and admit every / no "

@@ -28,7 +28,7 @@ from benchmarks.policysim.worthiness_admission import TraceClock, trace_observat
 from kvci_plugin.policy import TierPolicy, ValuePolicy, offer_for, system_may_offer
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
-from kvci_plugin.worthiness import CacheGate, CheckpointAdvisor, RebuildCostModel
+from kvci_plugin.worthiness import CacheGate, CheckpointAdvisor, CheckpointTier, RebuildCostModel
 
 TENANT = "trace"
 
@@ -55,6 +55,8 @@ class KVCITier:
         self.prefill_tokens_per_second = prefill_tokens_per_second
         self._rebuild = RebuildCostModel()
         self._outcomes: Counter[str] = Counter()
+        self._recommended: Counter[str] = Counter()
+        self._gate_refusals: Counter[str] = Counter()
         self._kept_any = False
 
     def step(self, request: TraceRequest, context: RequestContext, tally: Tally) -> None:
@@ -74,6 +76,7 @@ class KVCITier:
             self.gate.record_context_change(context.session_id)
         observation = trace_observation(request, context, saved, self.prefill_tokens_per_second)
         rec = self.advisor.recommend(observation)
+        self._recommended[rec.tier.value] += 1
         if not keys:
             self._outcomes["no_full_block"] += 1
             return
@@ -83,8 +86,10 @@ class KVCITier:
         if not system_may_offer(rec):
             self._outcomes["not_offered"] += 1
             return
-        if not self.gate.decide(context.session_id).allow:
+        decision = self.gate.decide(context.session_id)
+        if not decision.allow:
             self._outcomes["cache_gate_paused"] += 1
+            self._gate_refusals[decision.rule.value] += 1
             return
         cid = uuid.uuid4().hex
         try:
@@ -104,6 +109,8 @@ class KVCITier:
     def stats(self) -> dict[str, JsonValue]:
         return {
             "outcomes": dict(sorted(self._outcomes.items())),
+            "recommended": {tier.value: self._recommended[tier.value] for tier in CheckpointTier},
+            "gate_refusals": dict(sorted(self._gate_refusals.items())),
             "policy": dataclasses.asdict(self.index.stats().policy),
         }
 
