@@ -39,9 +39,9 @@ class _Trace:
 
 
 def _timed(name: str, *, flush: bool = False):
-    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def hook(self: _Traced, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        out = getattr(super(type(self), self), name)(*args, **kwargs)
+        out = getattr(super(_Traced, self), name)(*args, **kwargs)
         extra = None
         if name == "get_num_new_matched_tokens":
             extra = out[0]
@@ -58,16 +58,13 @@ def _timed(name: str, *, flush: bool = False):
     return hook
 
 
-def _init(self: Any, parent: type, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
-    extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-    folder = extra.pop(TRACE_KEY)
-    parent.__init__(self, vllm_config, role, kv_cache_config)
-    self._trace = _Trace(folder, role.name.lower())
+class _Traced:
+    """Put before a connector class: its hooks, timed."""
 
-
-class TracedKVCheckpointConnector(KVCheckpointConnector):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
-        _init(self, KVCheckpointConnector, vllm_config, role, kv_cache_config)
+        folder = vllm_config.kv_transfer_config.kv_connector_extra_config.pop(TRACE_KEY)
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._trace = _Trace(folder, role.name.lower())
 
     get_num_new_matched_tokens = _timed("get_num_new_matched_tokens")
     update_state_after_alloc = _timed("update_state_after_alloc")
@@ -76,19 +73,13 @@ class TracedKVCheckpointConnector(KVCheckpointConnector):
     start_load_kv = _timed("start_load_kv")
     wait_for_save = _timed("wait_for_save")
     get_finished = _timed("get_finished")
-    # The worker's last hook of a step; its stats carry the disk load's phases.
+    # The worker's last hook of a step; kvci's stats carry the disk load's phases.
     get_kv_connector_stats = _timed("get_kv_connector_stats", flush=True)
 
 
-class TracedExampleConnector(ExampleConnector):
-    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
-        _init(self, ExampleConnector, vllm_config, role, kv_cache_config)
+class TracedKVCheckpointConnector(_Traced, KVCheckpointConnector):
+    pass
 
-    get_num_new_matched_tokens = _timed("get_num_new_matched_tokens")
-    update_state_after_alloc = _timed("update_state_after_alloc")
-    build_connector_meta = _timed("build_connector_meta", flush=True)
-    bind_connector_metadata = _timed("bind_connector_metadata")
-    start_load_kv = _timed("start_load_kv")
-    wait_for_save = _timed("wait_for_save")
-    get_finished = _timed("get_finished", flush=True)
 
+class TracedExampleConnector(_Traced, ExampleConnector):
+    pass
