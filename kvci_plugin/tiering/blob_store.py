@@ -291,17 +291,18 @@ class BlobStore:
         check_tenant(tenant)
         if out is not None:
             check_page(out, "out")
+        stat = None
         try:
-            f = path.open("rb", buffering=0)
+            stat = path.stat()
+            with path.open("rb", buffering=0) as f:
+                stat = os.fstat(f.fileno())  # the file read, should a writer replace the name
+                blob = self._read_into_buffer(f, stat.st_size)
         except FileNotFoundError:
             raise BlobMissingError(f"no blob for page {key.hex()}") from None
-        with f:
-            stat = os.fstat(f.fileno())
-            try:
-                blob = self._read_into_buffer(f, stat.st_size)
-            except OSError as exc:
+        except OSError as exc:
+            if stat is not None:  # there is a file, and it cannot be read
                 self._quarantine_file(key, path, stat)
-                raise BlobIntegrityError(f"blob of page {key.hex()} is unreadable: {exc}") from None
+            raise BlobIntegrityError(f"blob of page {key.hex()} is unreadable: {exc}") from None
         return open_page(blob, self._namespace, key, tenant, out,
                          lambda: self._quarantine_file(key, path, stat))
 
