@@ -89,7 +89,9 @@ class Demo:
 
         with console.status(f"starting vLLM + kvci ({label})"):
             self.llm = LLM(
-                model=str(self.model), block_size=BLOCK_SIZE, gpu_memory_utilization=0.2,
+                # float32 as made: vLLM on CPU would run it in bf16, which this CPU lacks a matmul for
+                model=str(self.model), dtype=DEMO_MODEL.dtype, block_size=BLOCK_SIZE,
+                gpu_memory_utilization=0.2,
                 max_model_len=8192, enable_prefix_caching=False, enforce_eager=True,
                 kv_transfer_config={
                     "kv_connector": "KVCheckpointConnector",
