@@ -122,18 +122,47 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
             f"| {min(timing.seconds):.3f} - {max(timing.seconds):.3f} "
             f"| {_times(report.ttft[baseline].median_s / timing.median_s)} |"
         )
+    floors = report.floors
+    lines += [
+        "",
+        "### Where a hit's time goes",
+        "",
+        (f"Floors, measured in this run on the hit's {floors.nbytes / (1 << 20):,.1f} MiB: one plain copy "
+         f"{floors.copy_one_thread_s * 1e3:.2f} ms on one thread, {floors.copy_all_threads_s * 1e3:.2f} ms on "
+         f"{floors.threads}; one read from the page cache {floors.read_page_cache_s * 1e3:.2f} ms; XXH3-128 "
+         f"{floors.xxh3_s * 1e3:.2f} ms."),
+        "",
+        ("Phases (ms, medians over the hits, each on its own) from the connector hooks' timestamps "
+         "(`benchmarks/ttft_trace.py`): front = `LLM.generate` to the first lookup; lookup = the "
+         "connector's lookup and bookkeeping; steps = engine steps up to the forward's; queue = the "
+         "lookup's end to the forward's step (an asynchronous load's steps are in it); load = the load "
+         "in the forward's step; async load (read + verify, scatter) = a kvci disk load on its I/O "
+         "thread; forward = the model; back = the forward's end to `LLM.generate` returning."),
+        "",
+        "| path | TTFT | front | lookup | steps | queue | load | async load | read + verify | scatter "
+        "| forward | back |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for name, ph in report.phases.items():
+        ms = [ph.total_s, ph.front_s, ph.lookup_s]
+        rest = [ph.queue_s, ph.load_s, ph.async_load_s, ph.read_s, ph.scatter_s, ph.forward_s, ph.back_s]
+        lines.append(f"| {PATHS[name][0]} | " + " | ".join(f"{v * 1e3:.2f}" for v in ms)
+                     + f" | {ph.steps:.0f} | " + " | ".join(f"{v * 1e3:.2f}" for v in rest) + " |")
     off = report.decode["decode_off"].median_tokens_per_s
     lines += [
         "",
         "### Decode",
         "",
-        "| engine | median tokens/s | min - max | vs no connector |",
-        "|---|--:|--:|--:|",
+        "Connector hooks: the time a step spends in the connector's hooks (scheduler and worker side).",
+        "",
+        "| engine | median tokens/s | min - max | vs no connector | connector hooks per step |",
+        "|---|--:|--:|--:|--:|",
     ]
     for name, rate in report.decode.items():
+        hooks = "-" if rate.hooks_per_step_s is None else f"{rate.hooks_per_step_s * 1e6:,.0f} us"
         lines.append(
             f"| {DECODE_PATHS[name]} | {rate.median_tokens_per_s:,.1f} | {min(rate.tokens_per_s):,.1f} - "
-            f"{max(rate.tokens_per_s):,.1f} | {_times(rate.median_tokens_per_s / off)} |"
+            f"{max(rate.tokens_per_s):,.1f} | {_times(rate.median_tokens_per_s / off)} | {hooks} |"
         )
     return lines
 

@@ -8,6 +8,11 @@ would), a request that opts out with `checkpoint: "never"`, a persist without cr
 (refused), then a second engine on the same disk tier that hits from disk.
 It prints the advisories, tiers, hit tokens, TTFT of recompute vs RAM hit vs disk hit, and the
 explain record of one persisted and one refused checkpoint.
+
+The model is the TTFT benchmark's (``benchmarks/ttft.py``): random weights, 4 layers, hidden 512,
+float32, so that a 4k-token prefill costs what a hit saves (about 2 s on one core here, against
+a few tens of ms for a hit); the default tiny model prefills a context in ~20 ms, too little to
+show a hit's worth.
 """
 
 from __future__ import annotations
@@ -26,13 +31,19 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
+
 BLOCK_SIZE = 32
 SESSION = "demo-session"
+PROMPT_TOKENS = 4000  # with turn 2's additions, 4k tokens of context: 32 MiB of KV
 SOURCES = {
     "doc:handbook": {"classification": "INTERNAL", "residency_regions": ["eu"],
                      "retention_days": 30, "mandatory_markings": []},
     "doc:public-faq": {"classification": "PUBLIC", "mandatory_markings": []},
 }
+
+DEMO_MODEL = TinyModelSpec(num_layers=4, hidden_size=512, num_heads=8, num_kv_heads=4,
+                           intermediate_size=1408, dtype="float32")
 
 console = Console()
 
@@ -46,17 +57,16 @@ def _free_port() -> int:
 class Demo:
     def __init__(self, workdir: Path, prompt_tokens: int) -> None:
         from kvci_plugin.governance import CredentialIssuer, write_hmac_key_file
-        from kvci_plugin.tinymodel import make_tiny_model
 
         self.workdir = workdir
         self.prompt_tokens = prompt_tokens
-        with console.status("generating the tiny model (first run only)"):
-            self.model = make_tiny_model()
+        with console.status("generating the model (first run only)"):
+            self.model = make_tiny_model(DEMO_MODEL)
         key = write_hmac_key_file(workdir / "hs256.key")
         (workdir / "labels.json").write_text(json.dumps(SOURCES))
         self.control_port = _free_port()
         self.extra = {
-            "ram_bytes": "64MiB", "state_dir": str(workdir / "state"),
+            "ram_bytes": "256MiB", "state_dir": str(workdir / "state"),
             "disk_root": str(workdir / "disk"), "disk_bytes": "256MiB", "disk_region": "eu",
             "credentials": {"algorithm": "HS256", "key_file": str(key)},
             "label_catalog": str(workdir / "labels.sqlite3"),
@@ -79,7 +89,9 @@ class Demo:
 
         with console.status(f"starting vLLM + kvci ({label})"):
             self.llm = LLM(
-                model=str(self.model), block_size=BLOCK_SIZE, gpu_memory_utilization=0.2,
+                # float32 as made: vLLM on CPU would run it in bf16, which this CPU lacks a matmul for
+                model=str(self.model), dtype=DEMO_MODEL.dtype, block_size=BLOCK_SIZE,
+                gpu_memory_utilization=0.2,
                 max_model_len=8192, enable_prefix_caching=False, enforce_eager=True,
                 kv_transfer_config={
                     "kv_connector": "KVCheckpointConnector",
@@ -227,7 +239,7 @@ def _explain_summary(info: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kvci demo", description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=None, help="default: a new temporary folder")
-    ap.add_argument("--prompt-tokens", type=int, default=1500)
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvci-demo-"))

@@ -1,20 +1,63 @@
 // CPU kernels of kvci::gather_pages and kvci::scatter_pages: whole-page byte copies between the
 // per-layer KV cache views and a host pool, one pool slot holding one block of every layer.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <pthread.h>
+#include <sched.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <system_error>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kvci {
 namespace {
 
-// Bytes copied per parallel task: smaller copies are not worth a thread hand-off.
-constexpr int64_t kBytesPerTask = int64_t(1) << 18;
+// Bytes each copy thread gets at least: below this a thread's start (~50 us) costs more than
+// it saves. A copy is memory-bound, so a few threads reach the host's bandwidth.
+constexpr int64_t kBytesPerThread = int64_t(4) << 20;
+constexpr unsigned kMaxCopyThreads = 4;
+
+// Runs body(begin, end) (which must not throw: it copies bytes) over [0, n) on up to
+// kMaxCopyThreads threads, the caller's included.
+// Not torch's intra-op pool: vLLM's CPU worker sizes and pins that pool to its compute cores,
+// and a load runs while the forward waits for it and the scheduler's reserved core is idle. So
+// the helper threads may run on any core this process's cpuset allows (they start per copy,
+// so nothing outlives a fork).
+template <typename Body>
+void parallel_pages(int64_t n, int64_t bytes_per_item, const Body& body) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t by_size = std::max<int64_t>(1, n * bytes_per_item / kBytesPerThread);
+  const int64_t threads = std::min<int64_t>({by_size, int64_t(std::min(cores, kMaxCopyThreads)), n});
+  if (threads <= 1) {
+    body(0, n);
+    return;
+  }
+  const int64_t per = (n + threads - 1) / threads;
+  std::vector<std::thread> helpers;
+  int64_t started = 1;
+  for (; started < threads; ++started) {
+    const int64_t begin = started * per, end = std::min(n, begin + per);
+    try {
+      helpers.emplace_back([&body, cores, begin, end] {
+        cpu_set_t any;
+        CPU_ZERO(&any);
+        for (unsigned c = 0; c < cores && c < CPU_SETSIZE; ++c) CPU_SET(c, &any);
+        // The kernel keeps the thread within the cpuset; failing leaves the inherited mask.
+        pthread_setaffinity_np(pthread_self(), sizeof(any), &any);
+        body(begin, end);
+      });
+    } catch (const std::system_error&) {
+      break;  // no thread to be had: the caller copies the rest
+    }
+  }
+  body(0, std::min(n, per));
+  if (started * per < n) body(started * per, n);
+  for (auto& helper : helpers) helper.join();
+}
 
 struct PageTable {
   std::vector<uint8_t*> base;        // layer l's first page
@@ -103,8 +146,7 @@ void copy_pages(at::TensorList layers, const at::Tensor& block_ids, const at::Te
   uint8_t* pool_base = static_cast<uint8_t*>(pool.data_ptr());
   const int64_t pool_stride = pool.stride(0);
   const size_t n_layers = table.base.size();
-  const int64_t grain = std::max<int64_t>(1, kBytesPerTask / table.slot_bytes);
-  at::parallel_for(0, blocks.numel(), grain, [&](int64_t begin, int64_t end) {
+  parallel_pages(blocks.numel(), table.slot_bytes, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       uint8_t* slot_row = pool_base + slot[i] * pool_stride;
       for (size_t l = 0; l < n_layers; ++l) {

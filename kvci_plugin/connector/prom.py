@@ -29,6 +29,8 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_ram_threshold                     the RAM threshold recommendations are scored at (gauge)
     vllm:kvci_load_seconds{tier}                load latency (histogram)
     vllm:kvci_store_seconds{tier}               store / persist latency (histogram)
+    vllm:kvci_load_phase_seconds{phase}         a disk load's parts: disk_read (read and verify
+                                                the blobs), disk_scatter (into the KV cache)
 """
 
 from __future__ import annotations
@@ -100,8 +102,12 @@ _LABELLED = {
                        "check", CHECKS),
 }
 _LATENCY = {
-    "load_": ("vllm:kvci_load_seconds", "kvci load latency by tier."),
-    "store_": ("vllm:kvci_store_seconds", "kvci store and persist latency by tier."),
+    "load_": ("vllm:kvci_load_seconds", "kvci load latency by tier.", "tier", ("ram", "disk")),
+    "store_": ("vllm:kvci_store_seconds", "kvci store and persist latency by tier.", "tier",
+               ("ram", "disk")),
+    "phase_": ("vllm:kvci_load_phase_seconds",
+               "A disk load's parts: reading and verifying the blobs, scattering them.", "phase",
+               ("disk_read", "disk_scatter")),
 }
 
 
@@ -120,10 +126,10 @@ class KVCIPromMetrics(KVConnectorPromMetrics):
             counter = self._counter_cls(name=metric_name, documentation=doc, labelnames=labels + [label])
             counters += [(prefix + value, value, counter) for value in values]
         histograms: list[tuple[str, str | None, Any]] = []
-        for prefix, (metric_name, doc) in _LATENCY.items():
+        for prefix, (metric_name, doc, label, values) in _LATENCY.items():
             histogram = self._histogram_cls(name=metric_name, documentation=doc, buckets=LATENCY_BUCKETS,
-                                            labelnames=labels + ["tier"])
-            histograms += [(prefix + tier, tier, histogram) for tier in ("ram", "disk")]
+                                            labelnames=labels + [label])
+            histograms += [(prefix + value, value, histogram) for value in values]
         # The latest value wins: with several API server processes, the most recent report.
         gauges = [(name, None, self._gauge_cls(name=metric_name, documentation=doc, labelnames=labels,
                                                  multiprocess_mode="mostrecent"))

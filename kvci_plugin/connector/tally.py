@@ -41,6 +41,10 @@ class StatsTally:
         self.count(f"loaded_bytes_{tier}", nbytes)
         self._sample(f"load_{tier}", seconds)
 
+    def observe_phase(self, name: str, seconds: float) -> None:
+        """One part of a load (``disk_read``, ``disk_scatter``): where its time went."""
+        self._sample(f"phase_{name}", seconds)
+
     def observe_store(self, tier: str, nbytes: int, seconds: float) -> None:
         self.count(f"stored_bytes_{tier}", nbytes)
         self._sample(f"store_{tier}", seconds)

@@ -35,10 +35,13 @@ logger = logging.getLogger(__name__)
 STAGING_BYTES = 64 << 20
 """Bytes of pages a disk load reads before scattering them: a longer prefix is loaded in parts."""
 
-IDLE_WAIT_S = 0.01
-"""How long a step with nothing to compute waits for a disk load in flight. While requests wait
-only for their loads vLLM steps without pause; each empty step takes the CPU and the GIL from
-the load it waits for (a 32 MiB load took 2-4x longer). A new request waits at most this long."""
+IDLE_WAIT_S = 0.05
+"""How long a step with nothing to compute waits for a disk load in flight to end. While requests
+wait only for their loads vLLM steps without pause; each empty step takes the CPU and the GIL
+from the load it waits for (a 32 MiB load took 2-4x longer), and a load that ends just after
+its step's wait is seen a whole step later. Long enough for a prefix of tens of MiB from the
+page cache to be reported in the step that started it; a request arriving while nothing
+computes waits at most this long."""
 
 
 @dataclass
@@ -47,6 +50,8 @@ class _DiskLoadResult:
     bad: list[bytes] = field(default_factory=list)  # missing or corrupt page: the catalog forgets it
     nbytes: int = 0
     seconds: float = 0.0
+    read_s: float = 0.0  # reading and verifying the blobs
+    scatter_s: float = 0.0  # copying the verified pages into the paged cache
 
 
 class KVCIWorker:
@@ -187,12 +192,16 @@ class KVCIWorker:
         t0 = time.perf_counter()
         staging = self._staging_buffer()
         loaded, error = 0, None
+        read_s = scatter_s = 0.0
         while loaded < len(job.keys) and error is None:
             chunk = job.keys[loaded : loaded + len(staging)]
+            t_read = time.perf_counter()
             try:
                 verified, error = blobs.read_many(chunk, job.tenant, staging)
             except Exception as exc:  # the store itself failed (e.g. Redis unreachable): a miss
                 verified, error = 0, exc
+            t_scatter = time.perf_counter()
+            read_s += t_scatter - t_read
             if verified:
                 parts = by_group(list(range(verified)), job.block_ids[loaded : loaded + verified],
                                  job.groups[loaded : loaded + verified])
@@ -201,8 +210,10 @@ class KVCIWorker:
                         staging, torch.tensor(slots, dtype=torch.int64), self._views[g],
                         torch.tensor(blocks, dtype=torch.int64)) for g, slots, blocks in parts],
                     verified * self._pool.slot_bytes, after=fence).wait()
+            scatter_s += time.perf_counter() - t_scatter
             loaded += verified
-        result = _DiskLoadResult(nbytes=loaded * self._pool.slot_bytes)
+        result = _DiskLoadResult(nbytes=loaded * self._pool.slot_bytes, read_s=read_s,
+                                 scatter_s=scatter_s)
         if error is not None:
             logger.warning("kvci: disk load failed (%s: %s); recomputing",
                            type(error).__name__, error)
@@ -283,6 +294,8 @@ class KVCIWorker:
                 self._load_errors |= result.failed
                 self._report.bad_pages.extend(result.bad)
                 self._stats.observe_load("disk", result.nbytes, result.seconds)
+                self._stats.observe_phase("disk_read", result.read_s)
+                self._stats.observe_phase("disk_scatter", result.scatter_s)
                 if result.nbytes:
                     self._report.disk_loads.append((result.nbytes, result.seconds))
                 recving.add(req_id)

@@ -100,7 +100,7 @@ def encode(namespace: bytes, key: PageKey, tenant: str, page: torch.Tensor) -> b
     return save_safetensors({TENSOR: page.contiguous()}, metadata=metadata)
 
 
-def decode(blob: bytes, namespace: bytes, key: PageKey) -> tuple[str, np.ndarray]:
+def decode(blob: bytes | memoryview, namespace: bytes, key: PageKey) -> tuple[str, np.ndarray]:
     """(tenant, page bytes) of a blob that verifies as ``key``'s page in ``namespace``; the
     page is a read-only view into ``blob``.
 
@@ -115,7 +115,7 @@ def decode(blob: bytes, namespace: bytes, key: PageKey) -> tuple[str, np.ndarray
 
 
 def open_page(
-    blob: bytes,
+    blob: bytes | memoryview,
     namespace: bytes,
     key: PageKey,
     tenant: str,
@@ -139,7 +139,7 @@ def open_page(
     return out
 
 
-def _parse(blob: bytes) -> tuple[dict[str, str], np.ndarray]:
+def _parse(blob: bytes | memoryview) -> tuple[dict[str, str], np.ndarray]:
     """The metadata and the page bytes of a blob in the safetensors layout ``encode`` writes.
 
     Read in place rather than by ``safetensors.torch.load``, which copies the data twice (a
@@ -152,7 +152,7 @@ def _parse(blob: bytes) -> tuple[dict[str, str], np.ndarray]:
     if header_len > min(_MAX_HEADER, len(blob) - 8):
         raise BlobIntegrityError(f"blob header length {header_len} is impossible")
     try:
-        header = json.loads(blob[8 : 8 + header_len])
+        header = json.loads(bytes(blob[8 : 8 + header_len]))  # a memoryview too
     except (ValueError, UnicodeDecodeError) as exc:
         raise BlobIntegrityError(f"blob header does not parse: {exc}") from None
     if not isinstance(header, dict) or set(header) != {"__metadata__", TENSOR}:

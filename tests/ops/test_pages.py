@@ -108,16 +108,16 @@ def test_scatter_copies_slots_into_pages(case: dict, data: st.DataObject) -> Non
 
 
 def test_many_pages_round_trip() -> None:
-    # Enough bytes to be split over threads.
+    # 12 MiB: split over copy threads (4 MiB each at least) on a host with more than one core.
     generator = torch.Generator().manual_seed(0)
-    cache = torch.randint(0, 256, (2, 600, 2, 4096), generator=generator, dtype=torch.uint8)
+    cache = torch.randint(0, 256, (2, 600, 2, 8192), generator=generator, dtype=torch.uint8)
     layers = [cache[0].reshape(600, -1), cache[1, :, 0, :]]  # dense pages, then strided rows
     pool = torch.zeros(500, ops.pool_slot_bytes(layers), dtype=torch.uint8)
     blocks = torch.randperm(600, generator=generator)[:500]
     slots = torch.randperm(500, generator=generator)
     ops.gather_pages(layers, blocks, pool, slots)
-    assert torch.equal(pool[slots, :8192], layers[0][blocks])
-    assert torch.equal(pool[slots, 8192:], layers[1][blocks])
+    assert torch.equal(pool[slots, :16384], layers[0][blocks])
+    assert torch.equal(pool[slots, 16384:], layers[1][blocks])
     restored = [torch.zeros_like(layer) for layer in layers]
     ops.scatter_pages(pool, slots, restored, blocks)
     for layer, copy in zip(layers, restored, strict=True):
