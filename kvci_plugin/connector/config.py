@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from kvci_plugin.governance import CredentialConfig
+from kvci_plugin.tiering.secret import DEFAULT_STATE_DIR
 from kvci_plugin.tiering.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
 from kvci_plugin.worthiness import DEFAULT_RAM_THRESHOLD
 
@@ -86,7 +87,7 @@ class KVCIConfig(BaseModel):
     label_catalog: Path | None = Field(None, description="SQLite source-label catalog")
     label_catalog_json: Path | None = Field(None, description="JSON labels imported at start")
     state_dir: Path = Field(
-        Path.home() / ".local" / "state" / "kvci",
+        DEFAULT_STATE_DIR,
         description="holds `secret`, the prefix-key secret (created 0600 on first use; copy it "
         "to every node that must share keys)",
     )

@@ -2,7 +2,7 @@
 
 Two backends: a folder (``blob_store.BlobStore``: local disk, or a POSIX folder shared by many
 nodes such as NFS, Lustre or CephFS) and Redis/Valkey (``redis_blob_store.RedisBlobStore``).
-Both store the same verified blob bytes (``blob_codec``) under the page key, so the rules above
+Both store the same sealed blob bytes (``blob_codec``) under the page key, so the rules above
 them — blobs durable before their catalog row, rows gone before their blobs, verify on every
 read — do not depend on which one is configured.
 """
@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
+from kvci_plugin.tiering.tenant_keys import RootKeyProvider, TenantKeys
 from kvci_plugin.tiering.types import PageKey, TenantMismatchError
 
 WRITE_THREADS = 8
@@ -27,8 +28,8 @@ WRITE_THREADS = 8
 the file system journal (3x the throughput of one at a time on ext4 here)."""
 
 READ_THREADS = 4
-"""Blobs a prefix load reads and verifies at once: the checksum and the reads release the GIL,
-so a prefix of many pages is bound by the disk and the hash, not by one thread's latency."""
+"""Blobs a prefix load reads and opens at once: the reads and AES-GCM release the GIL, so a
+prefix of many pages is bound by the disk and the cipher, not by one thread's latency."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class BlobRoot(Protocol):
     def sweep_temps(self, min_age_s: float) -> int: ...
 
     def close(self) -> None: ...
+
+    @property
+    def keys(self) -> TenantKeys: ...
 
 
 def read_prefix(
@@ -157,15 +161,17 @@ def _pool(kind: str, threads: int) -> ThreadPoolExecutor:
         return pool
 
 
-def open_blob_root(blob_url: str | None, disk_root: Path | None) -> BlobRoot:
+def open_blob_root(blob_url: str | None, disk_root: Path | None,
+                   root_key: RootKeyProvider | None = None) -> BlobRoot:
     """The blob location a configuration names: ``blob_url`` (redis://, rediss://, unix://) if
-    given, else the folder ``disk_root`` (which may be a shared mount)."""
+    given, else the folder ``disk_root`` (which may be a shared mount); its blobs sealed under
+    ``root_key`` (default: the node's state_dir secret)."""
     if blob_url is not None:
         from kvci_plugin.tiering.redis_blob_store import RedisBlobRoot
 
-        return RedisBlobRoot(blob_url)
+        return RedisBlobRoot(blob_url, root_key)
     if disk_root is None:
         raise ValueError("a blob location needs blob_url or disk_root")
     from kvci_plugin.tiering.blob_store import FolderBlobRoot
 
-    return FolderBlobRoot(disk_root)
+    return FolderBlobRoot(disk_root, root_key)

@@ -49,6 +49,7 @@ from kvci_plugin.tiering.catalog import (
     Removal,
 )
 from kvci_plugin.tiering.keys import generation_namespace
+from kvci_plugin.tiering.tenant_keys import RootKeyProvider
 from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -85,6 +86,16 @@ class GenerationFence:
 
     generation: int
     checkpoint_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ForgetReport:
+    """What a forget erased from the disk tier."""
+
+    checkpoint_ids: tuple[str, ...]
+    pages: int
+    key_destroyed: bool
+    """Whether key material existed (a tenant that never wrote has none)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,8 @@ class KVCheckpointStore:
 
     ``root``: the folder of the blobs (unless ``blob_url`` names Redis) and of the SQLite
     catalog (unless ``catalog_url`` names PostgreSQL). ``shards``: the namespaces the other
-    tensor-parallel ranks write this engine's blobs under.
+    tensor-parallel ranks write this engine's blobs under. ``root_key``: the node's root key,
+    which seals the blobs with the tenant material (default: the node's state_dir secret).
     """
 
     def __init__(
@@ -140,6 +152,7 @@ class KVCheckpointStore:
         blob_url: str | None = None,
         shards: Sequence[bytes] = (),
         lease_s: float = DEFAULT_LEASE_S,
+        root_key: RootKeyProvider | None = None,
     ) -> None:
         if isinstance(disk_bytes, bool) or not isinstance(disk_bytes, int):
             raise TypeError(f"disk_bytes must be an int, not {type(disk_bytes).__name__}")
@@ -168,7 +181,7 @@ class KVCheckpointStore:
             self._lock_fd = self._take_lock()
         self._blob_root: BlobRoot | None = None
         try:
-            self._blob_root = open_blob_root(blob_url, self._root)
+            self._blob_root = open_blob_root(blob_url, self._root, root_key)
             self._catalog = CheckpointCatalog(
                 None if self._shared else self._root / CATALOG_NAME, clock, url=catalog_url
             )
@@ -280,6 +293,24 @@ class KVCheckpointStore:
             self._delete_blobs(removal)
             self._enter_generation(new)
         return GenerationFence(generation=new, checkpoint_ids=removal.checkpoint_ids)
+
+    def forget(self, tenant: str) -> ForgetReport:
+        """Crypto-erase ``tenant``: its catalog rows go (for every node sharing the catalog, at
+        once), its key material is destroyed (no node can open its blobs again, whoever kept a
+        copy), then its blobs are deleted. Writes computed before now are never recorded."""
+        check_tenant(tenant)
+        assert self._blob_root is not None
+        with self._write_lock, self._catalog.locked():
+            removal = self._catalog.forget_tenant(tenant)
+            destroyed = self._blob_root.keys.forget(tenant)
+            with self._touch_lock:
+                self._touched -= {page.key for page in removal.pages}
+            self._delete_blobs(removal)
+        return ForgetReport(removal.checkpoint_ids, len(removal.pages), destroyed)
+
+    def forgotten(self, checkpoint_id: str) -> tuple[str, float] | None:
+        """(tenant, forgotten_at) of a checkpoint a forget erased, or None."""
+        return self._catalog.forgotten(checkpoint_id)
 
     def fenced(self, checkpoint_id: str) -> tuple[str, float, int] | None:
         """(tenant, fenced_at, generation begun) of a checkpoint a cache reset fenced."""

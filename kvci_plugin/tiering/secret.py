@@ -21,6 +21,8 @@ from pathlib import Path
 from kvci_plugin.ops import MIN_SECRET_BYTES
 
 SECRET_FILE_NAME = "secret"
+DEFAULT_STATE_DIR = Path.home() / ".local" / "state" / "kvci"
+"""The node's state folder unless ``state_dir`` names another."""
 SECRET_BYTES = 32
 
 
@@ -41,7 +43,7 @@ def load_or_create_secret(state_dir: Path, configured: bytes | None = None) -> b
     path = state_dir / SECRET_FILE_NAME
     if not os.path.lexists(path):
         _create(path)
-    return _read(path)
+    return read_key_file(path)
 
 
 def _ensure_private_dir(state_dir: Path) -> None:
@@ -78,7 +80,8 @@ def _create(path: Path) -> None:
         os.close(folder)
 
 
-def _read(path: Path) -> bytes:
+def read_key_file(path: Path) -> bytes:
+    """The bytes of a secret file that only its owner (this user) can read; refused otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
