@@ -38,7 +38,7 @@ from kvci_plugin.tiering.blob_codec import encode, open_page
 from kvci_plugin.tiering.blob_store import blob_files
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.ram_store import RAMCheckpointStore
-from kvci_plugin.tiering.tenant_keys import TenantKeys
+from kvci_plugin.tiering.tenant_keys import MemoryMaterials, TenantKeys
 
 NAMESPACE = hashlib.sha256(b"bench_tiers").digest()
 TENANT = "bench"
@@ -56,22 +56,6 @@ def median_seconds(
         run(i)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
-
-
-class _Materials:
-    """Tenant key material in memory: the codec's figures without a store's I/O."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, bytes] = {}
-
-    def read_material(self, tenant_id: str) -> bytes | None:
-        return self._held.get(tenant_id)
-
-    def create_material(self, tenant_id: str, material: bytes) -> bytes:
-        return self._held.setdefault(tenant_id, material)
-
-    def destroy_material(self, tenant_id: str) -> bool:
-        return self._held.pop(tenant_id, None) is not None
 
 
 def fresh_keys(repeat: int, pages: int) -> list[bytes]:
@@ -133,7 +117,7 @@ def main() -> None:
     record("keyed blake2b of the bytes", median_seconds(
         lambda _: hashlib.blake2b(view, key=mac_key).digest(), repeats))
 
-    keys = TenantKeys(os.urandom(32), _Materials())
+    keys = TenantKeys(os.urandom(32), MemoryMaterials())
     seal, page_keys = keys.for_write(TENANT, NAMESPACE), fresh_keys(0, args.pages)
     sealed: list[bytearray] = []
 

@@ -41,6 +41,7 @@ from kvci_plugin.tiering.blob_codec import (
     encode,
     open_page,
 )
+from kvci_plugin.tiering.secret import create_once
 from kvci_plugin.tiering.tenant_keys import RootKeyProvider, StateDirRootKey, TenantKeys
 from kvci_plugin.tiering.types import (
     PageKey,
@@ -155,21 +156,8 @@ class FolderMaterials:
             return file.read()
 
     def create_material(self, tenant_id: str, material: bytes) -> bytes:
-        path = self._path(tenant_id)
         make_private_dir(self._dir)
-        fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=self._dir)
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(material)
-                file.flush()
-                os.fsync(file.fileno())
-            try:
-                os.link(tmp_name, path)
-            except FileExistsError:
-                pass  # another writer created it first: everyone uses that one
-        finally:
-            os.unlink(tmp_name)
-        fsync_dir(self._dir)
+        create_once(self._path(tenant_id), material)
         stored = self.read_material(tenant_id)
         if stored is None:
             raise BlobUnavailableError("the tenant's key material vanished as it was created")

@@ -88,6 +88,26 @@ class TenantMaterials(Protocol):
     def destroy_material(self, tenant_id: str) -> bool: ...
 
 
+class MemoryMaterials:
+    """Tenant key material held in memory, for one process whose keys need not outlive it
+    (benchmarks and tests of the codec)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, bytes] = {}
+
+    def __repr__(self) -> str:
+        return f"MemoryMaterials({len(self._held)} tenants)"
+
+    def read_material(self, tenant_id: str) -> bytes | None:
+        return self._held.get(tenant_id)
+
+    def create_material(self, tenant_id: str, material: bytes) -> bytes:
+        return self._held.setdefault(tenant_id, material)
+
+    def destroy_material(self, tenant_id: str) -> bool:
+        return self._held.pop(tenant_id, None) is not None
+
+
 @dataclass(frozen=True)
 class PageSeal:
     """What seals and opens one tenant's pages in one namespace: its tenant id and AEAD key."""

@@ -7,6 +7,7 @@ checkpoint; a request with that tenant's credential hits it; another tenant's cr
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -78,3 +79,14 @@ def test_another_verified_tenant_misses_and_a_disagreeing_declaration_is_refused
     out = generate_one(llm, PROMPT, kvci_params(session_token=globex, tenant="acme"))
     assert out.num_cached_tokens == 0
     assert "disagrees" in out.kv_transfer_params["kvci"]["error"]
+
+
+def test_no_key_material_reaches_a_reply_or_the_metrics(node, persisted) -> None:
+    root, extra, llm = node
+    secrets = [(root / "state" / "secret").read_bytes()]
+    secrets += [p.read_bytes() for p in (Path(extra["disk_root"]) / "keys").glob("*.key")]
+    assert len(secrets) == 2  # the root key and acme's material
+    out = generate_one(llm, PROMPT, kvci_params(session_token=persisted["token"]))
+    said = json.dumps([persisted["reply"], out.kv_transfer_params]) + repr(llm.get_metrics())
+    for secret in secrets:
+        assert secret.hex() not in said and secret.hex()[:16] not in said

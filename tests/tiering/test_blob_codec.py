@@ -22,7 +22,7 @@ from kvci_plugin.tiering.blob_codec import (
     encode,
     open_page,
 )
-from kvci_plugin.tiering.tenant_keys import TenantKeys, TenantKeyUnavailableError
+from kvci_plugin.tiering.tenant_keys import MemoryMaterials, TenantKeys, TenantKeyUnavailableError
 from kvci_plugin.tiering.types import PageKey, TenantMismatchError
 
 NS = hashlib.sha256(b"codec-namespace").digest()
@@ -31,23 +31,7 @@ KEY = PageKey(hashlib.sha256(b"codec-key").digest()[:16])
 ROOT = hashlib.sha256(b"codec-root-key").digest()
 
 
-class Materials:
-    """Tenant material in a dict: the codec's part of the contract, without a store."""
-
-    def __init__(self) -> None:
-        self.held: dict[str, bytes] = {}
-
-    def read_material(self, tenant_id: str) -> bytes | None:
-        return self.held.get(tenant_id)
-
-    def create_material(self, tenant_id: str, material: bytes) -> bytes:
-        return self.held.setdefault(tenant_id, material)
-
-    def destroy_material(self, tenant_id: str) -> bool:
-        return self.held.pop(tenant_id, None) is not None
-
-
-KEYS = TenantKeys(ROOT, Materials())
+KEYS = TenantKeys(ROOT, MemoryMaterials())
 
 
 def sealed(page: torch.Tensor, tenant: str = "a", keys: TenantKeys = KEYS,
@@ -107,7 +91,7 @@ def test_every_single_bit_flip_is_refused() -> None:
 
 def test_a_forged_blob_is_refused_and_quarantined() -> None:
     """A writer with the store but not the root key: their own keys, the victim's tenant id."""
-    forger = TenantKeys(os.urandom(32), Materials())
+    forger = TenantKeys(os.urandom(32), MemoryMaterials())
     forged = bytearray(sealed(torch.zeros(64, dtype=torch.uint8), "a", keys=forger))
     victim_meta = metadata_of(sealed(torch.zeros(64, dtype=torch.uint8)))
     header_len = int.from_bytes(forged[:8], "little")
@@ -162,7 +146,7 @@ def test_segments_reordered_or_dropped_are_refused() -> None:
 
 
 def test_a_forgotten_tenant_has_no_key_and_its_blob_is_not_quarantined() -> None:
-    keys = TenantKeys(ROOT, Materials())
+    keys = TenantKeys(ROOT, MemoryMaterials())
     blob = sealed(torch.ones(8, dtype=torch.uint8), "gone", keys=keys)
     assert keys.forget("gone") and not keys.forget("gone")
     with pytest.raises(TenantKeyUnavailableError):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,14 +21,6 @@ from kvci_plugin.tiering.blob_codec import BlobIntegrityError, BlobMissingError,
 from kvci_plugin.tiering.catalog import CheckpointCatalog
 from kvci_plugin.tiering.tenant_keys import TenantKeys, TenantKeyUnavailableError
 from kvci_plugin.tiering.types import TenantForgottenError, TenantMismatchError
-
-
-@pytest.fixture(params=["folder", "redis"])
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Location]:
-    if request.param == "folder":
-        yield Location("folder", str(tmp_path / "shared"))
-    else:
-        yield Location("redis", request.getfixturevalue("redis_db_url"))
 
 
 def persist(store, checkpoint_id: str, keys: list[bytes], tenant: str):
