@@ -5,8 +5,8 @@ format, namespace, key, tenant (its ``tenant_id``, an HMAC of the name: stored n
 nothing), plaintext bytes, segment size, a random salt and the time it was created. The page is
 sealed with AES-256-GCM under its tenant's key for the namespace (``tenant_keys``), in segments
 of ``SEGMENT_BYTES``, each sealed with its own nonce (its index, under a key of the blob's own
-derived from the salt) and with associated data binding the canonical metadata, the segment's
-index and the segment count. So a blob written by anyone without the key, moved to another key,
+derived from the salt) and with associated data binding the whole safetensors header (every
+metadata field, the tensor's size), the segment's index and the segment count. So a blob written by anyone without the key, moved to another key,
 namespace or tenant, reordered, truncated, extended or with any bit flipped never opens, and the
 bytes at rest reveal nothing of the KV.
 
@@ -120,7 +120,7 @@ def encode(seal: PageSeal, namespace: bytes, key: PageKey, page: torch.Tensor) -
     plain = memoryview(page.contiguous().numpy())
     cipher = seal.blob_cipher(salt)
     count = -(-nbytes // SEGMENT_BYTES)
-    aad = _aad_prefix(metadata)
+    aad = bytes(header)
     for i in range(count):
         part = plain[i * SEGMENT_BYTES : (i + 1) * SEGMENT_BYTES]
         at = i * (SEGMENT_BYTES + TAG_BYTES)
@@ -147,7 +147,7 @@ def open_page(
     (neither is quarantined: the blob may be sound).
     """
     try:
-        metadata, sealed = _parse(blob)
+        metadata, header, sealed = _parse(blob)
         problem = _check(namespace, key, metadata, sealed)
         if problem is not None:
             raise BlobIntegrityError(f"blob of page {key.hex()}: {problem}")
@@ -162,7 +162,7 @@ def open_page(
         out = torch.empty(nbytes, dtype=torch.uint8)
     elif out.numel() != nbytes:
         raise ValueError(f"out holds {out.numel()} bytes, the page {nbytes}")
-    if not _decrypt_into(seal, metadata, sealed, out.numpy()):
+    if not _decrypt_into(seal, metadata, header, sealed, out.numpy()):
         quarantine()
         raise BlobIntegrityError(
             f"blob of page {key.hex()}: authentication failed (forged, moved or damaged); "
@@ -174,36 +174,31 @@ def _nonce(index: int) -> bytes:
     return index.to_bytes(12, "big")
 
 
-def _aad_prefix(metadata: dict[str, str]) -> bytes:
-    return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode() + b"\0"
+def _aad(header: bytes, index: int, count: int) -> bytes:
+    return header + index.to_bytes(4, "big") + count.to_bytes(4, "big")
 
 
-def _aad(prefix: bytes, index: int, count: int) -> bytes:
-    return prefix + index.to_bytes(4, "big") + count.to_bytes(4, "big")
-
-
-def _decrypt_into(seal: PageSeal, metadata: dict[str, str], sealed: memoryview,
+def _decrypt_into(seal: PageSeal, metadata: dict[str, str], header: bytes, sealed: memoryview,
                   out: np.ndarray) -> bool:
     """Open every segment into ``out``; False (and ``out`` zeroed) if any fails."""
     nbytes, segment = int(metadata["bytes"]), int(metadata["segment"])
     cipher = seal.blob_cipher(bytes.fromhex(metadata["salt"]))
     count = -(-nbytes // segment)
-    aad = _aad_prefix(metadata)
     target = memoryview(out)
     try:
         for i in range(count):
             at = i * (segment + TAG_BYTES)
             size = min(segment, nbytes - i * segment)
             cipher.decrypt_into(_nonce(i), sealed[at : at + size + TAG_BYTES],
-                                _aad(aad, i, count), target[i * segment : i * segment + size])
+                                _aad(header, i, count), target[i * segment : i * segment + size])
     except InvalidTag:
         out.fill(0)  # the failed segment's bytes were never authenticated
         return False
     return True
 
 
-def _parse(blob: bytes) -> tuple[dict[str, str], memoryview]:
-    """The metadata and the sealed bytes of a blob in the safetensors layout ``encode`` writes.
+def _parse(blob: bytes) -> tuple[dict[str, str], bytes, memoryview]:
+    """The metadata, the header and the sealed bytes of a blob in the safetensors layout ``encode`` writes.
 
     Read in place rather than by ``safetensors.torch.load``, which copies the data twice: a page
     blob holds one 1-D uint8 tensor, so the layout check is short, and every sealed byte is
@@ -214,8 +209,9 @@ def _parse(blob: bytes) -> tuple[dict[str, str], memoryview]:
     header_len = int.from_bytes(blob[:8], "little")
     if header_len > min(_MAX_HEADER, len(blob) - 8):
         raise BlobIntegrityError(f"blob header length {header_len} is impossible")
+    raw = bytes(blob[8 : 8 + header_len])
     try:
-        header = json.loads(bytes(blob[8 : 8 + header_len]))
+        header = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BlobIntegrityError(f"blob header does not parse: {exc}") from None
     if not isinstance(header, dict) or "__metadata__" not in header:
@@ -233,7 +229,7 @@ def _parse(blob: bytes) -> tuple[dict[str, str], memoryview]:
     if (not isinstance(entry, dict) or entry.get("dtype") != "U8"
             or entry.get("shape") != [data_len] or entry.get("data_offsets") != [0, data_len]):
         raise BlobIntegrityError(f"blob tensor {TENSOR!r} is not 1-D uint8 filling the blob")
-    return metadata, memoryview(blob)[8 + header_len :]
+    return metadata, raw, memoryview(blob)[8 + header_len :]
 
 
 def _check(namespace: bytes, key: PageKey, metadata: dict[str, str],

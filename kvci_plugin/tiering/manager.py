@@ -40,9 +40,9 @@ from kvci_plugin.tiering.catalog import KVCheckpointRecord
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import (
-    CheckpointForgottenError,
     CheckpointEntry,
     CheckpointFencedError,
+    CheckpointForgottenError,
     CheckpointNotFoundError,
     DoesNotFitError,
     PageKey,
@@ -331,7 +331,7 @@ class TieredCheckpointManager:
                 assert self.disk is not None
                 self.disk.end_lease(checkpoint_id)
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed",
-                                        reason="fenced by a cache reset: not recorded")
+                                        reason="fenced by a cache reset or a forget: not recorded")
             job = self._persists.get(checkpoint_id)
             if job is None or not job.writing:
                 logger.warning("kvci: persist report for %s, which has no write under way",

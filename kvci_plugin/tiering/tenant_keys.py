@@ -133,15 +133,19 @@ class TenantKeys:
         # (material, namespace, tenant) -> seal: material is read on every use (a forget on
         # another node must take effect at once); only the derivation is cached.
         self._seals: dict[tuple[bytes, bytes, str], PageSeal] = {}
+        self._ids: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"TenantKeys({type(self._materials).__name__})"
 
     def tenant_id(self, tenant: str) -> str:
         """The name a blob and the material give the tenant: an HMAC, so it reveals nothing."""
-        check_tenant(tenant)
-        mac = hmac.digest(self._root, b"kvci-tenant-id\0" + tenant.encode(), "sha256")
-        return mac[:TENANT_ID_BYTES].hex()
+        found = self._ids.get(tenant)
+        if found is None:
+            check_tenant(tenant)
+            mac = hmac.digest(self._root, b"kvci-tenant-id\0" + tenant.encode(), "sha256")
+            found = self._ids[tenant] = mac[:TENANT_ID_BYTES].hex()
+        return found
 
     def for_read(self, tenant: str, namespace: bytes) -> PageSeal:
         """The seal of ``tenant``'s pages; ``TenantKeyUnavailableError`` without material."""

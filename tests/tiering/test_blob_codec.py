@@ -59,7 +59,8 @@ def test_a_sealed_blob_is_safetensors_and_opens_for_its_tenant(data: bytes, tena
     page = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     blob = sealed(page, tenant)
     stored = load_safetensors(blob)["sealed"].numpy().tobytes()
-    assert len(stored) == len(data) + TAG_BYTES and data not in stored
+    assert len(stored) == len(data) + TAG_BYTES
+    assert len(data) < 8 or data not in stored  # (a short run may occur by chance)
     out = torch.empty(len(data), dtype=torch.uint8)
     assert opened(blob, tenant, out=out) is out
     assert torch.equal(out, page)
