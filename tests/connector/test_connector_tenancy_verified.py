@@ -90,3 +90,23 @@ def test_no_key_material_reaches_a_reply_or_the_metrics(node, persisted) -> None
     said = json.dumps([persisted["reply"], out.kv_transfer_params]) + repr(llm.get_metrics())
     for secret in secrets:
         assert secret.hex() not in said and secret.hex()[:16] not in said
+
+
+def test_verified_tenancy_needs_credentials_and_a_key_file_names_the_root_key(tmp_path) -> None:
+    from kvci_plugin.connector.config import KVCIConfig
+    from kvci_plugin.tiering.tenant_keys import KeyFileRootKey, StateDirRootKey
+
+    with pytest.raises(ValueError, match="tenancy 'verified' needs credentials"):
+        KVCIConfig.from_extra_config({"tenancy": "verified"})
+    with pytest.raises(ValueError, match="tenancy"):
+        KVCIConfig.from_extra_config({"tenancy": "gateway"})
+    assert KVCIConfig.from_extra_config({"state_dir": str(tmp_path)}).root_key == StateDirRootKey(tmp_path)
+    key = tmp_path / "root.key"
+    key.write_bytes(b"k" * 32)
+    key.chmod(0o644)
+    provider = KVCIConfig.from_extra_config({"key_file": str(key)}).root_key
+    assert provider == KeyFileRootKey(key)
+    with pytest.raises(PermissionError, match="readable by its owner only"):
+        provider.root_key()  # a root key others can read is refused, never used
+    key.chmod(0o600)
+    assert provider.root_key() == b"k" * 32
