@@ -6,9 +6,10 @@ nothing), plaintext bytes, segment size, a random salt and the time it was creat
 sealed with AES-256-GCM under its tenant's key for the namespace (``tenant_keys``), in segments
 of ``SEGMENT_BYTES``, each sealed with its own nonce (its index, under a key of the blob's own
 derived from the salt) and with associated data binding the whole safetensors header (every
-metadata field, the tensor's size), the segment's index and the segment count. So a blob written by anyone without the key, moved to another key,
-namespace or tenant, reordered, truncated, extended or with any bit flipped never opens, and the
-bytes at rest reveal nothing of the KV.
+metadata field, the tensor's size), the segment's index and the segment count. So a blob
+written by anyone without the key, moved to another key, namespace or tenant, reordered,
+truncated, extended or with any bit flipped never opens, and the bytes at rest reveal nothing
+of the KV.
 
 Opening decrypts straight into the caller's buffer (``AESGCM.decrypt_into``): about the cost of
 the copy the checksum format paid anyway (32 MiB: 3.2 ms against 1.0 ms XXH3 + 2.4 ms copy

@@ -555,12 +555,14 @@ class CheckpointCatalog:
 
     # ---- writes -----------------------------------------------------------------------------
 
-    def add_checkpoint(self, record: KVCheckpointRecord, holder: str | None = None) -> None:
+    def add_checkpoint(self, record: KVCheckpointRecord, holder: str | None = None,
+                       began: float | None = None) -> None:
         """Record a checkpoint whose blobs are already durable, in one transaction; ``holder``'s
         leases end with it.
 
         A page already held (shared with another checkpoint) is stored once; a page held under
-        another tenant refuses the whole record.
+        another tenant refuses the whole record, and so does a forget of its tenant since the
+        write began (``began``, else ``record.created``).
         """
         if not isinstance(record, KVCheckpointRecord):
             raise TypeError(f"record must be a KVCheckpointRecord, not {type(record).__name__}")
@@ -576,7 +578,8 @@ class CheckpointCatalog:
             forgotten = db.execute(
                 "SELECT forgotten_at FROM forgotten_tenants WHERE tenant = ?", (record.tenant,)
             ).fetchone()
-            if forgotten is not None and record.created <= forgotten["forgotten_at"]:
+            began = record.created if began is None else min(began, record.created)
+            if forgotten is not None and began <= forgotten["forgotten_at"]:
                 raise TenantForgottenError(
                     f"checkpoint {record.checkpoint_id}: its tenant was forgotten after it was "
                     "computed; not recorded")

@@ -173,6 +173,8 @@ class KVCheckpointStore:
         self._touch_lock = threading.Lock()
         self._touched: set[PageKey] = set()
         self._touched_since: float | None = None
+        # When each write under way took its lease: a forget of its tenant since then refuses it.
+        self._write_began: dict[str, float] = {}
         self._lock_fd: int | None = None
         if self._root is not None:
             make_private_dir(self._root)
@@ -366,10 +368,12 @@ class KVCheckpointStore:
     def reserve(self, checkpoint_id: str, keys: Sequence[PageKey]) -> None:
         """Lease ``keys`` to the write of ``checkpoint_id`` before any of its blobs is written;
         ``record_written`` or ``release`` ends the lease."""
+        now = self._clock()
         self._catalog.lease(
             self._namespace, _check_keys(keys), check_checkpoint_id(checkpoint_id),
-            self._clock() + self._lease_s,
+            now + self._lease_s,
         )
+        self._write_began.setdefault(checkpoint_id, now)
 
     def release(self, checkpoint_id: str, keys: Sequence[PageKey] = ()) -> None:
         """End a write that will not be recorded: its lease goes, and the blobs of ``keys`` no
@@ -573,7 +577,9 @@ class KVCheckpointStore:
                         )
                     pages = tuple(PageRef(key=k.hex(), nbytes=n) for k, n in zip(keys, sizes))
                     record = record.model_copy(update={"pages": pages})
-                    self._catalog.add_checkpoint(record, holder=record.checkpoint_id)
+                    self._catalog.add_checkpoint(
+                        record, holder=record.checkpoint_id,
+                        began=self._write_began.pop(record.checkpoint_id, None))
             except BaseException:
                 self._abandon(record.checkpoint_id, keys)
                 raise
@@ -583,6 +589,7 @@ class KVCheckpointStore:
 
     def _abandon(self, checkpoint_id: str, keys: Sequence[PageKey]) -> None:
         """Drop a write's lease and the blobs it left that no row or other lease holds."""
+        self._write_began.pop(checkpoint_id, None)
         with self._write_lock, self._catalog.locked():
             self._catalog.release(checkpoint_id)
             held = self._catalog.held_pages(self._namespace, keys)
