@@ -27,7 +27,7 @@ SOURCES = ["doc:handbook"]
 def node(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("verified")
     extra = {**setup_dirs(root), "tenancy": "verified"}
-    llm = make_llm(tiny_model, extra)
+    llm = make_llm(tiny_model, extra, disable_log_stats=False)
     yield root, extra, llm
     shutdown(llm)
 
@@ -87,7 +87,9 @@ def test_no_key_material_reaches_a_reply_or_the_metrics(node, persisted) -> None
     secrets += [p.read_bytes() for p in (Path(extra["disk_root"]) / "keys").glob("*.key")]
     assert len(secrets) == 2  # the root key and acme's material
     out = generate_one(llm, PROMPT, kvci_params(session_token=persisted["token"]))
-    said = json.dumps([persisted["reply"], out.kv_transfer_params]) + repr(llm.get_metrics())
+    metrics = llm.get_metrics()
+    assert any(m.name.startswith("vllm:kvci_") for m in metrics)
+    said = json.dumps([persisted["reply"], out.kv_transfer_params]) + repr(metrics)
     for secret in secrets:
         assert secret.hex() not in said and secret.hex()[:16] not in said
 
