@@ -20,7 +20,12 @@ from typing import Protocol
 import torch
 
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
-from kvci_plugin.tiering.tenant_keys import RootKeyProvider, TenantKeys
+from kvci_plugin.tiering.tenant_keys import (
+    PageSeal,
+    RootKeyProvider,
+    TenantKeys,
+    TenantKeyUnavailableError,
+)
 from kvci_plugin.tiering.types import PageKey, TenantMismatchError
 
 WRITE_THREADS = 8
@@ -60,8 +65,12 @@ class BlobBackend(Protocol):
     ) -> list[int]: ...
 
     def read(
-        self, key: PageKey, tenant: str, out: torch.Tensor | None = None
+        self, key: PageKey, tenant: str, out: torch.Tensor | None = None,
+        seal: PageSeal | None = None,
     ) -> torch.Tensor: ...
+
+    @property
+    def keys(self) -> TenantKeys: ...
 
     def read_many(
         self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
@@ -95,14 +104,20 @@ def read_prefix(
     """Read ``keys[i]`` into ``out[i]`` several at a time; (pages verified, first failure).
 
     Only the leading run of pages that verified counts: a page after a failed one is of no use
-    (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful.
+    (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful. The tenant's
+    key material is read once for the prefix, not once a page: a tenant forgotten by then loads
+    nothing.
     """
     if out.dim() != 2 or out.shape[0] < len(keys):
         raise ValueError(f"out must have a row for each of {len(keys)} keys, not {tuple(out.shape)}")
+    try:
+        seal: PageSeal | None = store.keys.for_read(tenant, store.namespace)
+    except TenantKeyUnavailableError:
+        seal = None  # each page then says why: another tenant's blob, or no key at all
 
     def one(i: int) -> BlobUnavailableError | TenantMismatchError | None:
         try:
-            store.read(keys[i], tenant, out[i])
+            store.read(keys[i], tenant, out[i], seal)
         except (BlobUnavailableError, TenantMismatchError) as exc:
             return exc
         return None

@@ -138,8 +138,10 @@ def open_page(
     key: PageKey,
     out: torch.Tensor | None,
     quarantine: Callable[[], None],
+    seal: PageSeal | None = None,
 ) -> torch.Tensor:
-    """The page of a stored blob for ``tenant``, decrypted into ``out`` when given.
+    """The page of a stored blob for ``tenant``, decrypted into ``out`` when given; ``seal``:
+    the tenant's, when the caller fetched it once for many pages.
 
     A blob that does not open (bad layout, foreign namespace or key, a refused format, any
     segment failing authentication) is handed to ``quarantine`` and refused with
@@ -157,7 +159,7 @@ def open_page(
         raise BlobIntegrityError(f"{exc}; quarantined") from None
     if metadata["tenant"] != keys.tenant_id(tenant):
         raise TenantMismatchError(f"page {key.hex()} belongs to another tenant")
-    seal = keys.for_read(tenant, namespace)
+    seal = seal or keys.for_read(tenant, namespace)
     nbytes = int(metadata["bytes"])
     if out is None:
         out = torch.empty(nbytes, dtype=torch.uint8)

@@ -42,7 +42,12 @@ from kvci_plugin.tiering.blob_codec import (
     open_page,
 )
 from kvci_plugin.tiering.secret import create_once
-from kvci_plugin.tiering.tenant_keys import RootKeyProvider, StateDirRootKey, TenantKeys
+from kvci_plugin.tiering.tenant_keys import (
+    PageSeal,
+    RootKeyProvider,
+    StateDirRootKey,
+    TenantKeys,
+)
 from kvci_plugin.tiering.types import (
     PageKey,
     TenantMismatchError,
@@ -333,7 +338,8 @@ class BlobStore:
         """
         return write_each(self, keys, tenant, pages)
 
-    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None,
+             seal: PageSeal | None = None) -> torch.Tensor:
         """The authenticated page of ``key`` for ``tenant``, decrypted into ``out`` when given.
 
         Raises ``BlobMissingError``; ``BlobIntegrityError`` (the blob is quarantined) when the
@@ -354,7 +360,7 @@ class BlobStore:
             self._quarantine_file(key, path, stat)
             raise BlobIntegrityError(f"blob of page {key.hex()} is unreadable: {exc}") from None
         return open_page(blob, self._keys, tenant, self._namespace, key, out,
-                         lambda: self._quarantine_file(key, path, stat))
+                         lambda: self._quarantine_file(key, path, stat), seal)
 
     def read_many(
         self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor

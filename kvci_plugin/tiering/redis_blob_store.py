@@ -33,7 +33,12 @@ from kvci_plugin.tiering.blob_codec import (
     encode,
     open_page,
 )
-from kvci_plugin.tiering.tenant_keys import RootKeyProvider, StateDirRootKey, TenantKeys
+from kvci_plugin.tiering.tenant_keys import (
+    PageSeal,
+    RootKeyProvider,
+    StateDirRootKey,
+    TenantKeys,
+)
 from kvci_plugin.tiering.types import (
     PageKey,
     TenantMismatchError,
@@ -200,7 +205,8 @@ class RedisBlobStore:
     ) -> list[int]:
         return write_each(self, keys, tenant, pages)
 
-    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None,
+             seal: PageSeal | None = None) -> torch.Tensor:
         """The verified page of ``key`` for ``tenant``; see ``BlobStore.read``."""
         check_tenant(tenant)
         if out is not None:
@@ -210,7 +216,7 @@ class RedisBlobStore:
         if blob is None:
             raise BlobMissingError(f"no blob for page {key.hex()}")
         return open_page(blob, self._keys, tenant, self._namespace, key, out,
-                         lambda: self._quarantine(key, name, blob))
+                         lambda: self._quarantine(key, name, blob), seal)
 
     def read_many(
         self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
