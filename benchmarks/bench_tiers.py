@@ -3,8 +3,12 @@
 One checkpoint of ``--pages`` pages of ``--slot-kib`` KiB is stored and loaded through each path;
 every figure is the median of ``--repeats`` runs, in GB/s of page bytes, and as a ratio to a
 plain tensor copy of the same bytes (the ceiling for the RAM tier). The disk tier is put next to
-a plain file write and read of the same bytes (write, fsync; the ceiling for the disk tier) and
-to SHA-256 over them (every disk load verifies a checksum, so the hash caps it).
+a plain file write and read of the same bytes (write, fsync; the ceiling for the disk tier), and
+to what authenticating the bytes costs: every disk blob is sealed with AES-256-GCM in 1 MiB
+segments (``blob_codec``), so sealing and opening (decrypting straight into the load's buffer,
+one thread and the read pool's threads) are measured page by page through the codec, beside the
+keyed MACs that would authenticate without encrypting (HMAC-SHA256, keyed BLAKE2b), XXH3-128
+(the unkeyed checksum of the first format) and SHA-256.
 
 Disk loads are measured twice: "warm" reads hit the page cache (a checkpoint loaded soon after
 it was written), "cold" ones follow ``posix_fadvise(DONTNEED)`` on every file, which drops clean
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import os
 import statistics
 import tempfile
@@ -26,10 +31,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+import xxhash
 
+from kvci_plugin.tiering.blob_backend import READ_THREADS, _pool
+from kvci_plugin.tiering.blob_codec import encode, open_page
 from kvci_plugin.tiering.blob_store import blob_files
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.ram_store import RAMCheckpointStore
+from kvci_plugin.tiering.tenant_keys import MemoryMaterials, TenantKeys
 
 NAMESPACE = hashlib.sha256(b"bench_tiers").digest()
 TENANT = "bench"
@@ -99,7 +108,32 @@ def main() -> None:
         results.append((label, nbytes / seconds / 1e9))
 
     record("tensor copy (RAM ceiling)", median_seconds(lambda _: dst.copy_(src), repeats))
+    mac_key = os.urandom(32)
+    record("xxh3-128 of the bytes (v1 checksum)",
+           median_seconds(lambda _: xxhash.xxh3_128(view).digest(), repeats))
     record("sha256 of the bytes", median_seconds(lambda _: hashlib.sha256(view).digest(), repeats))
+    record("hmac-sha256 of the bytes", median_seconds(
+        lambda _: hmac.digest(mac_key, view, "sha256"), repeats))
+    record("keyed blake2b of the bytes", median_seconds(
+        lambda _: hashlib.blake2b(view, key=mac_key).digest(), repeats))
+
+    keys = TenantKeys(os.urandom(32), MemoryMaterials())
+    seal, page_keys = keys.for_write(TENANT, NAMESPACE), fresh_keys(0, args.pages)
+    sealed: list[bytearray] = []
+
+    def seal_pages(_: int) -> None:
+        sealed[:] = [encode(seal, NAMESPACE, k, src[i]) for i, k in enumerate(page_keys)]
+
+    def open_one(i: int) -> None:
+        open_page(sealed[i], keys, TENANT, NAMESPACE, page_keys[i], dst[i], _never)
+
+    record("aes-256-gcm seal, 1 thread", median_seconds(seal_pages, repeats))
+    record("aes-256-gcm open into buffer, 1 thread", median_seconds(
+        lambda _: [open_one(i) for i in range(args.pages)], repeats))
+    pool = _pool("read", READ_THREADS)
+    record(f"aes-256-gcm open into buffer, {READ_THREADS} threads", median_seconds(
+        lambda _: list(pool.map(open_one, range(args.pages))), repeats))
+    assert torch.equal(dst, src)
 
     ram = RAMCheckpointStore(ram_bytes=2 * nbytes, slot_bytes=slot)
     ram_ids: list[str] = []
@@ -162,6 +196,10 @@ def main() -> None:
     print(f"{'path':42s} {'GB/s':>8s} {'x copy':>8s}")
     for label, rate in results:
         print(f"{label:42s} {rate:8.2f} {rate / ceiling:8.2f}")
+
+
+def _never() -> None:
+    raise AssertionError("a blob the benchmark sealed did not open")
 
 
 if __name__ == "__main__":

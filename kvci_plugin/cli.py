@@ -3,7 +3,7 @@
     kvci demo [ARGS...]                 the main job on an embedded default (kvci_plugin.demo)
     kvci serve MODEL [options] [vLLM options]
                                         vLLM's OpenAI server with the kvci connector configured
-    kvci recommend | checkpoint-now | promote | explain | stats | advisory | reset
+    kvci recommend | checkpoint-now | promote | explain | stats | advisory | reset | forget
                                         one `graph_kv_checkpoint` action on a running engine
     kvci mcp [--transport stdio|streamable-http]
                                         the MCP tool, forwarding to the engine's control endpoint
@@ -104,6 +104,14 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument("--wait-s", type=float, metavar="SECONDS",
                        help=f"wait for the engine to apply it (0..{RESET_WAIT_S_MAX:g}, default "
                        f"{RESET_WAIT_S_DEFAULT:g}); then it answers pending")
+
+    forget = control("forget", "crypto-erase a tenant's KV on every node sharing the disk tier "
+                     "(needs a session credential of that tenant with the kv:forget scope)")
+    forget.add_argument("--tenant", required=True, help="the tenant to forget")
+    forget.add_argument("--session-token-file", type=Path, required=True,
+                        help="file holding a session credential of that tenant with kv:forget")
+    forget.add_argument("--delegation-token-file", type=Path, action="append", default=[],
+                        help="file holding a delegation credential (repeat, root first)")
 
     _doctor_parser(sub)
 
@@ -390,6 +398,14 @@ def _render_reset(body: dict[str, Any], console: Console) -> None:
     console.print(Text("resets " + body["scope"]))
 
 
+def _render_forget(body: dict[str, Any], console: Console) -> None:
+    console.print(_kv_table(f"kvci forget: {body['tenant']}", [
+        ("RAM checkpoints forgotten", body["ram_checkpoints"]),
+        ("disk checkpoints forgotten", body["disk_checkpoints"]),
+        ("key material", "destroyed" if body["key_destroyed"] else "none existed")]))
+    console.print(Text(body["detail"]))
+
+
 def _render_stats(body: dict[str, Any], console: Console) -> None:
     s = body["stats"]
     console.print(_kv_table("RAM tier", [
@@ -431,6 +447,7 @@ _RENDER = {
     "ram_stats": _render_stats,
     "advisory": _render_advisory,
     "reset": _render_reset,
+    "forget": _render_forget,
 }
 
 

@@ -34,9 +34,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, description in (
         (400, "the body is not JSON text"),
         (401, "missing or wrong bearer credential (when the server requires one)"),
-        (403, "a session credential did not verify, or disagrees with the declared tenant"),
+        (403, "a session credential did not verify, disagrees with the declared tenant, or "
+              "lacks the authority the action needs (forget: the kv:forget scope)"),
         (404, "the checkpoint is not held for this caller, or the session has no finished request"),
-        (410, "the checkpoint was fenced by a cache reset: its KV predates the reset and is never loaded"),
+        (410, "the checkpoint was fenced by a cache reset (its KV predates the reset) or forgotten "
+              "(its tenant's keys were destroyed): it is never loaded"),
         (413, "the request body is over the size limit"),
         (422, "the request does not match the schema, or its observation does not compose"),
         (500, "an internal error, or a cache reset the engine failed to apply"),
@@ -45,7 +47,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 _DESCRIPTION = """The kvci control surface, served by the scheduler side of the vLLM engine.
 
-One endpoint, seven actions (`action`): `recommend` scores a moment at the engine's RAM
+One endpoint, eight actions (`action`): `recommend` scores a moment at the engine's RAM
 admission bar and returns the advisory; `checkpoint_now` arms a session so its next finished
 request keeps its KV; `promote` asks the eligibility gate for a disk copy with authority derived
 from the caller's session credential; `explain` says why a checkpoint exists and why it is where
@@ -54,7 +56,9 @@ registered scorers; `advisory` returns the kvci reply of a session's latest fini
 (for responses that carried no kv_transfer_params: streams on vLLM 0.32, aborts, stop strings); `reset` (an operator action: no tenant
 credential, the surface itself is loopback-only or bearer-protected) fences every checkpoint kvci
 holds, in RAM and on disk, so no KV from before it is loaded after it (kvci's tiers only, not
-vLLM's own prefix cache)."""
+vLLM's own prefix cache); `forget` crypto-erases one tenant (its key material and checkpoints,
+for every node sharing the disk tier), gated on a verified credential with the kv:forget
+scope."""
 
 
 def build_app(plane: ControlPlane, *, bearer_token: bytes | None = None,

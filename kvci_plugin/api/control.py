@@ -28,6 +28,8 @@ from kvci_plugin.api.schema import (
     CheckpointNowResponse,
     ExplainRequest,
     ExplainResponse,
+    ForgetRequest,
+    ForgetResponse,
     PromoteRequest,
     PromoteResponse,
     RAMAdmissionStats,
@@ -41,9 +43,11 @@ from kvci_plugin.api.schema import (
     ResetResponse,
 )
 from kvci_plugin.tiering.admission import AdmissionStats
-from kvci_plugin.tiering.manager import ResetOutcome, TieredCheckpointManager
+from kvci_plugin.governance import ForgetRefusedError
+from kvci_plugin.tiering.manager import ForgetOutcome, ResetOutcome, TieredCheckpointManager
 from kvci_plugin.tiering.types import (
     CheckpointFencedError,
+    CheckpointForgottenError,
     CheckpointNotFoundError,
     TenantMismatchError,
 )
@@ -56,11 +60,11 @@ from kvci_plugin.worthiness import (
 
 ControlRequest = (
     RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest
-    | AdvisoryRequest | ResetRequest
+    | AdvisoryRequest | ResetRequest | ForgetRequest
 )
 ControlResponse = (
     RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse
-    | AdvisoryResponse | ResetResponse
+    | AdvisoryResponse | ResetResponse | ForgetResponse
 )
 
 
@@ -95,6 +99,13 @@ class ControlTarget(Protocol):
         it was published under a verified credential and the caller (``verified``) has none."""
         ...
 
+    def forget_tenant(self, tenant: str, session_token: str | None,
+                      delegation_tokens: tuple[str, ...]) -> ForgetOutcome:
+        """Crypto-erase ``tenant`` (`TieredCheckpointManager.forget`) once a verified credential
+        of that tenant with the forget scope allows it; raises ForgetRefusedError (its message
+        safe to return) otherwise."""
+        ...
+
     def ask_reset(self) -> Future[ResetOutcome]:
         """A cache reset of kvci's tiers (`TieredCheckpointManager.reset`), applied by the
         scheduler's thread at its next hook, before its next lookup; asked again before then, the
@@ -126,6 +137,8 @@ class ControlPlane:
             return self.advisory(request)
         if isinstance(request, ResetRequest):
             return self.reset(request)
+        if isinstance(request, ForgetRequest):
+            return self.forget(request)
         raise TypeError(f"not a control request: {type(request).__name__}")
 
     # ---- actions --------------------------------------------------------------------------------
@@ -175,6 +188,8 @@ class ControlPlane:
         except CheckpointFencedError as exc:
             # Raised to the owning tenant, or to an explain naming none: its message names no tenant.
             raise ControlError(ErrorCode.CHECKPOINT_FENCED, str(exc)) from None
+        except CheckpointForgottenError as exc:
+            raise ControlError(ErrorCode.CHECKPOINT_FORGOTTEN, str(exc)) from None
         except (CheckpointNotFoundError, TenantMismatchError):
             raise _not_found(request.checkpoint_id) from None
         # Through JSON: the stored recommendation and decision are JSON dumps of strict models.
@@ -227,6 +242,22 @@ class ControlPlane:
             detail=f"fenced {outcome.ram_checkpoints} RAM and {outcome.disk_checkpoints} disk "
                    f"checkpoints: no KV from before the reset is loaded after it from this node's "
                    f"tiers{shared}; KV is keyed in generation {outcome.generation} from now on")
+
+    def forget(self, request: ForgetRequest) -> ForgetResponse:
+        try:
+            outcome = self._target.forget_tenant(request.tenant, request.session_token,
+                                                 tuple(request.delegation_tokens))
+        except ForgetRefusedError as exc:
+            raise ControlError(ErrorCode.CREDENTIAL_REFUSED, f"forget refused at {exc}") from None
+        shared = (" by any node sharing the disk tier (another node's RAM tier is its own)"
+                  if self.manager.disk is not None else "")
+        return ForgetResponse(
+            action="forget", tenant=request.tenant, ram_checkpoints=outcome.ram_checkpoints,
+            disk_checkpoints=outcome.disk_checkpoints, key_destroyed=outcome.key_destroyed,
+            detail=f"forgot {outcome.ram_checkpoints} RAM and {outcome.disk_checkpoints} disk "
+                   "checkpoints; the tenant's key material was "
+                   f"{'destroyed' if outcome.key_destroyed else 'absent'}: none of its KV "
+                   f"written before now is loaded again{shared}")
 
     # ---- helpers --------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ class ErrorCode(str, Enum):
     CHECKPOINT_NOT_FOUND = "checkpoint_not_found"  # 404: not held (or held for another tenant)
     NO_ADVISORY = "no_advisory"  # 404: no finished request of that session (for this tenant)
     CHECKPOINT_FENCED = "checkpoint_fenced"  # 410: a cache reset dropped it (its KV predates it)
+    CHECKPOINT_FORGOTTEN = "checkpoint_forgotten"  # 410: its tenant was forgotten (crypto-erased)
     NOT_FOUND = "not_found"  # 404: no such path
     METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
     INTERNAL_ERROR = "internal_error"  # 500
@@ -36,6 +37,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.CHECKPOINT_NOT_FOUND: 404,
     ErrorCode.NO_ADVISORY: 404,
     ErrorCode.CHECKPOINT_FENCED: 410,
+    ErrorCode.CHECKPOINT_FORGOTTEN: 410,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.INTERNAL_ERROR: 500,

@@ -40,6 +40,8 @@ action=reset: operator action (no tenant credential: reaching the endpoint is th
   fence every checkpoint kvci holds, RAM and disk, so no KV from before it is loaded after it (after
   an in-place weight update); waits up to wait_s seconds for the engine: status done, or pending
   (applied before the engine's next lookup). Resets kvci's tiers only, not vLLM's prefix cache.
+action=forget: crypto-erase a tenant's KV for every node (tenant, session_token with the
+  kv:forget scope): its keys are destroyed, its checkpoints never load again.
 Explicit observation_json fields win over anything derived from a bundle."""
 
 Transport = Literal["stdio", "streamable-http"]

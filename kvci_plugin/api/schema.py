@@ -9,7 +9,9 @@ names are the seed's): the bundles fill the grounding, contradiction and novelty
 non-null `observation_json` field wins over a value derived from a bundle.
 
 `reset` is the operator's: it takes no tenant credential, because reaching the control surface
-at all already needs loopback or its bearer token.
+at all already needs loopback or its bearer token. `forget` is not: it crypto-erases a tenant,
+so it is gated like a promote, on a verified session credential of that tenant holding the
+`kv:forget` scope.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from kvci_plugin.worthiness import (
 )
 
 ENDPOINT = "/api/graph/kv_checkpoint"
-ACTIONS = ("recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset")
+ACTIONS = ("recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset",
+           "forget")
 
 RESET_WAIT_S_DEFAULT = 10.0
 RESET_WAIT_S_MAX = 60.0
@@ -104,7 +107,8 @@ class PromoteRequest(BaseModel):
 class ExplainRequest(BaseModel):
     """Why this checkpoint exists and why it is where it is. With a session credential or a
     tenant, only that tenant's checkpoints are visible. One a cache reset fenced answers 410
-    checkpoint_fenced (to its tenant, or to a caller naming none)."""
+    checkpoint_fenced, one a forget erased 410 checkpoint_forgotten (to its tenant, or to a
+    caller naming none)."""
 
     model_config = _IN
 
@@ -154,9 +158,25 @@ class ResetRequest(BaseModel):
         "its next request arrives); after them the answer is `pending`")
 
 
+class ForgetRequest(BaseModel):
+    """Crypto-erasure of one tenant's KV: its key material is destroyed and its checkpoints
+    forgotten, so no node sharing the disk tier loads any of its blobs again (their bytes are
+    deleted too); this engine's RAM tier forgets its checkpoints. Gated like promote: a verified
+    session credential of that tenant whose authority (after the delegation ceilings) holds the
+    `kv:forget` scope; anything less answers 403 credential_refused, naming the check."""
+
+    model_config = _IN
+
+    action: Literal["forget"]
+    tenant: TenantName = Field(description="the tenant to forget (the credential's own)")
+    session_token: Credential | None = Field(None, description=_SESSION_DOC)
+    delegation_tokens: list[Credential] = Field(default_factory=list, max_length=8,
+                                                description=_DELEGATION_DOC)
+
+
 KVCheckpointRequest = Annotated[
     RecommendRequest | CheckpointNowRequest | PromoteRequest | ExplainRequest | RamStatsRequest
-    | AdvisoryRequest | ResetRequest,
+    | AdvisoryRequest | ResetRequest | ForgetRequest,
     Field(discriminator="action"),
 ]
 REQUEST_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointRequest)
@@ -328,9 +348,20 @@ class ResetResponse(BaseModel):
     scope: str = Field(description="what a reset covers: kvci's tiers, never vLLM's prefix cache")
 
 
+class ForgetResponse(BaseModel):
+    model_config = _OUT
+
+    action: Literal["forget"]
+    tenant: str
+    ram_checkpoints: int = Field(description="checkpoints this engine's RAM tier forgot")
+    disk_checkpoints: int = Field(description="disk checkpoints forgotten for every node")
+    key_destroyed: bool = Field(description="whether key material existed and was destroyed")
+    detail: str
+
+
 KVCheckpointResponse = Annotated[
     RecommendResponse | CheckpointNowResponse | PromoteResponse | ExplainResponse | RamStatsResponse
-    | AdvisoryResponse | ResetResponse,
+    | AdvisoryResponse | ResetResponse | ForgetResponse,
     Field(discriminator="action"),
 ]
 RESPONSE_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointResponse)

@@ -21,6 +21,8 @@ from pydantic import (
 
 from kvci_plugin.governance import CredentialConfig
 from kvci_plugin.tiering.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
+from kvci_plugin.tiering.secret import DEFAULT_STATE_DIR
+from kvci_plugin.tiering.tenant_keys import KeyFileRootKey, RootKeyProvider, StateDirRootKey
 from kvci_plugin.worthiness import DEFAULT_RAM_THRESHOLD
 
 
@@ -98,10 +100,19 @@ class KVCIConfig(BaseModel):
     label_catalog: Path | None = Field(None, description="SQLite source-label catalog")
     label_catalog_json: Path | None = Field(None, description="JSON labels imported at start")
     state_dir: Path = Field(
-        Path.home() / ".local" / "state" / "kvci",
-        description="holds `secret`, the prefix-key secret (created 0600 on first use; copy it "
-        "to every node that must share keys)",
+        DEFAULT_STATE_DIR,
+        description="holds `secret`, the prefix-key secret and (without key_file) the root key "
+        "that seals disk blobs (created 0600 on first use; copy it to every node that must share "
+        "keys)",
     )
+    key_file: Path | None = Field(
+        None, description="root key that seals disk blobs (0600, >= 16 bytes, e.g. written by a "
+        "KMS agent; the same on every node sharing the disk tier); none = state_dir's secret")
+    tenancy: Literal["declared", "verified"] = Field(
+        "declared", description="`declared`: a request's tenant is the one it declares (as "
+        "trustworthy as the gateway in front of vLLM); `verified`: only a verified session "
+        "credential sets it, and a request without one is served with no kvci tier (its reply "
+        "says why)")
     model_revision: str | None = Field(None, description="overrides the derived model revision")
     max_params_bytes: int = Field(65536, ge=1024, description="size limit of a request's kvci params")
     control_host: str = Field("127.0.0.1", description="REST control surface address")
@@ -143,9 +154,17 @@ class KVCIConfig(BaseModel):
                              "catalog)")
         if self.catalog_url is not None and not self.disk_tier:
             raise ValueError("catalog_url needs disk_root or blob_url (where the blobs go)")
+        if self.tenancy == "verified" and self.credentials is None:
+            raise ValueError("tenancy 'verified' needs credentials (it verifies session "
+                             "credentials)")
         if self.auto_promote and not self.disk_tier:
             raise ValueError("auto_promote needs disk_root or blob_url")
         return self
+
+    @property
+    def root_key(self) -> RootKeyProvider:
+        """Where the root key that seals disk blobs comes from."""
+        return KeyFileRootKey(self.key_file) if self.key_file else StateDirRootKey(self.state_dir)
 
     @property
     def disk_tier(self) -> bool:

@@ -159,7 +159,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
                 num_slots=num_slots, expected_slot_bytes=slot_bytes,
                 num_blocks=kv_cache_config.num_blocks,
                 rank_namespace=_namespace(vllm_config, cfg, self._kv_layout, rank),
-                blob_root=open_blob_root(cfg.blob_url, cfg.disk_root) if cfg.disk_tier else None,
+                blob_root=(open_blob_root(cfg.blob_url, cfg.disk_root, cfg.root_key)
+                           if cfg.disk_tier else None),
                 group_layers=[list(g.layer_names) for g in self._groups.groups])
         logger.info("kvci: %s role, %d RAM slots of %d bytes, pages %s, disk tier %s", role.name,
                     num_slots, slot_bytes, self._kv_layout, "on" if cfg.disk_tier else "off")
@@ -185,7 +186,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             tp_size = vllm_config.parallel_config.tensor_parallel_size
             disk = KVCheckpointStore(
                 cfg.disk_root, namespace, int(cfg.disk_bytes), catalog_url=cfg.catalog_url,
-                blob_url=cfg.blob_url, lease_s=cfg.lease_s,
+                blob_url=cfg.blob_url, lease_s=cfg.lease_s, root_key=cfg.root_key,
                 shards=[_namespace(vllm_config, cfg, self._kv_layout, rank)
                         for rank in range(1, tp_size)])
             logger.info("kvci: disk tier %s", disk.describe())
@@ -194,7 +195,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             config=cfg, block_size=vllm_config.cache_config.block_size, slot_bytes=slot_bytes,
             namespace=namespace, secret=secret,
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
-            tenants=TenantResolver(verifier), disk=disk, layout=self._groups)
+            tenants=TenantResolver(verifier, cfg.tenancy), disk=disk, layout=self._groups)
 
     # ---- worker side ----------------------------------------------------------------------------
 

@@ -28,7 +28,12 @@ from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
-from kvci_plugin.tiering.manager import CheckpointOutcome, ResetOutcome, TieredCheckpointManager
+from kvci_plugin.tiering.manager import (
+    CheckpointOutcome,
+    ForgetOutcome,
+    ResetOutcome,
+    TieredCheckpointManager,
+)
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import PageKey, Reservation
 from kvci_plugin.worthiness import (
@@ -660,6 +665,13 @@ class KVCIScheduler:
     def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
         """Control surface: the caller's tenant (a verified session wins); ParamsError if refused."""
         return self._tenants.resolve(KVCIRequestParams(tenant=tenant, session_token=session_token))
+
+    def forget_tenant(self, tenant: str, session_token: str | None,
+                      delegation_tokens: tuple[str, ...]) -> ForgetOutcome:
+        """Control surface: crypto-erase ``tenant`` once its verified credential with the forget
+        scope allows it (ForgetRefusedError otherwise)."""
+        self._tenants.authorize_forget(tenant, session_token, delegation_tokens)
+        return self.manager.forget(tenant)
 
     def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
                        session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:

@@ -11,6 +11,7 @@ from kvci_plugin.governance.credentials import DelegationCeiling, PolicyVersion,
 from kvci_plugin.governance.decision import CheckRecord, CheckVerdict, EligibilityDecision, PersistenceDerivation
 from kvci_plugin.governance.derived_gate import DerivedAuthorityGate
 from kvci_plugin.governance.eligibility import CHECK_ORDER, PersistenceEligibilityGate
+from kvci_plugin.governance.erasure import FORGET_SCOPE, ForgetRefusedError, authorize_forget
 from kvci_plugin.governance.issuer import CredentialIssuer
 from kvci_plugin.governance.keys import (
     KeyFileError,
@@ -40,6 +41,7 @@ from kvci_plugin.governance.verifier import CredentialVerifier
 
 __all__ = [
     "CHECK_ORDER",
+    "FORGET_SCOPE",
     "LABEL_AXES",
     "AlwaysDenyEligibility",
     "CatalogLabelResolver",
@@ -57,6 +59,7 @@ __all__ = [
     "DerivedAuthorityGate",
     "EffectiveAuthority",
     "EligibilityDecision",
+    "ForgetRefusedError",
     "KeyFileError",
     "PersistenceDerivation",
     "PersistenceEligibilityGate",
@@ -69,6 +72,7 @@ __all__ = [
     "Trigger",
     "UnlabelledResolver",
     "VerifiedSession",
+    "authorize_forget",
     "compose_contributions",
     "compose_labels",
     "derive_effective_authority",

@@ -2,7 +2,7 @@
 
 Two backends: a folder (``blob_store.BlobStore``: local disk, or a POSIX folder shared by many
 nodes such as NFS, Lustre or CephFS) and Redis/Valkey (``redis_blob_store.RedisBlobStore``).
-Both store the same verified blob bytes (``blob_codec``) under the page key, so the rules above
+Both store the same sealed blob bytes (``blob_codec``) under the page key, so the rules above
 them — blobs durable before their catalog row, rows gone before their blobs, verify on every
 read — do not depend on which one is configured.
 """
@@ -20,6 +20,12 @@ from typing import Protocol
 import torch
 
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
+from kvci_plugin.tiering.tenant_keys import (
+    PageSeal,
+    RootKeyProvider,
+    TenantKeys,
+    TenantKeyUnavailableError,
+)
 from kvci_plugin.tiering.types import PageKey, TenantMismatchError
 
 WRITE_THREADS = 8
@@ -27,8 +33,8 @@ WRITE_THREADS = 8
 the file system journal (3x the throughput of one at a time on ext4 here)."""
 
 READ_THREADS = 4
-"""Blobs a prefix load reads and verifies at once: the checksum and the reads release the GIL,
-so a prefix of many pages is bound by the disk and the hash, not by one thread's latency."""
+"""Blobs a prefix load reads and opens at once: the reads and AES-GCM release the GIL, so a
+prefix of many pages is bound by the disk and the cipher, not by one thread's latency."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,12 @@ class BlobBackend(Protocol):
     ) -> list[int]: ...
 
     def read(
-        self, key: PageKey, tenant: str, out: torch.Tensor | None = None
+        self, key: PageKey, tenant: str, out: torch.Tensor | None = None,
+        seal: PageSeal | None = None,
     ) -> torch.Tensor: ...
+
+    @property
+    def keys(self) -> TenantKeys: ...
 
     def read_many(
         self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
@@ -84,6 +94,9 @@ class BlobRoot(Protocol):
 
     def close(self) -> None: ...
 
+    @property
+    def keys(self) -> TenantKeys: ...
+
 
 def read_prefix(
     store: BlobBackend, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
@@ -91,14 +104,20 @@ def read_prefix(
     """Read ``keys[i]`` into ``out[i]`` several at a time; (pages verified, first failure).
 
     Only the leading run of pages that verified counts: a page after a failed one is of no use
-    (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful.
+    (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful. The tenant's
+    key material is read once for the prefix, not once a page: a tenant forgotten by then loads
+    nothing.
     """
     if out.dim() != 2 or out.shape[0] < len(keys):
         raise ValueError(f"out must have a row for each of {len(keys)} keys, not {tuple(out.shape)}")
+    try:
+        seal: PageSeal | None = store.keys.for_read(tenant, store.namespace)
+    except TenantKeyUnavailableError:
+        seal = None  # each page then says why: another tenant's blob, or no key at all
 
     def one(i: int) -> BlobUnavailableError | TenantMismatchError | None:
         try:
-            store.read(keys[i], tenant, out[i])
+            store.read(keys[i], tenant, out[i], seal)
         except (BlobUnavailableError, TenantMismatchError) as exc:
             return exc
         return None
@@ -157,15 +176,17 @@ def _pool(kind: str, threads: int) -> ThreadPoolExecutor:
         return pool
 
 
-def open_blob_root(blob_url: str | None, disk_root: Path | None) -> BlobRoot:
+def open_blob_root(blob_url: str | None, disk_root: Path | None,
+                   root_key: RootKeyProvider | None = None) -> BlobRoot:
     """The blob location a configuration names: ``blob_url`` (redis://, rediss://, unix://) if
-    given, else the folder ``disk_root`` (which may be a shared mount)."""
+    given, else the folder ``disk_root`` (which may be a shared mount); its blobs sealed under
+    ``root_key`` (default: the node's state_dir secret)."""
     if blob_url is not None:
         from kvci_plugin.tiering.redis_blob_store import RedisBlobRoot
 
-        return RedisBlobRoot(blob_url)
+        return RedisBlobRoot(blob_url, root_key)
     if disk_root is None:
         raise ValueError("a blob location needs blob_url or disk_root")
     from kvci_plugin.tiering.blob_store import FolderBlobRoot
 
-    return FolderBlobRoot(disk_root)
+    return FolderBlobRoot(disk_root, root_key)

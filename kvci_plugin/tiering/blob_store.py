@@ -9,6 +9,7 @@ Layout under ``root``::
 
     blobs/<namespace hex[:32]>/<key hex[:2]>/<key hex>.safetensors
     quarantine/<time ns>-<namespace hex[:32]>-<key hex>.safetensors
+    keys/<tenant id>.key            a tenant's key material (``tenant_keys``), 0600
 
 Writes are atomic: a temp file in the blob's own folder, written, fsynced, renamed over the
 final name, then the folder fsynced. Two nodes writing the same page at once each rename a
@@ -40,6 +41,13 @@ from kvci_plugin.tiering.blob_codec import (
     check_page,
     encode,
     open_page,
+)
+from kvci_plugin.tiering.secret import create_once
+from kvci_plugin.tiering.tenant_keys import (
+    PageSeal,
+    RootKeyProvider,
+    StateDirRootKey,
+    TenantKeys,
 )
 from kvci_plugin.tiering.types import (
     PageKey,
@@ -133,12 +141,59 @@ def _age(path: Path, now: float) -> float | None:
         return None
 
 
+class FolderMaterials:
+    """Tenant key material as files under ``<root>/keys``: created by link (concurrent first
+    writes agree on one), destroyed by unlink, both made durable in the folder."""
+
+    def __init__(self, root: Path) -> None:
+        self._dir = Path(root) / "keys"
+
+    def _path(self, tenant_id: str) -> Path:
+        if not _is_hex(tenant_id, 16):
+            raise ValueError("a tenant id is 32 hex digits")
+        return self._dir / f"{tenant_id}.key"
+
+    def read_material(self, tenant_id: str) -> bytes | None:
+        try:
+            fd = os.open(self._path(tenant_id), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as file:
+            return file.read()
+
+    def create_material(self, tenant_id: str, material: bytes) -> bytes:
+        make_private_dir(self._dir)
+        create_once(self._path(tenant_id), material)
+        stored = self.read_material(tenant_id)
+        if stored is None:
+            raise BlobUnavailableError("the tenant's key material vanished as it was created")
+        return stored
+
+    def destroy_material(self, tenant_id: str) -> bool:
+        try:
+            self._path(tenant_id).unlink()
+        except FileNotFoundError:
+            return False
+        fsync_dir(self._dir)
+        return True
+
+
+def folder_keys(root: Path, root_key: RootKeyProvider | None) -> TenantKeys:
+    """The tenant keys of a blob folder under ``root_key`` (default: the node's state_dir)."""
+    return TenantKeys((root_key or StateDirRootKey()).root_key(), FolderMaterials(root))
+
+
 class FolderBlobRoot:
     """A blob folder: hands out one ``BlobStore`` per namespace and lists what it holds."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, root_key: RootKeyProvider | None = None) -> None:
         self._root = Path(root)
         make_private_dir(self._root)
+        self._keys = folder_keys(self._root, root_key)
+
+    @property
+    def keys(self) -> TenantKeys:
+        return self._keys
 
     @property
     def root(self) -> Path:
@@ -148,7 +203,7 @@ class FolderBlobRoot:
         return f"folder {self._root}"
 
     def store(self, namespace: bytes) -> BlobStore:
-        return BlobStore(self._root, namespace)
+        return BlobStore(self._root, namespace, self._keys)
 
     def listing(self) -> Iterator[StoredBlob]:
         now = time.time()
@@ -178,14 +233,16 @@ class FolderBlobRoot:
 
 
 class BlobStore:
-    """Content-addressed, verified, atomically written page blobs of one namespace in a folder.
+    """Content-addressed, sealed, atomically written page blobs of one namespace in a folder.
 
-    Thread-safe, and safe for several processes or nodes on the same folder.
+    Thread-safe, and safe for several processes or nodes on the same folder. ``keys``: the
+    folder's tenant keys (default: under the node's state_dir root key).
     """
 
-    def __init__(self, root: Path, namespace: bytes) -> None:
+    def __init__(self, root: Path, namespace: bytes, keys: TenantKeys | None = None) -> None:
         self._root = Path(root)
         self._namespace = check_namespace(namespace)
+        self._keys = keys or folder_keys(self._root, None)
         self._ns_hex = namespace.hex()
         self._dir = self._root / "blobs" / self._ns_hex[:32]
         self._quarantine = self._root / "quarantine"
@@ -203,6 +260,10 @@ class BlobStore:
     @property
     def namespace(self) -> bytes:
         return self._namespace
+
+    @property
+    def keys(self) -> TenantKeys:
+        return self._keys
 
     def path_for(self, key: PageKey) -> Path:
         key_hex = check_page_key(key, "key").hex()
@@ -248,7 +309,7 @@ class BlobStore:
                 return path.stat().st_size
             except (BlobUnavailableError, FileNotFoundError):
                 pass  # bad, or deleted meanwhile: write it
-        blob = encode(self._namespace, key, tenant, data)
+        blob = encode(self._keys.for_write(tenant, self._namespace), self._namespace, key, data)
         make_private_dir(path.parent)
         # mkstemp creates the file 0600 with an unguessable name.
         fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=path.parent)
@@ -279,13 +340,14 @@ class BlobStore:
         """
         return write_each(self, keys, tenant, pages)
 
-    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The verified page of ``key`` for ``tenant``, copied into ``out`` when given.
+    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None,
+             seal: PageSeal | None = None) -> torch.Tensor:
+        """The authenticated page of ``key`` for ``tenant``, decrypted into ``out`` when given.
 
         Raises ``BlobMissingError``; ``BlobIntegrityError`` (the blob is quarantined) when the
-        file does not parse, names another namespace or key, or fails its checksum; and
-        ``TenantMismatchError`` when an intact blob belongs to another tenant. ``out`` is only
-        written once the bytes have verified.
+        file does not parse, names another namespace or key, or fails authentication;
+        ``TenantMismatchError`` when a blob names another tenant; ``TenantKeyUnavailableError``
+        when the tenant has no key material (forgotten). ``out`` holds the page only on success.
         """
         path = self.path_for(key)
         check_tenant(tenant)
@@ -303,8 +365,8 @@ class BlobStore:
             if stat is not None:  # there is a file, and it cannot be read
                 self._quarantine_file(key, path, stat)
             raise BlobIntegrityError(f"blob of page {key.hex()} is unreadable: {exc}") from None
-        return open_page(blob, self._namespace, key, tenant, out,
-                         lambda: self._quarantine_file(key, path, stat))
+        return open_page(blob, self._keys, tenant, self._namespace, key, out,
+                         lambda: self._quarantine_file(key, path, stat), seal)
 
     def _read_into_buffer(self, f: Any, size: int) -> memoryview:
         """The file's bytes in this thread's read buffer, reused from read to read: a fresh

@@ -60,6 +60,7 @@ from kvci_plugin.tiering.catalog_db import (
 from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
+    TenantForgottenError,
     PageKey,
     TenantMismatchError,
     check_checkpoint_id,
@@ -145,6 +146,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             fenced_at REAL NOT NULL
         ) WITHOUT ROWID""",
         "CREATE INDEX fenced_by_generation ON fenced_checkpoints (namespace, gen)",
+    ),
+    (
+        # Tenants a `forget` crypto-erased, and their checkpoints, kept for explain and so that
+        # no write computed before the forget is recorded after it (a restart included).
+        """CREATE TABLE forgotten_tenants (
+            tenant TEXT PRIMARY KEY,
+            forgotten_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+        """CREATE TABLE forgotten_checkpoints (
+            checkpoint_id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            forgotten_at REAL NOT NULL
+        ) WITHOUT ROWID""",
     ),
 )
 """Schema migrations in order, in SQLite's words (``migration_sql`` gives PostgreSQL's); the
@@ -485,14 +499,70 @@ class CheckpointCatalog:
             ).fetchone()
         return None if row is None else (row["tenant"], float(row["fenced_at"]), int(row["gen"]))
 
+    # ---- forgetting -------------------------------------------------------------------------
+
+    def forget_tenant(self, tenant: str) -> Removal:
+        """Forget every checkpoint and page of ``tenant``, in every namespace, for every node at
+        once; remember when, so that explain can say so and no write computed before now is
+        recorded later. Returns every page (leased ones too: a forgotten tenant's bytes go)."""
+        check_tenant(tenant)
+        now = self._clock()
+        with self._db.write() as db:
+            ids = tuple(
+                row["checkpoint_id"]
+                for row in db.execute(
+                    "SELECT checkpoint_id FROM checkpoints WHERE tenant = ? ORDER BY checkpoint_id",
+                    (tenant,),
+                ).fetchall()
+            )
+            db.execute(
+                "INSERT INTO forgotten_tenants (tenant, forgotten_at) VALUES (?, ?)"
+                " ON CONFLICT (tenant) DO UPDATE SET forgotten_at = excluded.forgotten_at",
+                (tenant, now),
+            )
+            db.executemany(
+                "INSERT INTO forgotten_checkpoints (checkpoint_id, tenant, forgotten_at)"
+                " VALUES (?, ?, ?) ON CONFLICT (checkpoint_id) DO NOTHING",
+                [(cid, tenant, now) for cid in ids],
+            )
+            db.execute("DELETE FROM checkpoints WHERE tenant = ?", (tenant,))
+            pages = tuple(
+                _page_id(row)
+                for row in db.execute(
+                    "SELECT namespace, key FROM pages WHERE tenant = ?", (tenant,)
+                ).fetchall()
+            )
+            db.execute("DELETE FROM pages WHERE tenant = ?", (tenant,))
+        return Removal(ids, pages)
+
+    def forgotten(self, checkpoint_id: str) -> tuple[str, float] | None:
+        """(tenant, forgotten_at) of a checkpoint a forget erased, or None."""
+        check_checkpoint_id(checkpoint_id)
+        with self._db.read() as db:
+            row = db.execute(
+                "SELECT tenant, forgotten_at FROM forgotten_checkpoints WHERE checkpoint_id = ?",
+                (checkpoint_id,),
+            ).fetchone()
+        return None if row is None else (row["tenant"], float(row["forgotten_at"]))
+
+    def forgotten_at(self, tenant: str) -> float | None:
+        """When ``tenant`` was last forgotten, or None."""
+        with self._db.read() as db:
+            row = db.execute(
+                "SELECT forgotten_at FROM forgotten_tenants WHERE tenant = ?", (check_tenant(tenant),)
+            ).fetchone()
+        return None if row is None else float(row["forgotten_at"])
+
     # ---- writes -----------------------------------------------------------------------------
 
-    def add_checkpoint(self, record: KVCheckpointRecord, holder: str | None = None) -> None:
+    def add_checkpoint(self, record: KVCheckpointRecord, holder: str | None = None,
+                       began: float | None = None) -> None:
         """Record a checkpoint whose blobs are already durable, in one transaction; ``holder``'s
         leases end with it.
 
         A page already held (shared with another checkpoint) is stored once; a page held under
-        another tenant refuses the whole record.
+        another tenant refuses the whole record, and so does a forget of its tenant since the
+        write began (``began``, else ``record.created``).
         """
         if not isinstance(record, KVCheckpointRecord):
             raise TypeError(f"record must be a KVCheckpointRecord, not {type(record).__name__}")
@@ -505,6 +575,14 @@ class CheckpointCatalog:
                 (record.checkpoint_id,),
             ).fetchone():
                 raise CheckpointExistsError(f"checkpoint {record.checkpoint_id} already exists")
+            forgotten = db.execute(
+                "SELECT forgotten_at FROM forgotten_tenants WHERE tenant = ?", (record.tenant,)
+            ).fetchone()
+            began = record.created if began is None else min(began, record.created)
+            if forgotten is not None and began <= forgotten["forgotten_at"]:
+                raise TenantForgottenError(
+                    f"checkpoint {record.checkpoint_id}: its tenant was forgotten after it was "
+                    "computed; not recorded")
             for position, page in enumerate(record.pages):
                 held = db.execute(
                     "SELECT tenant, last_used, retention_expiry FROM pages"

@@ -49,6 +49,7 @@ from kvci_plugin.tiering.catalog import (
     Removal,
 )
 from kvci_plugin.tiering.keys import generation_namespace
+from kvci_plugin.tiering.tenant_keys import RootKeyProvider
 from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -85,6 +86,16 @@ class GenerationFence:
 
     generation: int
     checkpoint_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ForgetReport:
+    """What a forget erased from the disk tier."""
+
+    checkpoint_ids: tuple[str, ...]
+    pages: int
+    key_destroyed: bool
+    """Whether key material existed (a tenant that never wrote has none)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,8 @@ class KVCheckpointStore:
 
     ``root``: the folder of the blobs (unless ``blob_url`` names Redis) and of the SQLite
     catalog (unless ``catalog_url`` names PostgreSQL). ``shards``: the namespaces the other
-    tensor-parallel ranks write this engine's blobs under.
+    tensor-parallel ranks write this engine's blobs under. ``root_key``: the node's root key,
+    which seals the blobs with the tenant material (default: the node's state_dir secret).
     """
 
     def __init__(
@@ -140,6 +152,7 @@ class KVCheckpointStore:
         blob_url: str | None = None,
         shards: Sequence[bytes] = (),
         lease_s: float = DEFAULT_LEASE_S,
+        root_key: RootKeyProvider | None = None,
     ) -> None:
         if isinstance(disk_bytes, bool) or not isinstance(disk_bytes, int):
             raise TypeError(f"disk_bytes must be an int, not {type(disk_bytes).__name__}")
@@ -160,6 +173,8 @@ class KVCheckpointStore:
         self._touch_lock = threading.Lock()
         self._touched: set[PageKey] = set()
         self._touched_since: float | None = None
+        # When each write under way took its lease: a forget of its tenant since then refuses it.
+        self._write_began: dict[str, float] = {}
         self._lock_fd: int | None = None
         if self._root is not None:
             make_private_dir(self._root)
@@ -168,7 +183,7 @@ class KVCheckpointStore:
             self._lock_fd = self._take_lock()
         self._blob_root: BlobRoot | None = None
         try:
-            self._blob_root = open_blob_root(blob_url, self._root)
+            self._blob_root = open_blob_root(blob_url, self._root, root_key)
             self._catalog = CheckpointCatalog(
                 None if self._shared else self._root / CATALOG_NAME, clock, url=catalog_url
             )
@@ -281,6 +296,24 @@ class KVCheckpointStore:
             self._enter_generation(new)
         return GenerationFence(generation=new, checkpoint_ids=removal.checkpoint_ids)
 
+    def forget(self, tenant: str) -> ForgetReport:
+        """Crypto-erase ``tenant``: its catalog rows go (for every node sharing the catalog, at
+        once), its key material is destroyed (no node can open its blobs again, whoever kept a
+        copy), then its blobs are deleted. Writes computed before now are never recorded."""
+        check_tenant(tenant)
+        assert self._blob_root is not None
+        with self._write_lock, self._catalog.locked():
+            removal = self._catalog.forget_tenant(tenant)
+            destroyed = self._blob_root.keys.forget(tenant)
+            with self._touch_lock:
+                self._touched -= {page.key for page in removal.pages}
+            self._delete_blobs(removal)
+        return ForgetReport(removal.checkpoint_ids, len(removal.pages), destroyed)
+
+    def forgotten(self, checkpoint_id: str) -> tuple[str, float] | None:
+        """(tenant, forgotten_at) of a checkpoint a forget erased, or None."""
+        return self._catalog.forgotten(checkpoint_id)
+
     def fenced(self, checkpoint_id: str) -> tuple[str, float, int] | None:
         """(tenant, fenced_at, generation begun) of a checkpoint a cache reset fenced."""
         return self._catalog.fenced(checkpoint_id)
@@ -335,10 +368,12 @@ class KVCheckpointStore:
     def reserve(self, checkpoint_id: str, keys: Sequence[PageKey]) -> None:
         """Lease ``keys`` to the write of ``checkpoint_id`` before any of its blobs is written;
         ``record_written`` or ``release`` ends the lease."""
+        now = self._clock()
         self._catalog.lease(
             self._namespace, _check_keys(keys), check_checkpoint_id(checkpoint_id),
-            self._clock() + self._lease_s,
+            now + self._lease_s,
         )
+        self._write_began.setdefault(checkpoint_id, now)
 
     def release(self, checkpoint_id: str, keys: Sequence[PageKey] = ()) -> None:
         """End a write that will not be recorded: its lease goes, and the blobs of ``keys`` no
@@ -542,7 +577,9 @@ class KVCheckpointStore:
                         )
                     pages = tuple(PageRef(key=k.hex(), nbytes=n) for k, n in zip(keys, sizes))
                     record = record.model_copy(update={"pages": pages})
-                    self._catalog.add_checkpoint(record, holder=record.checkpoint_id)
+                    self._catalog.add_checkpoint(
+                        record, holder=record.checkpoint_id,
+                        began=self._write_began.pop(record.checkpoint_id, None))
             except BaseException:
                 self._abandon(record.checkpoint_id, keys)
                 raise
@@ -552,6 +589,7 @@ class KVCheckpointStore:
 
     def _abandon(self, checkpoint_id: str, keys: Sequence[PageKey]) -> None:
         """Drop a write's lease and the blobs it left that no row or other lease holds."""
+        self._write_began.pop(checkpoint_id, None)
         with self._write_lock, self._catalog.locked():
             self._catalog.release(checkpoint_id)
             held = self._catalog.held_pages(self._namespace, keys)

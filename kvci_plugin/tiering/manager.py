@@ -43,6 +43,7 @@ from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import (
     CheckpointEntry,
     CheckpointFencedError,
+    CheckpointForgottenError,
     CheckpointNotFoundError,
     DoesNotFitError,
     PageKey,
@@ -88,6 +89,16 @@ class ResetOutcome(BaseModel):
     generation: int
     ram_checkpoints: int
     disk_checkpoints: int
+
+
+class ForgetOutcome(BaseModel):
+    """What a forget erased: RAM and disk checkpoints, and whether key material was destroyed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ram_checkpoints: int
+    disk_checkpoints: int
+    key_destroyed: bool
 
 
 class CheckpointOutcome(BaseModel):
@@ -145,6 +156,9 @@ class TieredCheckpointManager:
         # writes under way then, whose report must record nothing.
         self._fenced: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
         self._fenced_writes: set[str] = set()
+        # Checkpoints a forget erased from RAM: (tenant, when), for explain (the disk tier's
+        # are in its catalog).
+        self._forgotten: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     @property
     def generation(self) -> int:
@@ -247,8 +261,8 @@ class TieredCheckpointManager:
         Returns the outcome of this checkpoint's own persist when one started now.
         """
         with self.lock:
-            if checkpoint_id in self._fenced:
-                return None  # a copy of KV from before a reset: never loadable
+            if checkpoint_id in self._fenced or checkpoint_id in self._forgotten:
+                return None  # a copy of KV from before a reset or a forget: never loadable
             if ok:
                 self.index.commit(checkpoint_id)
             else:
@@ -325,7 +339,7 @@ class TieredCheckpointManager:
                 assert self.disk is not None
                 self.disk.end_lease(checkpoint_id)
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed",
-                                        reason="fenced by a cache reset: not recorded")
+                                        reason="fenced by a cache reset or a forget: not recorded")
             job = self._persists.get(checkpoint_id)
             if job is None or not job.writing:
                 logger.warning("kvci: persist report for %s, which has no write under way",
@@ -442,6 +456,33 @@ class TieredCheckpointManager:
             return ResetOutcome(generation=generation, ram_checkpoints=len(ram),
                                 disk_checkpoints=len(durable))
 
+    def forget(self, tenant: str) -> ForgetOutcome:
+        """Crypto-erase ``tenant`` (the caller checked the authority): RAM forgets its
+        checkpoints (copies in flight included: their reports record nothing), its persists
+        under way are never recorded, and the disk tier destroys its key material and rows for
+        every node sharing the catalog, then its blobs. Other nodes' RAM tiers are theirs."""
+        with self.lock:
+            now = self._clock()
+            ram = self.index.entries(tenant)
+            for entry in ram:
+                if entry.pending:
+                    self.index.abort(entry.checkpoint_id)
+                else:
+                    self.index.remove(entry.checkpoint_id, tenant)
+                self._forgotten[entry.checkpoint_id] = (tenant, now)
+            while len(self._forgotten) > _MAX_FENCED:
+                self._forgotten.popitem(last=False)
+            for cid, job in list(self._persists.items()):
+                if job.tenant == tenant:
+                    if job.writing:
+                        self._fenced_writes.add(cid)
+                    del self._persists[cid]
+            report = self.disk.forget(tenant) if self.disk is not None else None
+        return ForgetOutcome(
+            ram_checkpoints=len(ram),
+            disk_checkpoints=0 if report is None else len(report.checkpoint_ids),
+            key_destroyed=report is not None and report.key_destroyed)
+
     # ---- inspection -----------------------------------------------------------------------------
 
     def explain(self, checkpoint_id: str, tenant: str | None = None) -> dict[str, Any]:
@@ -469,6 +510,7 @@ class TieredCheckpointManager:
                 return out
         if record is None:
             self._raise_if_fenced(checkpoint_id, tenant)
+            self._raise_if_forgotten(checkpoint_id, tenant)
             raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held")
         out.update(
             tier="disk", tenant=record.tenant, trigger=record.trigger, pages=len(record.pages),
@@ -504,6 +546,14 @@ class TieredCheckpointManager:
             fenced = self.disk.fenced(checkpoint_id)
         if fenced is not None and tenant in (None, fenced[0]):
             raise CheckpointFencedError(checkpoint_id, fenced[1], fenced[2])
+
+    def _raise_if_forgotten(self, checkpoint_id: str, tenant: str | None) -> None:
+        """CheckpointForgottenError when a forget erased it (and it is the caller's, if named)."""
+        forgotten = self._forgotten.get(checkpoint_id)
+        if forgotten is None and self.disk is not None:
+            forgotten = self.disk.forgotten(checkpoint_id)
+        if forgotten is not None and tenant in (None, forgotten[0]):
+            raise CheckpointForgottenError(checkpoint_id, forgotten[1])
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------
 

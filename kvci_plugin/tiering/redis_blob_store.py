@@ -1,10 +1,11 @@
 """RedisBlobStore: page blobs in Redis or Valkey, shared by every node that reaches the server.
 
-The same verified blob bytes as the folder backend (``blob_codec``), one string value per page:
+The same sealed blob bytes as the folder backend (``blob_codec``), one string value per page:
 
     kvci:blob:<namespace hex[:32]>:<key hex>       the blob
     kvci:blobs                                     sorted set "<ns hex[:32]>:<key hex>" -> written
     kvci:quarantine:<time ns>:<ns hex[:32]>:<key hex>   a blob that failed verification
+    kvci:tenant-key:<tenant id>                    a tenant's key material (``tenant_keys``)
 
 A SET replaces a value whole, so two nodes writing the same page at once leave one complete
 blob or the other, never a mix, and a writer that dies mid-way leaves nothing. The sorted set
@@ -31,6 +32,12 @@ from kvci_plugin.tiering.blob_codec import (
     check_page,
     encode,
     open_page,
+)
+from kvci_plugin.tiering.tenant_keys import (
+    PageSeal,
+    RootKeyProvider,
+    StateDirRootKey,
+    TenantKeys,
 )
 from kvci_plugin.tiering.types import (
     PageKey,
@@ -60,12 +67,43 @@ def _connect(url: str) -> "redis.Redis":
     return client
 
 
+class RedisMaterials:
+    """Tenant key material as Redis values: created with SET NX (concurrent first writes agree
+    on one), destroyed with DEL."""
+
+    def __init__(self, client: "redis.Redis") -> None:
+        self._client = client
+
+    def read_material(self, tenant_id: str) -> bytes | None:
+        return self._client.get(f"kvci:tenant-key:{tenant_id}")
+
+    def create_material(self, tenant_id: str, material: bytes) -> bytes:
+        name = f"kvci:tenant-key:{tenant_id}"
+        self._client.set(name, material, nx=True)
+        stored = self._client.get(name)
+        if stored is None:
+            raise BlobUnavailableError("the tenant's key material vanished as it was created")
+        return stored
+
+    def destroy_material(self, tenant_id: str) -> bool:
+        return bool(self._client.delete(f"kvci:tenant-key:{tenant_id}"))
+
+
+def redis_keys(client: "redis.Redis", root_key: RootKeyProvider | None) -> TenantKeys:
+    return TenantKeys((root_key or StateDirRootKey()).root_key(), RedisMaterials(client))
+
+
 class RedisBlobRoot:
     """One Redis database as a blob location for every namespace."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, root_key: RootKeyProvider | None = None) -> None:
         self._url = url
         self._client = _connect(url)
+        self._keys = redis_keys(self._client, root_key)
+
+    @property
+    def keys(self) -> TenantKeys:
+        return self._keys
 
     def describe(self) -> str:
         # The URL may carry a password: name the server only.
@@ -74,7 +112,7 @@ class RedisBlobRoot:
         return f"redis {where} db {kwargs.get('db', 0)}"
 
     def store(self, namespace: bytes) -> RedisBlobStore:
-        return RedisBlobStore(self._client, namespace)
+        return RedisBlobStore(self._client, namespace, self._keys)
 
     def listing(self) -> Iterator[StoredBlob]:
         now = time.time()
@@ -97,11 +135,13 @@ class RedisBlobRoot:
 
 
 class RedisBlobStore:
-    """Content-addressed, verified page blobs of one namespace in Redis. Thread-safe."""
+    """Content-addressed, sealed page blobs of one namespace in Redis. Thread-safe."""
 
-    def __init__(self, client: "redis.Redis", namespace: bytes) -> None:
+    def __init__(self, client: "redis.Redis", namespace: bytes,
+                 keys: TenantKeys | None = None) -> None:
         self._client = client
         self._namespace = check_namespace(namespace)
+        self._keys = keys or redis_keys(client, None)
         self._ns_prefix = namespace.hex()[:32]
 
     @classmethod
@@ -111,6 +151,10 @@ class RedisBlobStore:
     @property
     def namespace(self) -> bytes:
         return self._namespace
+
+    @property
+    def keys(self) -> TenantKeys:
+        return self._keys
 
     def _member(self, key: PageKey) -> str:
         return f"{self._ns_prefix}:{check_page_key(key, 'key').hex()}"
@@ -149,7 +193,7 @@ class RedisBlobStore:
                 return self.size(key)
             except BlobUnavailableError:
                 pass  # bad, or deleted meanwhile: write it
-        blob = encode(self._namespace, key, tenant, data)
+        blob = encode(self._keys.for_write(tenant, self._namespace), self._namespace, key, data)
         with self._client.pipeline(transaction=True) as pipe:
             pipe.set(self._name(key), blob)
             pipe.zadd(_INDEX, {self._member(key): time.time()})
@@ -161,7 +205,8 @@ class RedisBlobStore:
     ) -> list[int]:
         return write_each(self, keys, tenant, pages)
 
-    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    def read(self, key: PageKey, tenant: str, out: torch.Tensor | None = None,
+             seal: PageSeal | None = None) -> torch.Tensor:
         """The verified page of ``key`` for ``tenant``; see ``BlobStore.read``."""
         check_tenant(tenant)
         if out is not None:
@@ -170,8 +215,8 @@ class RedisBlobStore:
         blob = self._client.get(name)
         if blob is None:
             raise BlobMissingError(f"no blob for page {key.hex()}")
-        return open_page(blob, self._namespace, key, tenant, out,
-                         lambda: self._quarantine(key, name, blob))
+        return open_page(blob, self._keys, tenant, self._namespace, key, out,
+                         lambda: self._quarantine(key, name, blob), seal)
 
     def read_many(
         self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor

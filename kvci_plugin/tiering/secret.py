@@ -21,6 +21,8 @@ from pathlib import Path
 from kvci_plugin.ops import MIN_SECRET_BYTES
 
 SECRET_FILE_NAME = "secret"
+DEFAULT_STATE_DIR = Path.home() / ".local" / "state" / "kvci"
+"""The node's state folder unless ``state_dir`` names another."""
 SECRET_BYTES = 32
 
 
@@ -40,8 +42,8 @@ def load_or_create_secret(state_dir: Path, configured: bytes | None = None) -> b
     _ensure_private_dir(state_dir)
     path = state_dir / SECRET_FILE_NAME
     if not os.path.lexists(path):
-        _create(path)
-    return _read(path)
+        create_once(path, secrets.token_bytes(SECRET_BYTES))
+    return read_key_file(path)
 
 
 def _ensure_private_dir(state_dir: Path) -> None:
@@ -56,13 +58,15 @@ def _ensure_private_dir(state_dir: Path) -> None:
         )
 
 
-def _create(path: Path) -> None:
+def create_once(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` unless it exists: a 0600 temp file, fsynced, linked into place
+    (concurrent creators agree on one: the first link wins), the folder fsynced."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as file:
             os.fchmod(file.fileno(), 0o600)
-            file.write(secrets.token_bytes(SECRET_BYTES))
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())
         try:
@@ -78,7 +82,8 @@ def _create(path: Path) -> None:
         os.close(folder)
 
 
-def _read(path: Path) -> bytes:
+def read_key_file(path: Path) -> bytes:
+    """The bytes of a secret file that only its owner (this user) can read; refused otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:

@@ -77,6 +77,21 @@ class CheckpointFencedError(CheckpointNotFoundError):
         self.generation = generation
 
 
+class TenantForgottenError(RAMTierError):
+    """A write of a tenant that was forgotten (crypto-erased) after the write's KV was computed."""
+
+
+class CheckpointForgottenError(CheckpointNotFoundError):
+    """The checkpoint's tenant was forgotten: its keys are destroyed, its KV never loads again."""
+
+    def __init__(self, checkpoint_id: str, forgotten_at: float) -> None:
+        super().__init__(
+            f"checkpoint {checkpoint_id!r} was forgotten at "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(forgotten_at))}: its tenant's keys "
+            "were destroyed (crypto-erasure) and its KV is never loaded again")
+        self.forgotten_at = forgotten_at
+
+
 class PageNotFoundError(RAMTierError, KeyError):
     """A page needed by a load is missing or its bytes are not copied in yet."""
 

@@ -4,7 +4,7 @@ The manager is the real `TieredCheckpointManager` over a real `RAMIndex`, `PageP
 `LocalPageMover`), `KVCheckpointStore` and `DerivedAuthorityGate` with a real HS256 verifier and SQLite label
 catalog. `EngineSide` plays the scheduler's part of `ControlTarget`: the tenant rule of the
 connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused),
-a record of armed sessions, the verdicts finished requests published, the RAM admission bar (a real `PressureAwareAdmission` when the
+a record of armed sessions, the forget gate (`governance.authorize_forget`, as the scheduler), the verdicts finished requests published, the RAM admission bar (a real `PressureAwareAdmission` when the
 test gives one, else the advisor's fixed threshold), and a cache reset asked for from the control
 surface, applied to the real manager at the scheduler's next hook (`step`): at once by default, as
 a busy engine does; when `idle`, only once the test steps it.
@@ -32,13 +32,14 @@ from kvci_plugin.governance import (
     CredentialVerifier,
     DerivedAuthorityGate,
     SourceLabels,
+    authorize_forget,
     write_hmac_key_file,
 )
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.blob_store import BlobStore
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.local_mover import LocalPageMover
-from kvci_plugin.tiering.manager import ResetOutcome, TieredCheckpointManager
+from kvci_plugin.tiering.manager import ForgetOutcome, ResetOutcome, TieredCheckpointManager
 from kvci_plugin.tiering.page_pool import PagePool
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.worthiness import PublishedVerdict, PublishedVerdicts
@@ -85,6 +86,12 @@ class EngineSide:
 
     def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
         return self.verdicts.latest(tenant, session_id, verified=verified)
+
+    def forget_tenant(self, tenant: str, session_token: str | None,
+                      delegation_tokens: tuple[str, ...]) -> ForgetOutcome:
+        # As KVCIScheduler.forget_tenant: the governance check, then the real manager.
+        authorize_forget(self.verifier, tenant, session_token, delegation_tokens)
+        return self.manager.forget(tenant)
 
     def ask_reset(self) -> Future[ResetOutcome]:
         # As KVCIScheduler.ask_reset: one future until the scheduler's thread applies it.

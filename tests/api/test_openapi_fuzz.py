@@ -54,6 +54,8 @@ def test_schema_publishes_the_endpoint_with_every_action(world: Any) -> None:
     request_ref = operation["requestBody"]["content"]["application/json"]["schema"]
     variants = {ref["$ref"].rsplit("/", 1)[1] for ref in request_ref["oneOf"]}
     assert variants == {"RecommendRequest", "CheckpointNowRequest", "PromoteRequest",
-                        "ExplainRequest", "RamStatsRequest", "AdvisoryRequest", "ResetRequest"}
+                        "ExplainRequest", "RamStatsRequest", "AdvisoryRequest", "ResetRequest",
+                        "ForgetRequest"}
     assert set(request_ref["discriminator"]["mapping"]) == {
-        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset"}
+        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset",
+        "forget"}

@@ -26,6 +26,7 @@ from kvci_plugin.api.schema import (
     AdvisoryRequest,
     CheckpointNowRequest,
     ExplainRequest,
+    ForgetRequest,
     PromoteRequest,
     RamStatsRequest,
     RecommendRequest,
@@ -272,6 +273,33 @@ def test_cli_reset(world: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert world.manager.generation == 3
 
 
+def test_cli_forget(world: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvci_plugin.governance import FORGET_SCOPE
+
+    cid = world.checkpoint()
+    server = serve_control_plane(world.plane, host="127.0.0.1", port=0, token_file=None)
+    url = ["--control-url", server.url]
+    weak = token_file(tmp_path / "weak.jwt", world.session())
+    strong = token_file(tmp_path / "strong.jwt", world.session(scopes=[FORGET_SCOPE]))
+    try:
+        code, out = run_cli(capsys, "forget", "--tenant", "acme", "--session-token-file", str(weak),
+                            *url, "--json")
+        assert code == 1 and json.loads(out)["error"]["code"] == "credential_refused"
+        code, out = run_cli(capsys, "forget", "--tenant", "acme", "--session-token-file",
+                            str(strong), *url)
+        assert code == 0 and "kvci forget: acme" in out
+        rows = {row[0]: row[1] for row in
+                ([c.strip() for c in line.strip().strip("│").split("│")] for line in out.splitlines())
+                if len(row) == 2}
+        assert rows["RAM checkpoints forgotten"] == "1" and rows["key material"] == "none existed"
+        code, out = run_cli(capsys, "explain", cid, *url, "--json")
+        assert code == 1 and json.loads(out)["error"]["code"] == "checkpoint_forgotten"
+    finally:
+        server.stop()
+    with pytest.raises(SystemExit):
+        main(["forget", "--tenant", "acme"])  # a credential file is required
+
+
 def test_cli_serve_passes_the_ram_bar_choices(capsys: pytest.CaptureFixture[str]) -> None:
     def extra(*flags: str) -> dict[str, Any]:
         code, out = run_cli(capsys, "serve", "m", "--no-control", *flags, "--dry-run")
@@ -295,9 +323,10 @@ def test_mcp_tool_schema_is_one_flat_object() -> None:
     schema = tool_input_schema()
     assert schema["type"] == "object" and "oneOf" not in schema and schema["required"] == ["action"]
     assert schema["properties"]["action"]["enum"] == [
-        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset"]
+        "recommend", "checkpoint_now", "promote", "explain", "ram_stats", "advisory", "reset",
+        "forget"]
     models = (RecommendRequest, CheckpointNowRequest, PromoteRequest, ExplainRequest, RamStatsRequest,
-              AdvisoryRequest, ResetRequest)
+              AdvisoryRequest, ResetRequest, ForgetRequest)
     assert set(schema["properties"]) == set().union(*(m.model_fields for m in models))
     validator = jsonschema.Draft202012Validator(schema)
     for request in ({"action": "recommend", "evidence_bundle_json": {"claims": []}},
@@ -307,7 +336,8 @@ def test_mcp_tool_schema_is_one_flat_object() -> None:
                     {"action": "ram_stats"},
                     {"action": "advisory", "session_id": "s", "tenant": "acme"},
                     {"action": "reset"},
-                    {"action": "reset", "wait_s": 2.5}):
+                    {"action": "reset", "wait_s": 2.5},
+                    {"action": "forget", "tenant": "acme", "session_token": "t"}):
         assert not list(validator.iter_errors(request)), request
         REQUEST_ADAPTER.validate_python(request)
     assert list(validator.iter_errors({"action": "recommend", "surprise": 1}))

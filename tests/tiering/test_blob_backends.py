@@ -9,8 +9,6 @@ reconciliation can find orphans.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,14 +16,6 @@ from shared_support import NS, OTHER_NS, SLOT, Location, hammer, key_of, page_of
 
 from kvci_plugin.tiering.blob_codec import BlobIntegrityError, BlobMissingError
 from kvci_plugin.tiering.types import TenantMismatchError
-
-
-@pytest.fixture(params=["folder", "redis"])
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Location]:
-    if request.param == "folder":
-        yield Location("folder", str(tmp_path / "blobs-root"))
-    else:
-        yield Location("redis", request.getfixturevalue("redis_db_url"))
 
 
 def test_round_trip_size_listing_and_delete(location: Location) -> None:

@@ -44,6 +44,7 @@ from kvci_plugin.tiering.manager import (
 from kvci_plugin.tiering.ram_store import RAMCheckpointStore
 from kvci_plugin.tiering.types import (
     CheckpointFencedError,
+    CheckpointForgottenError,
     CheckpointNotFoundError,
     PageKey,
     Reservation,
@@ -714,6 +715,33 @@ def test_copies_in_flight_at_a_reset_are_never_kept(queued: World) -> None:
     assert queued.mover.finish_store(queued.manager, storing) is None  # the copy ran: ignored
     assert queued.ram.index.longest_prefix(store_keys, TENANT) == 0
     (written,) = queued.mover.finish_persists(queued.manager)
-    assert (written.status, written.reason) == ("failed", "fenced by a cache reset: not recorded")
+    assert (written.status, written.reason) == ("failed", "fenced by a cache reset or a forget: not recorded")
     assert queued.disk.list() == [] and queued.disk.longest_prefix(write_keys, TENANT) == 0
     assert queued.manager.ram_stats()["persists_in_flight"] == 0
+
+
+def test_a_forget_erases_one_tenant_copies_in_flight_included(queued: World) -> None:
+    assert queued.disk is not None
+    storing, store_keys, _ = queued.checkpoint("storing")
+    writing, write_keys, _ = queued.checkpoint("writing", persist=True,
+                                               session_token=queued.session())
+    queued.mover.finish_store(queued.manager, writing)
+    assert queued.mover.persists
+    others, other_keys, _ = queued.checkpoint("others", tenant=OTHER)
+    queued.mover.finish_store(queued.manager, others)
+
+    outcome = queued.manager.forget(TENANT)
+
+    assert (outcome.ram_checkpoints, outcome.disk_checkpoints) == (2, 0)
+    assert queued.mover.finish_store(queued.manager, storing) is None  # the copy ran: ignored
+    (written,) = queued.mover.finish_persists(queued.manager)
+    assert written.status == "failed" and "not recorded" in written.reason
+    assert queued.disk.list() == [] and queued.disk.longest_prefix(write_keys, TENANT) == 0
+    assert queued.ram.index.longest_prefix(store_keys, TENANT) == 0
+    for cid in (storing, writing):
+        with pytest.raises(CheckpointForgottenError, match="forgotten"):
+            queued.manager.explain(cid, TENANT)
+        with pytest.raises(CheckpointNotFoundError) as other:
+            queued.manager.explain(cid, OTHER)
+        assert not isinstance(other.value, CheckpointForgottenError)
+    assert queued.ram.index.longest_prefix(other_keys, OTHER) == len(other_keys)

@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,14 +30,6 @@ from shared_support import (
 from kvci_plugin.tiering.blob_codec import BlobMissingError
 from kvci_plugin.tiering.catalog import CheckpointCatalog
 from kvci_plugin.tiering.types import CheckpointNotFoundError, TenantMismatchError
-
-
-@pytest.fixture(params=["folder", "redis"])
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Location]:
-    if request.param == "folder":
-        yield Location("folder", str(tmp_path / "shared"))
-    else:
-        yield Location("redis", request.getfixturevalue("redis_db_url"))
 
 
 def persist(store, checkpoint_id: str, keys: list[bytes], tenant: str = "alice"):
