@@ -131,7 +131,7 @@ def encode(seal: PageSeal, namespace: bytes, key: PageKey, page: torch.Tensor) -
 
 
 def open_page(
-    blob: bytes,
+    blob: bytes | memoryview,
     keys: TenantKeys,
     tenant: str,
     namespace: bytes,
