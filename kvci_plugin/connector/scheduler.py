@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.groups import GroupLayout, KVGroup
@@ -42,6 +42,9 @@ from kvci_plugin.worthiness import (
     RebuildCostModel,
     render_advisory,
 )
+
+if TYPE_CHECKING:
+    from kvci_plugin.connector.events import KVCIEvents
 
 logger = logging.getLogger(__name__)
 
@@ -135,8 +138,10 @@ class KVCIScheduler:
         tenants: TenantResolver,
         disk: KVCheckpointStore | None,
         layout: GroupLayout | None = None,
+        events: KVCIEvents | None = None,
     ) -> None:
-        """``layout``: the engine's KV cache groups; None: one full-attention group."""
+        """``layout``: the engine's KV cache groups; None: one full-attention group.
+        ``events``: vLLM's KV events are on; they learn what the tiers can load."""
         self.config = config
         self.block_size = block_size
         self.layout = layout or GroupLayout((KVGroup(()),), block_size)
@@ -163,6 +168,9 @@ class KVCIScheduler:
         self.manager = TieredCheckpointManager(
             index=index, mover=self._mover, advisor=advisor, disk=disk,
             disk_region=config.disk_region)
+        self.events = events
+        if events is not None:
+            self.manager.watch(events)
         # The system trigger's RAM bar, moved by the tier's pressure; None: the advisor's own.
         self._bar: PressureAwareAdmission[PageKey] | None = None
         if config.system_trigger and config.ram_policy == "threshold" and config.ram_admission == "pressure":
@@ -497,6 +505,8 @@ class KVCIScheduler:
             group_keys = self.layout.group_keys(chain) if self.layout.hybrid else [chain]
             pages = self._pages(group_keys, group_block_ids, 0, n_full)
             keys = [key for key, _, _ in pages]
+            if self.events is not None:
+                self.events.describe(request, group_keys, n_full, keys)
             persist = bool(params is not None and params.persist) or (armed is not None and armed.persist) or (
                 trigger == "system" and self.config.auto_promote and rec.tier is CheckpointTier.DISK)
             token = params.session_token if params else None
@@ -729,6 +739,13 @@ class KVCIScheduler:
         except Exception as exc:  # told to the caller that asked; the engine goes on
             logger.exception("kvci: cache reset failed")
             asked.set_exception(exc)
+
+    def take_events(self) -> list[Any]:
+        """vLLM's KV events of the tiers since the last step (none unless they are on)."""
+        if self.events is None:
+            return []
+        self.manager.collect_expired()
+        return self.events.take_events()
 
     def hit_tier(self, req_id: str) -> str | None:
         st = self._reqs.get(req_id)

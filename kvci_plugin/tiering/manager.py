@@ -39,6 +39,7 @@ from kvci_plugin.governance import (
 from kvci_plugin.policy import Offer
 from kvci_plugin.tiering.catalog import KVCheckpointRecord
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.loadable import LoadablePages, TierListener
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import (
     CheckpointEntry,
@@ -145,6 +146,24 @@ class TieredCheckpointManager:
         # writes under way then, whose report must record nothing.
         self._fenced: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
         self._fenced_writes: set[str] = set()
+        # Only with a listener (kv events on): which pages each tier can load, and the tenant of
+        # each store still being copied (its pages become loadable when it commits).
+        self._loadable: LoadablePages | None = None
+        self._copying: dict[str, str] = {}
+
+    def watch(self, listener: TierListener) -> None:
+        """Tell ``listener`` of pages as they become loadable from a tier and as they stop."""
+        loadable = self._loadable = LoadablePages(listener)
+        if self.disk is not None:
+            self.disk.on_pages_removed = lambda keys: loadable.removed("disk", keys)
+
+    def collect_expired(self) -> None:
+        """With a listener: collect the durable checkpoints whose retention has passed, so that
+        their pages are told removed when they stop being loadable rather than at the next write."""
+        if (self._loadable is not None and self.disk is not None
+                and self._loadable.expiry_due(self._clock())):
+            with self.lock:
+                self.disk.gc_expired(self._clock())
 
     @property
     def generation(self) -> int:
@@ -218,6 +237,8 @@ class TieredCheckpointManager:
             # Asked at once, under the manager's lock: no reservation made through the manager
             # can have brought an evicted page back in between.
             evicted_pages = self.index.absent(key for e in res.evicted for key in e.keys)
+            if self._loadable is not None:
+                self._loadable.removed("ram", evicted_pages)
             done = True
             if res.new:
                 try:
@@ -228,8 +249,11 @@ class TieredCheckpointManager:
                     raise
             if done:
                 self.index.commit(cid)
+                self._tell_ram_stored(cid, tenant)
                 if res.new:
                     self._start_ready_persists()
+            elif self._loadable is not None:
+                self._copying[cid] = tenant
             persist_outcome = None
             if persist:
                 persist_outcome = self.promote(
@@ -249,10 +273,16 @@ class TieredCheckpointManager:
         with self.lock:
             if checkpoint_id in self._fenced:
                 return None  # a copy of KV from before a reset: never loadable
+            tenant = self._copying.pop(checkpoint_id, None)
             if ok:
                 self.index.commit(checkpoint_id)
+                if tenant is not None:
+                    self._tell_ram_stored(checkpoint_id, tenant)
             else:
+                keys = self.index.get(checkpoint_id, tenant).keys if tenant is not None else ()
                 self.index.abort(checkpoint_id)
+                if self._loadable is not None:
+                    self._loadable.removed("ram", self.index.absent(keys))
                 self._persists.pop(checkpoint_id, None)
             return self._start_ready_persists().get(checkpoint_id)
 
@@ -338,6 +368,10 @@ class TieredCheckpointManager:
                 error or "the blob write reported a failure")
             if problem and not ok:
                 self._release(checkpoint_id, job)
+            if not problem and self._loadable is not None:
+                self._loadable.stored("disk", job.keys)
+                if job.decision.retention_expiry is not None:
+                    self._loadable.expires(job.decision.retention_expiry)
             if problem:
                 reason = f"persist failed: {problem}"
                 self._set_meta_if_held(checkpoint_id, persist_error=reason)
@@ -425,6 +459,9 @@ class TieredCheckpointManager:
             now = self._clock()
             ram = self.index.entries()
             self.index.clear()
+            self._copying.clear()
+            if self._loadable is not None:
+                self._loadable.cleared("ram")
             self._fenced_writes.update(cid for cid, job in self._persists.items() if job.writing)
             self._persists.clear()
             generation, durable = self.generation + 1, ()
@@ -432,6 +469,8 @@ class TieredCheckpointManager:
                 if self.disk is not None:
                     fence = self.disk.reset()
                     generation, durable = fence.generation, fence.checkpoint_ids
+                    if self._loadable is not None:  # the fenced pages of other nodes too
+                        self._loadable.cleared("disk")
                 else:
                     self._generation = generation
             finally:  # RAM is empty even when the disk tier failed: explain says why
@@ -506,6 +545,16 @@ class TieredCheckpointManager:
             raise CheckpointFencedError(checkpoint_id, fenced[1], fenced[2])
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------
+
+    def _tell_ram_stored(self, checkpoint_id: str, tenant: str) -> None:
+        """The committed checkpoint's pages that are loadable now (a page it shares may still be
+        being copied in by another store, which tells it when that one commits)."""
+        if self._loadable is None:
+            return
+        keys = self.index.get(checkpoint_id, tenant).keys
+        held = self._loadable.held("ram")
+        self._loadable.stored("ram", [k for k in keys if k not in held
+                                      and self.index.longest_prefix((k,), tenant)])
 
     def _ram_entry(self, checkpoint_id: str, tenant: str | None) -> CheckpointEntry | None:
         """The RAM record, None when RAM does not hold it; another tenant's raises."""
