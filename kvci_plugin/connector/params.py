@@ -52,8 +52,9 @@ class KVCIRequestParams(BaseModel):
         "system trigger and a checkpoint armed for its session pass it by; it may still hit)")
     persist: bool = Field(False, description="also ask the gate for a durable disk copy")
     retain: RetainParams | None = Field(
-        None, description="keep this request's KV in RAM, exempt from eviction, for ttl_s or "
-        "until the session's next request (RAM only: grants nothing on disk)")
+        None, description='`{"ttl_s": s}`: keep this request\'s KV in RAM, exempt from eviction, '
+        "for s seconds (at most max_retain_s) or until its session's next request, whichever "
+        "first; within the tenant quota; RAM only: grants nothing on disk")
 
     @model_validator(mode="after")
     def _one_wish(self) -> KVCIRequestParams:
