@@ -3,12 +3,14 @@ RAM and disk tiers and gate (the worlds of test_manager), a listener that record
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import pytest
 from test_manager import QueuedMover, World, issuer_key, keys_for, make  # noqa: F401 (fixtures)
 
 from kvci_plugin.tiering.loadable import Tier
+from kvci_plugin.tiering.manager import TieredCheckpointManager
 from kvci_plugin.tiering.types import PageKey
 
 
@@ -101,3 +103,24 @@ def test_a_reset_tells_every_tier_removed(watched) -> None:
     again, _, _ = world.checkpoint("r", n=2)
     mover.finish_store(world.manager, again)
     assert rec.take() == [("stored", "ram", tuple(keys_for("acme/r", 2)))]
+
+
+def test_durable_pages_are_removed_once_their_retention_passes(make: Callable[..., World]) -> None:
+    world = make(queued=True)
+    now = [time.time()]
+    manager = TieredCheckpointManager(index=world.ram.index, mover=world.mover, disk=world.disk,
+                                      disk_region="eu", gate=world.gate, clock=lambda: now[0])
+    world.manager = manager
+    rec = Recorder()
+    manager.watch(rec)
+    mover: QueuedMover = world.mover
+    cid, keys, _ = world.checkpoint("thirty-days", n=2, persist=True, session_token=world.session())
+    mover.finish_store(manager, cid)
+    mover.finish_persists(manager)
+    assert rec.take() == [("stored", "ram", tuple(keys)), ("stored", "disk", tuple(keys))]
+    manager.collect_expired()
+    assert rec.take() == []
+    now[0] += 31 * 86_400.0  # the handbook's labels allow 30 days
+    manager.collect_expired()
+    assert rec.take() == [("removed", "disk", tuple(keys))]
+    assert world.disk is not None and world.disk.longest_prefix(keys, "acme") == 0
