@@ -20,6 +20,7 @@ from kvci_plugin.connector.groups import GroupLayout, KVGroup
 from kvci_plugin.connector.jobs import DiskLoadJob, LoadJob, PersistJob, StoreJob
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_request_params
+from kvci_plugin.connector.retain import report_retentions, retain_ask, retain_reply
 from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import key_bytes, prefix_block_keys
@@ -106,6 +107,7 @@ class _Req:
     lineage: int = 0  # remembered anchors its prompt re-sent (the tier policy's answer)
     resident: int | None = None  # the RAM run its lookup found; the bar learns it once it runs
     disk_declined: bool = False  # counted once a request, however often vLLM asks
+    retain: RetainAsk | None = None
     ends_retention: bool = False  # its session's retentions end once it is scheduled
 
 
@@ -242,11 +244,10 @@ class KVCIScheduler:
         if st is not None:
             return st
         params: KVCIRequestParams | None = None
-        error = None
+        error = retain = None
         try:
             params = parse_request_params(request.kv_transfer_params, self.config.max_params_bytes)
-            if params is not None and params.retain is not None:
-                self._check_retain(params.retain.ttl_s)
+            retain = retain_ask(params, self.config.max_retain_s)
             tenant = self._tenants.resolve(params)
         except ParamsError as exc:
             error, tenant = str(exc), self._tenants.default
@@ -256,16 +257,10 @@ class KVCIScheduler:
             keys = self.keys_for(request.prompt_token_ids, key_tenant)
         st = _Req(params=params, error=error, tenant=tenant, key_tenant=key_tenant, keys=keys,
                   generation=self.generation, prompt_tokens=request.num_prompt_tokens,
+                  retain=retain,
                   ends_retention=params is not None and params.session_id is not None)
         self._reqs[request.request_id] = st
         return st
-
-    def _check_retain(self, ttl_s: float) -> None:
-        bound = self.config.max_retain_s
-        if ttl_s > bound:
-            raise ParamsError(
-                f"kvci.retain.ttl_s is {ttl_s:g} s, over this engine's max_retain_s ({bound:g} s)"
-                if bound else "kvci.retain: this engine grants no retention (max_retain_s is 0)")
 
     @staticmethod
     def _key_tenant(tenant: str, request: Any) -> str:
@@ -537,14 +532,12 @@ class KVCIScheduler:
             delegations: Sequence[str] = params.delegation_tokens if params else ()
             if armed is not None and token is None:
                 token, delegations = armed.session_token, armed.delegation_tokens
-            retain = None
-            if params is not None and params.retain is not None:
-                retain = RetainAsk(params.retain.ttl_s, params.session_id)
             outcome = self.manager.checkpoint_now(
                 tenant=st.tenant, keys=keys, trigger=trigger, recommendation=rec,
                 source=(request.request_id, {key: (b, g) for key, b, g in pages}),
                 source_ids=params.source_ids if params else (), persist=persist,
-                session_token=token, delegation_tokens=delegations, offer=offer, retain=retain)
+                session_token=token, delegation_tokens=delegations, offer=offer,
+                retain=st.retain)
             self._count_outcome(outcome)
             if outcome.pending:
                 self._store_of[request.request_id] = outcome.checkpoint_id
@@ -557,13 +550,13 @@ class KVCIScheduler:
                 self._teach_bar(self._bar, prompt_keys, n_full, trigger, rec, outcome)
         if params is None:
             return delay, None  # nothing asked, nothing said: the advisory channel stays silent
-        advice = None if params.retain is not None else retain_advice(
+        advice = None if st.retain is not None else retain_advice(
             obs, max_retain_s=self.config.max_retain_s)
         reply: dict[str, Any] = {
             "recommendation": rec.model_dump(mode="json"),
             "advisory": "\n".join(t for t in (render_advisory(rec), advice) if t),
             "retain_advice": advice,
-            "retain": self._retain_reply(params, outcome),
+            "retain": retain_reply(st.retain, outcome, self._stats),
             "trigger": trigger,
             "tier": outcome.tier if outcome else "none",
             "checkpoint_id": outcome.checkpoint_id if outcome else None,
@@ -577,18 +570,6 @@ class KVCIScheduler:
         elif opted_out:
             reply["not_kept"] = "the client asked for checkpoint 'never'"
         return delay, {"kvci": self._publish(st, reply)}
-
-    def _retain_reply(self, params: KVCIRequestParams,
-                      outcome: CheckpointOutcome | None) -> dict[str, Any] | None:
-        if params.retain is None:
-            return None
-        if outcome is not None and outcome.retain is not None:
-            self._stats.count(f"retentions_{outcome.retain.status}")
-            return outcome.retain.model_dump(mode="json")
-        self._stats.count("retentions_refused")
-        reason = outcome.reason if outcome is not None else "this request's KV is not kept"
-        return {"status": "refused", "ttl_s": params.retain.ttl_s,
-                "reason": f"kvci.retain refused: {reason}"}
 
     def _publish(self, st: _Req, reply: dict[str, Any]) -> dict[str, Any]:
         """Keep the reply of a request that named its session, for the `advisory` action."""
@@ -683,7 +664,10 @@ class KVCIScheduler:
         if self._bar is not None:
             self._report_bar(self._bar.stats())
         self._report_policy()
-        self._report_retentions()
+        with self.manager.lock:
+            now = self.manager.retentions.stats()
+        report_retentions(self._retentions_reported, now, self._stats)
+        self._retentions_reported = now
         stats, self._stats = self._stats, KVCIStats()
         return None if stats.is_empty() else stats
 
@@ -710,19 +694,6 @@ class KVCIScheduler:
         if now.threshold != last.threshold:
             self._stats.gauge("ram_threshold", now.threshold)
         self._bar_reported = now
-
-    def _report_retentions(self) -> None:
-        """Retained bytes (a gauge) and the retentions ended since the last report."""
-        with self.manager.lock:
-            now = self.manager.retentions.stats()
-        last = self._retentions_reported
-        if now.retained_bytes != last.retained_bytes:
-            self._stats.gauge("ram_retained_bytes", now.retained_bytes)
-        if now.expired > last.expired:
-            self._stats.count("retentions_expired", now.expired - last.expired)
-        if now.released > last.released:
-            self._stats.count("retentions_released", now.released - last.released)
-        self._retentions_reported = now
 
     def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
         """Control surface: the caller's tenant (a verified session wins); ParamsError if refused."""
