@@ -43,6 +43,7 @@ def _type(field: Any) -> str:
     text = str(_plain(field.annotation)).replace("typing.", "").replace("pydantic.types.", "")
     text = re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
     text = text.replace("pathlib.", "").replace("kvci_plugin.governance.credential_config.", "")
+    text = text.replace("kvci_plugin.connector.params.", "")
     return text.replace(" | ", " or ").replace("Optional[", "").replace("]]", "]")
 
 

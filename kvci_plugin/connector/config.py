@@ -52,6 +52,9 @@ class KVCIConfig(BaseModel):
     ram_bytes: ByteSize = Field(ByteSize(1 << 30), description="host-RAM tier size")
     ram_max_entries: int = Field(4096, ge=1, description="most checkpoints kept in RAM")
     tenant_quota_bytes: ByteSize | None = Field(None, description="RAM bytes one tenant may hold")
+    max_retain_s: float = Field(
+        300.0, ge=0.0, allow_inf_nan=False,
+        description="longest `kvci.retain.ttl_s` a request may ask for; 0 = no retention")
     system_trigger: bool = Field(True, description="store worthy contexts without being asked")
     ram_policy: Literal["value", "lru", "threshold"] = Field(
         "value", description="what the RAM tier keeps: `value` offers every request the seed's "

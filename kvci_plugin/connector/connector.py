@@ -22,6 +22,7 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.events import KVCIEvents
 from kvci_plugin.connector.groups import GroupLayout, KVGroup
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.namespace import engine_namespace
@@ -42,6 +43,7 @@ from kvci_plugin.tiering.secret import load_or_create_secret
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -119,6 +121,20 @@ def _slot_bytes(kv_cache_config: "KVCacheConfig") -> int:
     return sizes.pop()
 
 
+def _kv_events(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
+               num_slots: int) -> KVCIEvents | None:
+    """Events only when vLLM publishes them (`--kv-events-config`): otherwise nothing is kept
+    for them and no step pays for them."""
+    events_config = vllm_config.kv_events_config
+    if events_config is None or not events_config.enable_kv_cache_events:
+        return None
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    _, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    return KVCIEvents(vllm_config.cache_config.block_size, hash_block_size,
+                      max_described=num_slots)
+
+
 class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     """Keeps a request's KV when it is worth keeping; loads it back when a prefix matches."""
 
@@ -146,7 +162,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         num_slots = int(cfg.ram_bytes) // slot_bytes
         self._control = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = self._build_scheduler(vllm_config, slot_bytes)
+            self._scheduler = self._build_scheduler(vllm_config, kv_cache_config, slot_bytes)
             if cfg.control_port is not None:
                 from kvci_plugin.api.server import start_control_server
 
@@ -165,7 +181,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         logger.info("kvci: %s role, %d RAM slots of %d bytes, pages %s, disk tier %s", role.name,
                     num_slots, slot_bytes, self._kv_layout, "on" if cfg.disk_tier else "off")
 
-    def _build_scheduler(self, vllm_config: "VllmConfig", slot_bytes: int) -> KVCIScheduler:
+    def _build_scheduler(self, vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
+                         slot_bytes: int) -> KVCIScheduler:
         cfg = self._config
         revocations = verifier = None
         if cfg.credentials is not None:
@@ -195,7 +212,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             config=cfg, block_size=vllm_config.cache_config.block_size, slot_bytes=slot_bytes,
             namespace=namespace, secret=secret,
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
-            tenants=TenantResolver(verifier, cfg.tenancy), disk=disk, layout=self._groups)
+            tenants=TenantResolver(verifier, cfg.tenancy), disk=disk, layout=self._groups,
+            events=_kv_events(vllm_config, kv_cache_config, int(cfg.ram_bytes) // slot_bytes))
 
     # ---- worker side ----------------------------------------------------------------------------
 
@@ -302,6 +320,9 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
                              "a reset succeeds")
             return False
         return True
+
+    def take_events(self) -> "list[KVCacheEvent]":
+        return self._scheduler.take_events() if self._scheduler is not None else []
 
     def has_pending_push_work(self) -> bool:
         return self._scheduler is not None and self._scheduler.has_pending_work()

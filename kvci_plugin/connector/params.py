@@ -15,6 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 PARAMS_KEY = "kvci"
 
 
+class RetainParams(BaseModel):
+    """Keep this request's KV in RAM, exempt from eviction, until ``ttl_s`` passes or the
+    session's next request arrives (bounded by the engine's max_retain_s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    ttl_s: float = Field(gt=0.0, description="seconds the KV is exempt from eviction")
+
+
 class KVCIRequestParams(BaseModel):
     """What a client may say about its request (all optional)."""
 
@@ -42,11 +51,16 @@ class KVCIRequestParams(BaseModel):
         None, description="`now`: keep this request's KV in RAM; `never`: keep nothing of it (the "
         "system trigger and a checkpoint armed for its session pass it by; it may still hit)")
     persist: bool = Field(False, description="also ask the gate for a durable disk copy")
+    retain: RetainParams | None = Field(
+        None, description='`{"ttl_s": s}`: keep this request\'s KV in RAM, exempt from eviction, '
+        "for s seconds (at most max_retain_s) or until its session's next request, whichever "
+        "first; within the tenant quota; RAM only: grants nothing on disk")
 
     @model_validator(mode="after")
     def _one_wish(self) -> KVCIRequestParams:
-        if self.opted_out and self.persist:
-            raise ValueError("persist asks to keep this request's KV and checkpoint 'never' not to")
+        if self.opted_out and (self.persist or self.retain is not None):
+            wish = "persist" if self.persist else "retain"
+            raise ValueError(f"{wish} asks to keep this request's KV and checkpoint 'never' not to")
         return self
 
     @property
@@ -56,9 +70,12 @@ class KVCIRequestParams(BaseModel):
 
     @property
     def explicit_trigger(self) -> str | None:
-        """The trigger this request asks for, if it asks to keep its KV at all."""
+        """The trigger this request asks for, if it asks to keep its KV at all (a retention is
+        the agent's keep decision)."""
         if self.checkpoint == "now" or self.persist:
             return self.trigger or "user"
+        if self.retain is not None:
+            return self.trigger or "agent"
         return None
 
 

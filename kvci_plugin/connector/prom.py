@@ -27,6 +27,11 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_ram_wasted_writes_total           system checkpoints evicted before any hit (bar up)
     vllm:kvci_ram_missed_reuses_total           requests wanting a checkpoint the bar held back (bar down)
     vllm:kvci_ram_threshold                     the RAM threshold recommendations are scored at (gauge)
+    vllm:kvci_retentions_total                  retentions granted (kvci.retain)
+    vllm:kvci_retentions_refused_total          retentions refused (over the tenant quota, not kept)
+    vllm:kvci_retentions_expired_total          retentions ended by their TTL
+    vllm:kvci_retentions_released_total         retentions ended by their session's next request
+    vllm:kvci_ram_retained_bytes                RAM bytes exempt from eviction by retentions (gauge)
     vllm:kvci_load_seconds{tier}                load latency (histogram)
     vllm:kvci_store_seconds{tier}               store / persist latency (histogram)
     vllm:kvci_load_phase_seconds{phase}         a disk load's parts: disk_read (read and verify
@@ -83,11 +88,19 @@ _PLAIN = {
                           "System-trigger RAM checkpoints evicted before any hit; each raised the RAM bar."),
     "ram_missed_reuses": ("vllm:kvci_ram_missed_reuses",
                           "Requests that wanted a checkpoint the RAM bar alone held back; each lowered it."),
+    "retentions_retained": ("vllm:kvci_retentions", "Retentions granted (kvci.retain)."),
+    "retentions_refused": ("vllm:kvci_retentions_refused",
+                           "Retentions refused (over the tenant's quota, or the KV not kept)."),
+    "retentions_expired": ("vllm:kvci_retentions_expired", "Retentions ended by their TTL."),
+    "retentions_released": ("vllm:kvci_retentions_released",
+                            "Retentions ended by their session's next request."),
 }
 _GAUGES = {
     "ram_threshold": ("vllm:kvci_ram_threshold",
                       ("The RAM threshold recommendations are scored at (the system trigger's bar; "
                        "it follows the RAM tier's pressure with ram_admission pressure).")),
+    "ram_retained_bytes": ("vllm:kvci_ram_retained_bytes",
+                           "RAM tier bytes exempt from eviction by retentions (kvci.retain)."),
 }
 # KVCIStats name prefix -> series, documentation, label name and its values (the name's suffix).
 _LABELLED = {

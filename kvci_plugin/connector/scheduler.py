@@ -13,13 +13,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.groups import GroupLayout, KVGroup
 from kvci_plugin.connector.jobs import DiskLoadJob, LoadJob, PersistJob, StoreJob
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_request_params
+from kvci_plugin.connector.retain import report_retentions, retain_ask, retain_reply
 from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import key_bytes, prefix_block_keys
@@ -32,6 +33,7 @@ from kvci_plugin.tiering.manager import (
     CheckpointOutcome,
     ForgetOutcome,
     ResetOutcome,
+    RetainAsk,
     TieredCheckpointManager,
 )
 from kvci_plugin.tiering.ram_index import RAMIndex
@@ -46,7 +48,11 @@ from kvci_plugin.worthiness import (
     PublishedVerdicts,
     RebuildCostModel,
     render_advisory,
+    retain_advice,
 )
+
+if TYPE_CHECKING:
+    from kvci_plugin.connector.events import KVCIEvents
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +108,8 @@ class _Req:
     lineage: int = 0  # remembered anchors its prompt re-sent (the tier policy's answer)
     resident: int | None = None  # the RAM run its lookup found; the bar learns it once it runs
     disk_declined: bool = False  # counted once a request, however often vLLM asks
+    retain: RetainAsk | None = None
+    ends_retention: bool = False  # its session's retentions end once it is scheduled
 
 
 class _ConnectorMover:
@@ -140,8 +148,10 @@ class KVCIScheduler:
         tenants: TenantResolver,
         disk: KVCheckpointStore | None,
         layout: GroupLayout | None = None,
+        events: KVCIEvents | None = None,
     ) -> None:
-        """``layout``: the engine's KV cache groups; None: one full-attention group."""
+        """``layout``: the engine's KV cache groups; None: one full-attention group.
+        ``events``: vLLM's KV events are on; they learn what the tiers can load."""
         self.config = config
         self.block_size = block_size
         self.layout = layout or GroupLayout((KVGroup(()),), block_size)
@@ -168,6 +178,9 @@ class KVCIScheduler:
         self.manager = TieredCheckpointManager(
             index=index, mover=self._mover, advisor=advisor, disk=disk,
             disk_region=config.disk_region)
+        self.events = events
+        if events is not None:
+            self.manager.watch(events)
         # The system trigger's RAM bar, moved by the tier's pressure; None: the advisor's own.
         self._bar: PressureAwareAdmission[PageKey] | None = None
         if config.system_trigger and config.ram_policy == "threshold" and config.ram_admission == "pressure":
@@ -194,6 +207,7 @@ class KVCIScheduler:
         self._stats.gauge("ram_threshold", self.ram_threshold)
         self._bar_reported = self._bar.stats() if self._bar is not None else None
         self._policy_reported = index.stats().policy
+        self._retentions_reported = self.manager.retentions.stats()
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
         self._verdicts = PublishedVerdicts()
         # Keys are made in the manager's generation (a disk tier's comes from its catalog).
@@ -231,9 +245,10 @@ class KVCIScheduler:
         if st is not None:
             return st
         params: KVCIRequestParams | None = None
-        error = None
+        error = retain = None
         try:
             params = parse_request_params(request.kv_transfer_params, self.config.max_params_bytes)
+            retain = retain_ask(params, self.config.max_retain_s)
             tenant = self._tenants.resolve(params)
         except ParamsError as exc:
             error, tenant = str(exc), self._tenants.default
@@ -242,7 +257,9 @@ class KVCIScheduler:
         if error is None and self._keyable(request):
             keys = self.keys_for(request.prompt_token_ids, key_tenant)
         st = _Req(params=params, error=error, tenant=tenant, key_tenant=key_tenant, keys=keys,
-                  generation=self.generation, prompt_tokens=request.num_prompt_tokens)
+                  generation=self.generation, prompt_tokens=request.num_prompt_tokens,
+                  retain=retain,
+                  ends_retention=params is not None and params.session_id is not None)
         self._reqs[request.request_id] = st
         return st
 
@@ -385,6 +402,12 @@ class KVCIScheduler:
             st.scheduled_tokens += n
             if st.local_tokens + st.ext_tokens + st.scheduled_tokens >= st.prompt_tokens:
                 st.prompt_done = True
+            if st.ends_retention:
+                # Scheduled: its hit (if any) is pinned for this step's load already.
+                st.ends_retention = False
+                assert st.params is not None and st.params.session_id is not None
+                self.manager.release_retentions(st.tenant, st.params.session_id)
+        self.manager.expire_retentions()
         with self.manager.lock:  # the control surface may queue a persist from its thread
             meta = KVCIMetadata(loads=self._loads, disk_loads=self._disk_loads,
                                 stores=self._mover.stores, persists=self._mover.persists,
@@ -502,6 +525,8 @@ class KVCIScheduler:
             group_keys = self.layout.group_keys(chain) if self.layout.hybrid else [chain]
             pages = self._pages(group_keys, group_block_ids, 0, n_full)
             keys = [key for key, _, _ in pages]
+            if self.events is not None:
+                self.events.describe(request, group_keys, n_full, keys)
             persist = bool(params is not None and params.persist) or (armed is not None and armed.persist) or (
                 trigger == "system" and self.config.auto_promote and rec.tier is CheckpointTier.DISK)
             token = params.session_token if params else None
@@ -512,7 +537,8 @@ class KVCIScheduler:
                 tenant=st.tenant, keys=keys, trigger=trigger, recommendation=rec,
                 source=(request.request_id, {key: (b, g) for key, b, g in pages}),
                 source_ids=params.source_ids if params else (), persist=persist,
-                session_token=token, delegation_tokens=delegations, offer=offer)
+                session_token=token, delegation_tokens=delegations, offer=offer,
+                retain=st.retain)
             self._count_outcome(outcome)
             if outcome.pending:
                 self._store_of[request.request_id] = outcome.checkpoint_id
@@ -525,9 +551,13 @@ class KVCIScheduler:
                 self._teach_bar(self._bar, prompt_keys, n_full, trigger, rec, outcome)
         if params is None:
             return delay, None  # nothing asked, nothing said: the advisory channel stays silent
+        advice = None if st.retain is not None else retain_advice(
+            obs, max_retain_s=self.config.max_retain_s)
         reply: dict[str, Any] = {
             "recommendation": rec.model_dump(mode="json"),
-            "advisory": render_advisory(rec),
+            "advisory": "\n".join(t for t in (render_advisory(rec), advice) if t),
+            "retain_advice": advice,
+            "retain": retain_reply(st.retain, outcome, self._stats),
             "trigger": trigger,
             "tier": outcome.tier if outcome else "none",
             "checkpoint_id": outcome.checkpoint_id if outcome else None,
@@ -635,6 +665,10 @@ class KVCIScheduler:
         if self._bar is not None:
             self._report_bar(self._bar.stats())
         self._report_policy()
+        with self.manager.lock:
+            now = self.manager.retentions.stats()
+        report_retentions(self._retentions_reported, now, self._stats)
+        self._retentions_reported = now
         stats, self._stats = self._stats, KVCIStats()
         return None if stats.is_empty() else stats
 
@@ -741,6 +775,13 @@ class KVCIScheduler:
         except Exception as exc:  # told to the caller that asked; the engine goes on
             logger.exception("kvci: cache reset failed")
             asked.set_exception(exc)
+
+    def take_events(self) -> list[Any]:
+        """vLLM's KV events of the tiers since the last step (none unless they are on)."""
+        if self.events is None:
+            return []
+        self.manager.collect_expired()
+        return self.events.take_events()
 
     def hit_tier(self, req_id: str) -> str | None:
         st = self._reqs.get(req_id)

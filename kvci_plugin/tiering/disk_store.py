@@ -176,6 +176,8 @@ class KVCheckpointStore:
         # When each write under way took its lease: a forget of its tenant since then refuses it.
         self._write_began: dict[str, float] = {}
         self._lock_fd: int | None = None
+        # Told the keys of this namespace's pages as their rows and blobs go (see TierListener).
+        self.on_pages_removed: Callable[[Sequence[PageKey]], None] | None = None
         if self._root is not None:
             make_private_dir(self._root)
         if not self._shared:
@@ -638,6 +640,8 @@ class KVCheckpointStore:
     def _delete_blobs(self, removal: Removal) -> None:
         for page in removal.pages:
             self._delete_page_blobs(page.namespace, page.key)
+        if self.on_pages_removed is not None and removal.pages:
+            self.on_pages_removed([p.key for p in removal.pages if p.namespace == self._namespace])
 
     def _delete_page_blobs(self, namespace: bytes, key: PageKey) -> None:
         shards = self._shards if namespace == self._namespace else ()

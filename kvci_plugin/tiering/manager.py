@@ -39,7 +39,9 @@ from kvci_plugin.governance import (
 from kvci_plugin.policy import Offer
 from kvci_plugin.tiering.catalog import KVCheckpointRecord
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.loadable import LoadablePages, TierListener
 from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.retention import RetentionOutcome, RetentionRefused, Retentions
 from kvci_plugin.tiering.types import (
     CheckpointEntry,
     CheckpointFencedError,
@@ -115,6 +117,16 @@ class CheckpointOutcome(BaseModel):
     # with a held one stays): what an admission policy learns "evicted before any hit" from.
     evicted_pages: tuple[PageKey, ...] = ()
     persist: PromotionOutcome | None = None
+    retain: RetentionOutcome | None = None
+
+
+@dataclass(frozen=True)
+class RetainAsk:
+    """An agent's retention ask: exempt from eviction for ``ttl_s`` seconds, or until the
+    ``session``'s next request (None: the TTL only)."""
+
+    ttl_s: float
+    session: str | None
 
 
 @dataclass
@@ -159,6 +171,25 @@ class TieredCheckpointManager:
         # Checkpoints a forget erased from RAM: (tenant, when), for explain (the disk tier's
         # are in its catalog).
         self._forgotten: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # Only with a listener (kv events on): which pages each tier can load, and the tenant of
+        # each store still being copied (its pages become loadable when it commits).
+        self._loadable: LoadablePages | None = None
+        self._copying: dict[str, str] = {}
+        self.retentions = Retentions(index, index.stats().tenant_quota_bytes)
+
+    def watch(self, listener: TierListener) -> None:
+        """Tell ``listener`` of pages as they become loadable from a tier and as they stop."""
+        loadable = self._loadable = LoadablePages(listener)
+        if self.disk is not None:
+            self.disk.on_pages_removed = lambda keys: loadable.removed("disk", keys)
+
+    def collect_expired(self) -> None:
+        """With a listener: collect the durable checkpoints whose retention has passed, so that
+        their pages are told removed when they stop being loadable rather than at the next write."""
+        if (self._loadable is not None and self.disk is not None
+                and self._loadable.expiry_due(self._clock())):
+            with self.lock:
+                self.disk.gc_expired(self._clock())
 
     @property
     def generation(self) -> int:
@@ -196,8 +227,10 @@ class TieredCheckpointManager:
         session_token: str | None = None,
         delegation_tokens: Sequence[str] = (),
         offer: Offer | None = None,
+        retain: RetainAsk | None = None,
     ) -> CheckpointOutcome:
-        """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy.
+        """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy;
+        `retain` exempts the checkpoint from eviction for a while (RAM only).
 
         `offer` is what the RAM tier's policy weighs (None: one anchored at the last key,
         explicit unless the trigger is the system's); the policy may find a system offer worth
@@ -222,16 +255,26 @@ class TieredCheckpointManager:
             "persist_error": None,
         }
         with self.lock:
+            retained = None  # a refusal, told whether or not the KV is kept
+            if retain is not None:
+                try:
+                    self.retentions.check(tenant, keys)
+                except RetentionRefused as exc:
+                    retained = RetentionOutcome(status="refused", ttl_s=retain.ttl_s, reason=str(exc))
             try:
                 # Without an offer, what the trigger says: only the system's own keeps are weighed.
                 res = self.index.reserve(cid, tenant, keys, meta, offer=offer or Offer(
                     anchor=keys[-1], explicit=trigger != "system"))
             except (DoesNotFitError, TenantMismatchError) as exc:
                 return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
-                                         reason=f"not kept in RAM: {exc}")
+                                         reason=f"not kept in RAM: {exc}", retain=retained)
             # Asked at once, under the manager's lock: no reservation made through the manager
             # can have brought an evicted page back in between.
             evicted_pages = self.index.absent(key for e in res.evicted for key in e.keys)
+            if self._loadable is not None:
+                self._loadable.removed("ram", evicted_pages)
+            if retained is None and retain is not None:
+                retained = self.retentions.grant(cid, tenant, keys, retain.ttl_s, retain.session)
             done = True
             if res.new:
                 try:
@@ -239,11 +282,16 @@ class TieredCheckpointManager:
                 except BaseException:
                     # Never leave a reservation that nothing will commit: its slots would leak.
                     self.index.abort(cid)
+                    self.retentions.dropped(cid)
                     raise
             if done:
                 self.index.commit(cid)
+                self.retentions.committed()
+                self._tell_ram_stored(cid, tenant)
                 if res.new:
                     self._start_ready_persists()
+            elif self._loadable is not None:
+                self._copying[cid] = tenant
             persist_outcome = None
             if persist:
                 persist_outcome = self.promote(
@@ -253,7 +301,17 @@ class TieredCheckpointManager:
             checkpoint_id=cid, tier="ram", pending=not done, reason="kept in RAM",
             new_pages=len(res.new), reused_pages=len(res.reused),
             evicted=tuple(e.checkpoint_id for e in res.evicted), evicted_pages=evicted_pages,
-            persist=persist_outcome)
+            persist=persist_outcome, retain=retained)
+
+    def expire_retentions(self) -> None:
+        """End the retentions whose TTL has passed: their checkpoints compete again."""
+        with self.lock:
+            self.retentions.expire()
+
+    def release_retentions(self, tenant: str, session: str) -> None:
+        """The session's next request arrived: its retentions end."""
+        with self.lock:
+            self.retentions.release_session(tenant, session)
 
     def on_stored(self, checkpoint_id: str, ok: bool) -> PromotionOutcome | None:
         """A queued RAM copy finished (or failed); starts the persists it was holding up.
@@ -263,10 +321,18 @@ class TieredCheckpointManager:
         with self.lock:
             if checkpoint_id in self._fenced or checkpoint_id in self._forgotten:
                 return None  # a copy of KV from before a reset or a forget: never loadable
+            tenant = self._copying.pop(checkpoint_id, None)
             if ok:
                 self.index.commit(checkpoint_id)
+                self.retentions.committed()
+                if tenant is not None:
+                    self._tell_ram_stored(checkpoint_id, tenant)
             else:
+                keys = self.index.get(checkpoint_id, tenant).keys if tenant is not None else ()
                 self.index.abort(checkpoint_id)
+                self.retentions.dropped(checkpoint_id)
+                if self._loadable is not None:
+                    self._loadable.removed("ram", self.index.absent(keys))
                 self._persists.pop(checkpoint_id, None)
             return self._start_ready_persists().get(checkpoint_id)
 
@@ -352,6 +418,10 @@ class TieredCheckpointManager:
                 error or "the blob write reported a failure")
             if problem and not ok:
                 self._release(checkpoint_id, job)
+            if not problem and self._loadable is not None:
+                self._loadable.stored("disk", job.keys)
+                if job.decision.retention_expiry is not None:
+                    self._loadable.expires(job.decision.retention_expiry)
             if problem:
                 reason = f"persist failed: {problem}"
                 self._set_meta_if_held(checkpoint_id, persist_error=reason)
@@ -439,6 +509,10 @@ class TieredCheckpointManager:
             now = self._clock()
             ram = self.index.entries()
             self.index.clear()
+            self.retentions.clear()
+            self._copying.clear()
+            if self._loadable is not None:
+                self._loadable.cleared("ram")
             self._fenced_writes.update(cid for cid, job in self._persists.items() if job.writing)
             self._persists.clear()
             generation, durable = self.generation + 1, ()
@@ -446,6 +520,8 @@ class TieredCheckpointManager:
                 if self.disk is not None:
                     fence = self.disk.reset()
                     generation, durable = fence.generation, fence.checkpoint_ids
+                    if self._loadable is not None:  # the fenced pages of other nodes too
+                        self._loadable.cleared("disk")
                 else:
                     self._generation = generation
             finally:  # RAM is empty even when the disk tier failed: explain says why
@@ -472,6 +548,8 @@ class TieredCheckpointManager:
                 self._forgotten[entry.checkpoint_id] = (tenant, now)
             while len(self._forgotten) > _MAX_FENCED:
                 self._forgotten.popitem(last=False)
+            if self._loadable is not None:  # kv events: the erased pages stop being loadable
+                self._loadable.removed("ram", self.index.absent(k for e in ram for k in e.keys))
             for cid, job in list(self._persists.items()):
                 if job.tenant == tenant:
                     if job.writing:
@@ -527,6 +605,7 @@ class TieredCheckpointManager:
         s = self.index.stats()
         with self.lock:
             persists = len(self._persists)
+            r = self.retentions.stats()
         return {
             "entries": s.entries, "pending_entries": s.pending_entries, "pages": s.pages,
             "pinned_pages": s.pinned_pages, "bytes_used": s.bytes_used,
@@ -534,6 +613,9 @@ class TieredCheckpointManager:
             "slot_bytes": s.slot_bytes, "evictions": s.evictions, "policy": asdict(s.policy),
             "tenant_bytes": dict(s.tenant_bytes), "tenant_quota_bytes": s.tenant_quota_bytes,
             "persists_in_flight": persists,
+            "retentions": r.retentions, "retained_bytes": r.retained_bytes,
+            "tenant_retained_bytes": r.tenant_retained_bytes,
+            "retentions_expired": r.expired, "retentions_released": r.released,
             "gate_in_force": self.gate.name,
             "scorers": {e.name: e.weight for e in self.advisor.registry.entries()},
             "disk": None if self.disk is None else asdict(self.disk.stats()),
@@ -556,6 +638,16 @@ class TieredCheckpointManager:
             raise CheckpointForgottenError(checkpoint_id, forgotten[1])
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------
+
+    def _tell_ram_stored(self, checkpoint_id: str, tenant: str) -> None:
+        """The committed checkpoint's pages that are loadable now (a page it shares may still be
+        being copied in by another store, which tells it when that one commits)."""
+        if self._loadable is None:
+            return
+        keys = self.index.get(checkpoint_id, tenant).keys
+        held = self._loadable.held("ram")
+        self._loadable.stored("ram", [k for k in keys if k not in held
+                                      and self.index.longest_prefix((k,), tenant)])
 
     def _ram_entry(self, checkpoint_id: str, tenant: str | None) -> CheckpointEntry | None:
         """The RAM record, None when RAM does not hold it; another tenant's raises."""

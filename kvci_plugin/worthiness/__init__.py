@@ -30,6 +30,7 @@ from kvci_plugin.worthiness.observation import CheckpointObservation, ModelSelfR
 from kvci_plugin.worthiness.rebuild_cost import RebuildCostEstimate, RebuildCostModel
 from kvci_plugin.worthiness.recommendation import CheckpointRecommendation, CheckpointTier, Driver, ScorerError
 from kvci_plugin.worthiness.registry import CheckpointScorerRegistry, RegisteredScorer, default_registry
+from kvci_plugin.worthiness.retain_advice import retain_advice
 from kvci_plugin.worthiness.scorer import CheckpointScorer
 from kvci_plugin.worthiness.signal import CheckpointSignal, SignalKind
 from kvci_plugin.worthiness.verdicts import PublishedVerdict, PublishedVerdicts
@@ -67,5 +68,6 @@ __all__ = [
     "derive_observation_fields",
     "publish_recommendation",
     "render_advisory",
+    "retain_advice",
     "reset_recommendation",
 ]

@@ -48,6 +48,9 @@ class CheckpointObservation(BaseModel):
         default=None, description="tokens already cached when the request arrived"
     )
     tool_calls: NonNegativeInt | None = None
+    tool_call_pending: bool | None = Field(
+        default=None, description="the turn ends waiting on a tool call: the run will be back "
+        "(read by the retention advice)")
     retrievals: NonNegativeInt | None = None
     wall_time_s: Annotated[float, Field(ge=0.0)] | None = Field(
         default=None,

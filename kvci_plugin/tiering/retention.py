@@ -1,0 +1,158 @@
+"""Retention an agent asks for: a RAM checkpoint exempt from eviction for a bounded time.
+
+An agent that pauses for a tool call knows it will be back; the tier's policy does not. A
+retention pins the checkpoint's pages (the RAM index never evicts a checkpoint with a pinned
+page) from the moment they are loadable until its TTL ends or the session's next request
+arrives, whichever first; then the checkpoint competes like any other. A tenant's retained bytes
+stay within its quota (the whole tier without one), so no tenant can hold the tier against
+others beyond what it may hold at all. Retention is RAM only: it grants nothing on disk.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.types import PageKey, PageNotFoundError
+
+
+class RetentionOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    status: Literal["retained", "refused"]
+    ttl_s: float
+    reason: str
+
+
+class RetentionRefused(ValueError):
+    """A retention that would take a tenant over its quota; the message names the figures."""
+
+
+@dataclass
+class _Retention:
+    tenant: str
+    keys: tuple[PageKey, ...]  # distinct
+    until: float
+    session: str | None
+    pinned: bool = False  # pinned once its pages are loadable (its store committed)
+
+
+@dataclass(frozen=True)
+class RetentionStats:
+    retentions: int
+    retained_bytes: int
+    tenant_retained_bytes: dict[str, int]
+    expired: int  # ended by their TTL
+    released: int  # ended by their session's next request
+
+
+class Retentions:
+    """The retentions of one RAM index; the caller serialises calls (the manager's lock)."""
+
+    def __init__(self, index: RAMIndex, quota_bytes: int | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._index = index
+        self._quota_bytes = quota_bytes if quota_bytes is not None else index.capacity_bytes
+        self._clock = clock
+        self._held: dict[str, _Retention] = {}
+        self._ends: list[tuple[float, str]] = []  # (until, checkpoint id), stale ones skipped
+        self._pages: Counter[PageKey] = Counter()  # retentions naming each page
+        self._tenant_pages: Counter[str] = Counter()
+        self._expired = 0
+        self._released = 0
+
+    def check(self, tenant: str, keys: Sequence[PageKey]) -> None:
+        """RetentionRefused when retaining ``keys`` would take the tenant's retained bytes over
+        its quota."""
+        distinct = dict.fromkeys(keys)
+        slot = self._index.slot_bytes
+        after = (self._tenant_pages[tenant] + sum(1 for k in distinct if not self._pages[k])) * slot
+        if after > self._quota_bytes:
+            raise RetentionRefused(
+                f"kvci.retain refused: retaining this request's {len(distinct) * slot} bytes "
+                f"would hold {after} bytes for the tenant exempt from eviction, over its quota "
+                f"of {self._quota_bytes} bytes (tenant_quota_bytes, or the RAM tier without one)")
+
+    def grant(self, checkpoint_id: str, tenant: str, keys: Sequence[PageKey], ttl_s: float,
+              session: str | None) -> RetentionOutcome:
+        """Retain a checkpoint being kept (``check`` first). Its pages are pinned at
+        `committed`."""
+        self.check(tenant, keys)
+        distinct = tuple(dict.fromkeys(keys))
+        for key in distinct:
+            if not self._pages[key]:
+                self._tenant_pages[tenant] += 1
+            self._pages[key] += 1
+        until = self._clock() + ttl_s
+        self._held[checkpoint_id] = _Retention(tenant, distinct, until, session)
+        heapq.heappush(self._ends, (until, checkpoint_id))
+        return RetentionOutcome(status="retained", ttl_s=ttl_s,
+                                reason=f"exempt from eviction for {ttl_s:g} s or until the "
+                                "session's next request")
+
+    def committed(self) -> None:
+        """A store committed: the retentions whose pages are all loadable now are exempt from
+        eviction from now on (one sharing a page another store still copies waits for that)."""
+        for held in self._held.values():
+            if held.pinned:
+                continue
+            try:
+                self._index.pin(held.keys, held.tenant)
+            except PageNotFoundError:
+                continue
+            held.pinned = True
+
+    def dropped(self, checkpoint_id: str) -> None:
+        """The checkpoint's store failed: nothing to retain."""
+        held = self._held.pop(checkpoint_id, None)
+        if held is not None:
+            self._end(held)
+
+    def release_session(self, tenant: str, session: str) -> None:
+        """The session's next request arrived: its retentions end."""
+        for cid in [c for c, r in self._held.items() if r.tenant == tenant and r.session == session]:
+            self._end(self._held.pop(cid))
+            self._released += 1
+
+    def expire(self) -> None:
+        """End the retentions whose TTL has passed (cheap when none has)."""
+        now = self._clock()
+        while self._ends and self._ends[0][0] <= now:
+            until, cid = heapq.heappop(self._ends)
+            held = self._held.get(cid)
+            if held is not None and held.until == until:
+                del self._held[cid]
+                self._end(held)
+                self._expired += 1
+
+    def clear(self) -> None:
+        """A cache reset emptied the index (its pins with it): forget every retention."""
+        self._held.clear()
+        self._ends.clear()
+        self._pages.clear()
+        self._tenant_pages.clear()
+
+    def stats(self) -> RetentionStats:
+        slot = self._index.slot_bytes
+        return RetentionStats(
+            retentions=len(self._held), retained_bytes=sum(self._tenant_pages.values()) * slot,
+            tenant_retained_bytes={t: n * slot for t, n in self._tenant_pages.items()},
+            expired=self._expired, released=self._released)
+
+    def _end(self, held: _Retention) -> None:
+        if held.pinned:
+            self._index.unpin(held.keys)
+        for key in held.keys:
+            self._pages[key] -= 1
+            if not self._pages[key]:
+                del self._pages[key]
+                self._tenant_pages[held.tenant] -= 1
+                if not self._tenant_pages[held.tenant]:
+                    del self._tenant_pages[held.tenant]
