@@ -8,8 +8,8 @@ longest request and one block more, so vLLM's prefix cache holds a few requests,
 
 - ``vllm``: vLLM alone;
 - ``kvci``: kvci as a user who sets nothing but ``ram_bytes`` gets it (its default policy);
-- ``kvci_keep_all``: kvci keeping every request (``KEEP_ALL_EXTRA``, ``KEEP_ALL_CHECKPOINT``),
-  the store-everything baseline that vLLM's native offloading is.
+- ``kvci_keep_all``: kvci keeping everything (``KEEP_ALL_EXTRA``: ``ram_policy`` ``lru``), the
+  store-everything baseline that vLLM's native offloading is.
 
 Blocks are scaled down (``benchmarks.replaysim.workload``): one 512-token trace block -> one
 32-token engine block of token ids fixed by its hash id, so prefixes share exactly as in the trace.
@@ -80,10 +80,8 @@ from benchmarks.replaysim.workload import ENGINE_BLOCK_TOKENS, EnginePrompt, eng
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "replay.json"
 DTYPE = "float32"  # this machine's CPUs have no bf16 matmul: float32 is the fast path
-# kvci keeping every request: each one asks for an explicit checkpoint, which is kept whatever
-# the system trigger's bar and the cache gate say (the bar cannot be set to 0).
-KEEP_ALL_EXTRA: dict[str, Any] = {}
-KEEP_ALL_CHECKPOINT: str | None = "now"
+# kvci keeping every request the seed's rules allow, least recently used evicted first.
+KEEP_ALL_EXTRA: dict[str, Any] = {"ram_policy": "lru"}
 SIMULATED = {"kvci": "kvci", "lru": "kvci_keep_all"}  # simulator policy -> engine run's timeline
 
 
@@ -122,14 +120,14 @@ class Engines:
     def extra(self, name: str) -> dict[str, Any] | None:
         if name == "vllm":
             return None
-        base = {"ram_bytes": self.ram_blocks * self.page_bytes, "state_dir": str(self.workdir / name)}
+        base = {"ram_bytes": self.ram_blocks * self.page_bytes, "state_dir": str(self.workdir / name),
+                **self.args.extra}
         return {**base, **KEEP_ALL_EXTRA} if name == "kvci_keep_all" else base
 
     def run(self, name: str, progress: Progress) -> EngineRun:
         from vllm import LLM
 
         extra = self.extra(name)
-        checkpoint = KEEP_ALL_CHECKPOINT if name == "kvci_keep_all" else None
         kv_transfer_config = None if extra is None else {
             "kv_connector": "KVCheckpointConnector", "kv_connector_module_path": "kvci_plugin.connector",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
@@ -155,7 +153,7 @@ class Engines:
                 if wait > 0:
                     time.sleep(wait)
                 arrival = time.perf_counter() - t0
-                wall, out = self._send(llm, prompt, extra is not None, checkpoint)
+                wall, out = self._send(llm, prompt, extra is not None)
                 samples.append(self._sample(prompt, out, arrival, wall, extra is not None))
                 progress.advance(task)
             replay_s = time.perf_counter() - t0
@@ -237,6 +235,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=4.0,
                         help="trace time is divided by this when pacing arrivals (default 4)")
     parser.add_argument("--max-output-tokens", type=int, default=2, help="output cap per request (default 2)")
+    parser.add_argument("--extra", type=json.loads, default={},
+                        help="JSON object added to both kvci runs' kv_connector_extra_config (a diagnosis, "
+                             "e.g. '{\"cache_gate\": {\"hit_rate_floor\": 0}}'); the report records it")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"report to write (default {DEFAULT_JSON})")
     args = parser.parse_args(argv)
     if args.requests < 1:
@@ -245,6 +246,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--budget must be in (0, 1]")
     if not (args.time_scale > 0.0 and math.isfinite(args.time_scale)):
         parser.error("--time-scale must be a finite number > 0")
+    if not isinstance(args.extra, dict):
+        parser.error("--extra must be a JSON object")
     if args.max_output_tokens < 1:
         parser.error("--max-output-tokens must be >= 1")
     return args

@@ -11,7 +11,8 @@ from benchmarks.replaysim.report import RUNS, SCHEMA, TARGET_AGREEMENT, ReplayRe
 COUNTERS = {
     "vllm:kvci_checkpoints": "kept",
     "vllm:kvci_evicted_checkpoints": "evicted",
-    "vllm:kvci_store_declined": "did not fit",
+    "vllm:kvci_ram_evicted_unread": "evicted before any hit",
+    "vllm:kvci_ram_refused_under_pressure": "refused under pressure",
     "vllm:kvci_cache_gate_pauses": "cache gate paused",
 }
 
