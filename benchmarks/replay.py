@@ -292,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         agreement=agreement(runs, simulated["kvci"], simulated["lru"]))
     Console().print(summary_table(report))
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    # One line: the per-request samples would make an indented report megabytes long.
+    args.json.write_text(report.model_dump_json() + "\n", encoding="utf-8")
     print(f"wrote {args.json}")
     return 0
 
