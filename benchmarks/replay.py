@@ -64,7 +64,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from benchmarks.policysim.sweep import SweepConfig, run_sweep
+from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
+from benchmarks.policysim.sessions import SessionTracker, session_contexts
+from benchmarks.policysim.sweep import DEFAULT_PREFILL_TOKENS_PER_SECOND, SweepConfig, run_sweep
 from benchmarks.policysim.trace import TraceRequest, load_trace
 from benchmarks.replaysim.report import (
     RUNS,
@@ -76,6 +78,7 @@ from benchmarks.replaysim.report import (
     agreement,
 )
 from benchmarks.replaysim.workload import ENGINE_BLOCK_TOKENS, EnginePrompt, engine_prompts, write_retimed
+from kvci_plugin.policy import LRUPolicy
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "replay.json"
@@ -203,6 +206,23 @@ def kvci_metrics(llm: Any) -> dict[str, float]:
     return out
 
 
+def simulate_product_lru(budget: float, requests: list[TraceRequest], runs: dict[str, EngineRun],
+                         workdir: Path) -> SimulatedPolicy:
+    """The RAM index with the product's LRU policy (what ram_policy lru runs), replayed by the
+    simulator on the kvci_keep_all run's arrivals."""
+    timeline = "kvci_keep_all"
+    path = workdir / f"{timeline}-product.jsonl"
+    write_retimed(requests, [s.arrival_s for s in runs[timeline].samples], path)
+    retimed = load_trace(path)
+    distinct = len({h for r in retimed for h in r.hash_ids})
+    tier = KVCITier(int(budget * distinct), prefill_tokens_per_second=DEFAULT_PREFILL_TOKENS_PER_SECOND,
+                    policy=LRUPolicy(), name="kvci-lru")
+    tally = replay_kvci(retimed, session_contexts(retimed, SessionTracker()), tier)
+    return SimulatedPolicy(policy=tier.name, timeline=timeline, input_tokens=tally.input_tokens,
+                           saved_tokens=tally.ram_saved_tokens + tally.disk_saved_tokens,
+                           ram_blocks_written=tally.ram_blocks_written, admitted_requests=tally.admitted_requests)
+
+
 def simulate(args: argparse.Namespace, requests: list[TraceRequest], runs: dict[str, EngineRun],
              workdir: Path, command: str) -> tuple[dict[str, SimulatedPolicy], dict[str, int]]:
     """The simulator's kvci and lru on the slice, each retimed to its engine run's arrivals."""
@@ -238,6 +258,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--extra", type=json.loads, default={},
                         help="JSON object added to both kvci runs' kv_connector_extra_config (a diagnosis, "
                              "e.g. '{\"cache_gate\": {\"hit_rate_floor\": 0}}'); the report records it")
+    parser.add_argument("--resimulate", action="store_true",
+                        help="run no engine: redo the simulator's side of the --json report from its recorded "
+                             "arrivals (the same trace, --requests and --budget)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"report to write (default {DEFAULT_JSON})")
     args = parser.parse_args(argv)
     if args.requests < 1:
@@ -261,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import vllm
 
+    if args.resimulate:
+        return resimulate(args)
     command = " ".join(["python -m benchmarks.replay", *map(shlex.quote, argv)])
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     requests = load_trace(args.trace, args.requests)
@@ -273,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in RUNS:
                 runs[name] = engines.run(name, progress)
         simulated, everything = simulate(args, requests, runs, workdir, command)
+        product_lru = simulate_product_lru(args.budget, requests, runs, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = ReplayReport(
@@ -289,11 +315,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         model={"num_layers": engines.spec.num_layers, "hidden_size": engines.spec.hidden_size,
                "num_kv_heads": engines.spec.num_kv_heads, "dtype": DTYPE},
         runs=runs, simulated=simulated, simulated_all=everything,
-        agreement=agreement(runs, simulated["kvci"], simulated["lru"]))
+        agreement=agreement(runs, simulated["kvci"], simulated["lru"]),
+        simulated_product_lru=product_lru, product_agreement=agreement(runs, simulated["kvci"], product_lru))
     Console().print(summary_table(report))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     # One line: the per-request samples would make an indented report megabytes long.
     args.json.write_text(report.model_dump_json() + "\n", encoding="utf-8")
+    print(f"wrote {args.json}")
+    return 0
+
+
+def resimulate(args: argparse.Namespace) -> int:
+    """The report's simulator side again, on the arrivals its engine runs recorded."""
+    report = ReplayReport.model_validate_json(args.json.read_text(encoding="utf-8"))
+    if hashlib.sha256(args.trace.read_bytes()).hexdigest() != report.trace_sha256:
+        raise SystemExit(f"{args.trace} is not the trace {args.json} replayed")
+    if (args.requests, args.budget) != (report.requests, report.budget_fraction):
+        raise SystemExit(f"{args.json} replayed {report.requests} requests at budget {report.budget_fraction}")
+    requests = load_trace(args.trace, args.requests)
+    workdir = Path(tempfile.mkdtemp(prefix="kvci-replay-"))
+    try:
+        simulated, everything = simulate(args, requests, report.runs, workdir, report.command)
+        product_lru = simulate_product_lru(args.budget, requests, report.runs, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report = ReplayReport.model_validate({
+        **report.model_dump(), "simulated": simulated, "simulated_all": everything,
+        "agreement": agreement(report.runs, simulated["kvci"], simulated["lru"]),
+        "simulated_product_lru": product_lru,
+        "product_agreement": agreement(report.runs, simulated["kvci"], product_lru)})
+    args.json.write_text(report.model_dump_json() + "\n", encoding="utf-8")
+    Console().print(summary_table(report))
     print(f"wrote {args.json}")
     return 0
 

@@ -66,7 +66,8 @@ def replay_section(path: Path, report: ReplayReport) -> list[str]:
         "| policy | timeline of | saved tokens | share of input tokens | requests admitted | blocks written |",
         "|---|---|--:|--:|--:|--:|",
     ]
-    for sim in report.simulated.values():
+    product = [report.simulated_product_lru] if report.simulated_product_lru is not None else []
+    for sim in [*report.simulated.values(), *product]:
         lines.append(f"| {sim.policy} | {sim.timeline} | {sim.saved_tokens:,} | {sim.saved_share:.1%} "
                      f"| {sim.admitted_requests:,} | {sim.ram_blocks_written:,} |")
     lines += [
@@ -76,6 +77,15 @@ def replay_section(path: Path, report: ReplayReport) -> list[str]:
          + ("no ratio to compare." if a.relative_gap is None else f"{a.relative_gap:.1%} apart")
          + f" — {'within' if a.agrees else 'not within'} {TARGET_AGREEMENT:.0%}. "
          f"kvci's policy {'>=' if a.kvci_not_worse else '<'} keeping everything on the engine."),
+    ]
+    p = report.product_agreement
+    if p is not None:
+        lines.append(
+            f"Against the product's own keep-everything policy in the simulator (kvci-lru: the RAM index with "
+            f"ram_policy lru, checkpoint by checkpoint, as the engine runs it): simulator {_times(p.simulator_ratio)}, "
+            + ("no ratio to compare." if p.relative_gap is None else f"{p.relative_gap:.1%} apart")
+            + f" — {'within' if p.agrees else 'not within'} {TARGET_AGREEMENT:.0%}.")
+    lines += [
         "",
         "kvci's counters (vLLM metrics): "
         + "; ".join(

@@ -168,6 +168,11 @@ class ReplayReport(BaseModel):
     simulated: dict[str, SimulatedPolicy]  # "kvci" and "lru", each on its engine run's timeline
     simulated_all: dict[str, int]  # every sweep policy's saved tokens on the kvci run's timeline
     agreement: Agreement
+    # The product's own keep-everything policy (the RAM index with ram_policy lru, checkpoint by
+    # checkpoint, as the engine runs it) replayed on the kvci_keep_all run's timeline, and the
+    # agreement against it; None in a report written before it was measured.
+    simulated_product_lru: Optional[SimulatedPolicy] = None
+    product_agreement: Optional[Agreement] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ReplayReport:
@@ -181,4 +186,8 @@ class ReplayReport(BaseModel):
             raise ValueError("vLLM alone cannot have kvci hits")
         if self.agreement != agreement(self.runs, self.simulated["kvci"], self.simulated["lru"]):
             raise ValueError("agreement must be the one the runs and the simulation give")
+        product = self.simulated_product_lru
+        expected = None if product is None else agreement(self.runs, self.simulated["kvci"], product)
+        if self.product_agreement != expected:
+            raise ValueError("product_agreement must be the one simulated_product_lru gives")
         return self

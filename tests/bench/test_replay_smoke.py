@@ -144,6 +144,8 @@ def test_three_engines_replay_the_slice_and_the_readme_shows_it(tmp_path: Path) 
     assert report.simulated["lru"].saved_tokens > 0
     assert set(report.simulated_all) >= {"lru", "kvci"}
     assert report.simulated_all["lru"] == report.simulated["lru"].saved_tokens
+    assert report.simulated_product_lru is not None and report.simulated_product_lru.admitted_requests > 0
+    assert report.product_agreement is not None
 
     assert load_replays(results) == [(results / "replay.json", report)]
     readme = render(*load_reports(results), load_replays(results))
