@@ -29,12 +29,19 @@ Saved prefill tokens by source: ``RequestOutput.num_cached_tokens`` is what the 
 compute; kvci's reply (``kv_transfer_params.kvci.hit_tokens``) says how much of it kvci loaded, the
 rest came from vLLM's prefix cache. The agreement compared is the ratio of saved tokens (both
 sources) of ``kvci`` over ``kvci_keep_all`` against the simulator's saved tokens of ``kvci`` over
-``lru``; TTFT is vLLM's own first-token latency of each request (``RequestOutput.metrics``).
+``lru``, and against the product's own keep-everything policy replayed by the simulator
+(``kvci-lru``: the real RAM index with ``ram_policy`` ``lru``, which holds and evicts whole
+checkpoints where the simulator's ``lru`` holds blocks); TTFT is vLLM's own first-token latency
+of each request (``RequestOutput.metrics``). ``--extra`` adds keys to both kvci runs' extra config
+(for a diagnosis; the report records them), and ``--resimulate`` redoes the simulator's side of
+an existing report from the arrivals it recorded, starting no engine.
 
     .venv/bin/python -m benchmarks.replay --trace PATH [--requests N] [--budget F]
-                                          [--time-scale S] [--max-output-tokens T] [--json PATH]
+                                          [--time-scale S] [--max-output-tokens T] [--extra JSON]
+                                          [--resimulate] [--json PATH]
 
-The defaults fit three runs in about ten minutes on a 2-core machine: the first 2000 requests
+The defaults aim at about ten minutes for the three runs on a quiet 2-core machine (each run
+is paced to 167 s; engine starts and a loaded machine add to that): the first 2000 requests
 (669 s of the conversation trace, paced 4x faster) at 5 % of their working set. Fewer is a cold
 start: the trace's sessions have hardly come back within the first thousand requests (at 400, LRU
 at 5 % saves only the root block every request shares), so there is nothing to keep or refuse.
