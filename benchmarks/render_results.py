@@ -1,7 +1,7 @@
 """Regenerate ``benchmarks/results/README.md`` from the JSON reports beside it.
 
-Every figure in the README comes from a JSON report written by ``benchmarks/policy_sim.py`` or
-``benchmarks/ttft.py``; nothing is typed by hand. JSON files of another format are skipped (and
+Every figure in the README comes from a JSON report written by ``benchmarks/policy_sim.py``,
+``benchmarks/ttft.py`` or ``benchmarks/replay.py``; nothing is typed by hand. JSON files of another format are skipped (and
 named on stderr).
 
     .venv/bin/python -m benchmarks.render_results [--results DIR] [--output FILE]
@@ -24,6 +24,9 @@ from benchmarks.policysim.report import (
     SimulationReport,
     target_for,
 )
+from benchmarks.replaysim.render import load_replays, replay_section
+from benchmarks.replaysim.report import SCHEMA as REPLAY_SCHEMA
+from benchmarks.replaysim.report import ReplayReport
 from benchmarks.ttft import DECODE_PATHS, PATHS, TTFTReport
 from benchmarks.ttft import SCHEMA as TTFT_SCHEMA
 
@@ -43,13 +46,14 @@ def load_reports(results: Path) -> tuple[list[tuple[Path, SimulationReport]], li
             reports.append((path, SimulationReport.model_validate(data)))
         elif kind == TTFT_SCHEMA:
             ttft.append((path, TTFTReport.model_validate(data)))
-        else:
+        elif kind != REPLAY_SCHEMA:  # read by load_replays
             print(f"render_results: skipping {path.name}: not a {SCHEMA} or {TTFT_SCHEMA} report", file=sys.stderr)
     return reports, ttft
 
 
 def render(
-    reports: Sequence[tuple[Path, SimulationReport]], ttft: Sequence[tuple[Path, TTFTReport]] = ()
+    reports: Sequence[tuple[Path, SimulationReport]], ttft: Sequence[tuple[Path, TTFTReport]] = (),
+    replays: Sequence[tuple[Path, ReplayReport]] = (),
 ) -> str:
     lines = [
         "# Benchmark results",
@@ -58,12 +62,14 @@ def render(
         "rerun the command recorded in each section, then this script. The PNG figures are not committed:",
         "the same command writes them.",
     ]
-    if not reports and not ttft:
+    if not reports and not ttft and not replays:
         lines += ["", f"No {SCHEMA} or {TTFT_SCHEMA} report found."]
     for path, report in ttft:
         lines += ["", *_ttft_section(path, report)]
     for path, report in reports:
         lines += ["", *_section(path, report)]
+    for path, replay in replays:
+        lines += ["", *replay_section(path, replay)]
     return "\n".join(lines) + "\n"
 
 
@@ -404,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"render_results: {args.results} is not a folder", file=sys.stderr)
         return 2
     output = args.output if args.output is not None else args.results / "README.md"
-    output.write_text(render(*load_reports(args.results)), encoding="utf-8")
+    output.write_text(render(*load_reports(args.results), load_replays(args.results)), encoding="utf-8")
     print(f"wrote {output}")
     return 0
 
