@@ -25,7 +25,7 @@ from benchmarks.policysim.replay import Tally, account_lookup
 from benchmarks.policysim.sessions import RequestContext
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
 from benchmarks.policysim.worthiness_admission import TraceClock, trace_observation
-from kvci_plugin.policy import TierPolicy, ValuePolicy, offer_for, system_may_offer
+from kvci_plugin.policy import TierPolicy, ValuePolicy, default_hit_rate_floor, offer_for, system_may_offer
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
 from kvci_plugin.worthiness import CacheGate, CheckpointAdvisor, CheckpointTier, RebuildCostModel
@@ -51,7 +51,7 @@ class KVCITier:
         self._clock = TraceClock()
         self.index = RAMIndex(capacity_blocks, 1, capacity_blocks, policy=self.policy, clock=self._clock)
         self.advisor = CheckpointAdvisor()
-        self.gate = CacheGate(clock=self._clock)
+        self.gate = CacheGate(clock=self._clock, hit_rate_floor=default_hit_rate_floor("value"))
         self.prefill_tokens_per_second = prefill_tokens_per_second
         self._rebuild = RebuildCostModel()
         self._outcomes: Counter[str] = Counter()

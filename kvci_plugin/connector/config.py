@@ -32,8 +32,10 @@ class CacheGateSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kill_switch: bool = Field(False, description="pause every autonomous store")
-    hit_rate_floor: float = Field(
-        0.30, ge=0.0, le=1.0, description="pause autonomous stores while the hit rate is below")
+    hit_rate_floor: float | None = Field(
+        None, ge=0.0, le=1.0, description="pause autonomous stores while the hit rate is below; "
+        "none = 0.30 under ram_policy `threshold`, off under `value` and `lru` (a local copy per "
+        "write, and `value` weighs each one)")
     hit_rate_window: int = Field(200, ge=1, description="lookups in the rolling hit-rate window")
     min_lookups: int = Field(20, ge=1, description="lookups before the floor may judge")
     churn_window_s: float = Field(300.0, gt=0.0, description="window for context rewrites")

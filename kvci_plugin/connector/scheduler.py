@@ -24,7 +24,13 @@ from kvci_plugin.connector.retain import report_retentions, retain_ask, retain_r
 from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import key_bytes, prefix_block_keys
-from kvci_plugin.policy import LRUPolicy, ValuePolicy, offer_for, system_may_offer
+from kvci_plugin.policy import (
+    LRUPolicy,
+    ValuePolicy,
+    default_hit_rate_floor,
+    offer_for,
+    system_may_offer,
+)
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.keys import generation_namespace
@@ -188,7 +194,9 @@ class KVCIScheduler:
                 advisor, capacity_bytes=index.capacity_bytes, min_threshold=config.ram_threshold_min)
         g = config.cache_gate
         self.cache_gate = CacheGate(
-            kill_switch=g.kill_switch, hit_rate_floor=g.hit_rate_floor,
+            kill_switch=g.kill_switch,
+            hit_rate_floor=(g.hit_rate_floor if g.hit_rate_floor is not None
+                            else default_hit_rate_floor(config.ram_policy)),
             hit_rate_window=g.hit_rate_window, min_lookups=g.min_lookups,
             churn_window_s=g.churn_window_s, churn_threshold=g.churn_threshold)
         self._reqs: dict[str, _Req] = {}

@@ -12,6 +12,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from kvci_plugin.worthiness import CheckpointRecommendation
+from kvci_plugin.worthiness.cache_gate import HIT_RATE_FLOOR
 
 # Scores fall into this many equal bands: coarse enough that every band gathers evidence
 # quickly, fine enough to separate what the advisor calls poor, middling and strong.
@@ -57,6 +58,18 @@ def system_may_offer(rec: CheckpointRecommendation) -> bool:
     weighs it against what it would displace); what blocks at any bar still blocks: a veto, no
     evidence, or the model's self-report standing alone (the seed's rules)."""
     return rec.worth_it or rec.held_back_by_threshold
+
+
+def default_hit_rate_floor(ram_policy: str) -> float:
+    """The cache gate's hit-rate floor when none is configured.
+
+    Under the worthiness bar (``threshold``) the floor is the only check that writes pay back.
+    Under ``value`` and ``lru`` it is off: a write is one local copy, the value policy already
+    weighs each offer under pressure, and kvci's hit rate counts only what the engine's own
+    prefix cache did not serve, so a tier that pays back well still reads low (measured by
+    ``benchmarks/replay.py``: at the old floor the gate paused 77 % of a conversation slice and
+    kvci saved less than with the floor off)."""
+    return HIT_RATE_FLOOR if ram_policy == "threshold" else 0.0
 
 
 def offer_for(

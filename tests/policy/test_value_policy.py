@@ -240,3 +240,11 @@ def test_lru_policy_keeps_lru_order_and_explicit_last() -> None:
     keep(ix, "a", chain(2))
     res = ix.reserve("b", "t", chain(3), offer=Offer(anchor=key(3)))
     assert [e.checkpoint_id for e in res.evicted] == ["a"]
+
+
+def test_the_hit_rate_floor_is_the_bars_alone_by_default() -> None:
+    from kvci_plugin.policy import default_hit_rate_floor
+    from kvci_plugin.worthiness.cache_gate import HIT_RATE_FLOOR
+
+    assert default_hit_rate_floor("threshold") == HIT_RATE_FLOOR
+    assert default_hit_rate_floor("value") == default_hit_rate_floor("lru") == 0.0
