@@ -103,7 +103,7 @@ PATHS: dict[str, tuple[str, str]] = {
     "kvci_ram_hit": ("kvci RAM hit", "recompute"),
     "prefix_cache_hit": ("vLLM prefix-cache hit (floor)", "recompute"),
     "example_connector_hit": ("ExampleConnector disk hit", "recompute"),
-    "kvci_disk_hit": ("kvci disk hit after restart (checksums, tenancy)", "recompute"),
+    "kvci_disk_hit": ("kvci disk hit after restart (sealed AES-256-GCM, tenancy)", "recompute"),
     "chunked_kvci_miss": ("chunked prefill: kvci on, nothing to hit", "chunked_kvci_miss"),
     "chunked_kvci_disk_hit": ("chunked prefill: kvci disk hit", "chunked_kvci_miss"),
     "chunked_kvci_ram_hit": ("chunked prefill: kvci RAM hit", "chunked_kvci_miss"),
