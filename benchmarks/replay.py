@@ -149,6 +149,8 @@ class Engines:
                   kv_transfer_config=kv_transfer_config)
         engine_start_s = time.perf_counter() - started
         _say(f"engine {name}: started in {engine_start_s:.1f} s")
+        # vLLM's registry is process-global: an earlier engine's counters may still stand in it.
+        before = kvci_metrics(llm)
         try:
             # First-request costs stay out of the samples; kvci is told to keep none of it.
             warmup = EnginePrompt(tuple(range(2, 2 + ENGINE_BLOCK_TOKENS + 3)), 1, None)
@@ -167,7 +169,8 @@ class Engines:
                 samples.append(self._sample(prompt, out, arrival, wall, extra is not None))
                 progress.advance(task)
             replay_s = time.perf_counter() - t0
-            metrics = kvci_metrics(llm)
+            metrics = {series: value - before.get(series, 0.0) if counter else value
+                       for series, (value, counter) in kvci_metrics(llm, kinds=True).items()}
         finally:
             llm.llm_engine.engine_core.shutdown()
             del llm
@@ -203,13 +206,17 @@ class Engines:
             kept=reply.get("tier", "none") != "none", ttft_s=round(latency or wall, 5))
 
 
-def kvci_metrics(llm: Any) -> dict[str, float]:
-    """kvci's counters and gauges on vLLM's metrics, by series name and labels."""
-    out: dict[str, float] = {}
+def kvci_metrics(llm: Any, *, kinds: bool = False) -> dict[str, Any]:
+    """kvci's counters and gauges on vLLM's metrics, by series name and labels; with ``kinds``,
+    each as (value, whether it is a counter)."""
+    from vllm.v1.metrics.reader import Counter
+
+    out: dict[str, Any] = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:kvci_") and isinstance(getattr(m, "value", None), (int, float)):
             labels = ",".join(f"{k}={v}" for k, v in sorted(m.labels.items()) if k not in ("engine", "model_name"))
-            out[m.name + (f"{{{labels}}}" if labels else "")] = float(m.value)
+            value = float(m.value)
+            out[m.name + (f"{{{labels}}}" if labels else "")] = (value, isinstance(m, Counter)) if kinds else value
     return out
 
 
