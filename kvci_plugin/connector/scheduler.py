@@ -214,7 +214,7 @@ class KVCIScheduler:
         self._stats = KVCIStats()
         self._stats.gauge("ram_threshold", self.ram_threshold)
         self._bar_reported = self._bar.stats() if self._bar is not None else None
-        self._policy_reported = index.stats().policy
+        self._policy_reported = index.policy_stats()
         self._retentions_reported = self.manager.retentions.stats()
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
         self._verdicts = PublishedVerdicts()
@@ -683,7 +683,7 @@ class KVCIScheduler:
     def _report_policy(self) -> None:
         """The tier policy's refusals and unread evictions since the last report, as counters
         (its admissions and evictions are counted where they happen)."""
-        now = self.manager.index.stats().policy
+        now = self.manager.index.policy_stats()
         last = self._policy_reported
         for name, was, value in (
                 ("ram_refused_under_pressure", last.refused_under_pressure, now.refused_under_pressure),

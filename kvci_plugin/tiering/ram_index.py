@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable
 
-from kvci_plugin.policy import LRUPolicy, Offer, TierPolicy
+from kvci_plugin.policy import LRUPolicy, Offer, PolicyStats, TierPolicy
 from kvci_plugin.tiering.types import (
     CheckpointBusyError,
     CheckpointEntry,
@@ -153,6 +153,11 @@ class RAMIndex:
     @property
     def policy_name(self) -> str:
         return self._policy.name
+
+    def policy_stats(self) -> PolicyStats:
+        """What the policy did, without the occupancy walk of ``stats`` (read every step)."""
+        with self._lock:
+            return self._policy.stats()
 
     # ---- what the policy learns from -------------------------------------------------------
 
