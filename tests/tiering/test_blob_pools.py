@@ -1,4 +1,5 @@
-"""The blob read and write pools are shared by the process, and a forked child gets its own.
+"""The blob read and write pools: shared by the process (a forked child gets its own), a prefix
+read split into contiguous runs, one a thread, and threads that run on any core.
 
 vLLM forks its engine core and workers from the process that built the engine, which may have
 read or written blobs already: a child must not submit to the parent's pool, whose threads it
@@ -10,10 +11,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from kvci_plugin.tiering.blob_backend import read_prefix, write_each
+from kvci_plugin.tiering.blob_backend import MIN_RUN_BYTES, READ_THREADS, _pool, _runs, read_prefix, write_each
+from kvci_plugin.tiering.blob_codec import BlobMissingError
 from kvci_plugin.tiering.blob_store import BlobStore
 
 NAMESPACE = bytes(range(32))
@@ -42,3 +47,44 @@ def test_a_forked_child_reads_with_pools_of_its_own(tmp_path: Path) -> None:
     assert not hung, "the forked child's read never finished"
     assert child.exitcode == 0
 
+
+
+def test_a_prefix_read_in_several_runs_counts_the_leading_run(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path, NAMESPACE)
+    page = 1 << 20
+    count = READ_THREADS * MIN_RUN_BYTES // page * 2  # enough bytes for every read thread
+    keys = [os.urandom(16) for _ in range(count)]
+    pages = torch.randint(0, 256, (count, page), dtype=torch.uint8)
+    write_each(store, keys, "acme", pages)
+    assert len(_runs(count, page)) == READ_THREADS
+    out = torch.zeros_like(pages)
+    assert read_prefix(store, keys, "acme", out) == (count, None)
+    assert torch.equal(out, pages)
+    for missing in (count - 2, count // 2, 1):  # in the last run, a middle one, the first
+        store.delete(keys[missing])
+        loaded, error = read_prefix(store, keys, "acme", torch.zeros_like(pages))
+        assert loaded == missing and isinstance(error, BlobMissingError)
+
+
+@given(st.integers(0, 500), st.integers(1, 64 << 20))
+def test_read_runs_cover_the_pages_in_order(count: int, page_bytes: int) -> None:
+    runs = _runs(count, page_bytes)
+    assert [start for start, _ in runs] == [0] + [end for _, end in runs[:-1]]
+    assert runs[-1][1] == count
+    assert 1 <= len(runs) <= max(1, min(READ_THREADS, count))
+    if len(runs) > 1:
+        assert all((end - start) * page_bytes >= MIN_RUN_BYTES for start, end in runs)
+
+
+def _affinity_of_a_read_thread(conn: Any) -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # as vLLM's CPU worker pins itself
+    conn.send(_pool("read", READ_THREADS).submit(os.sched_getaffinity, 0).result())
+
+
+def test_blob_threads_run_on_any_core_a_pinned_caller_may_not() -> None:
+    parent, child_end = multiprocessing.get_context("fork").Pipe()
+    child = multiprocessing.get_context("fork").Process(target=_affinity_of_a_read_thread, args=(child_end,))
+    child.start()
+    got = parent.recv() if parent.poll(60) else None
+    child.join(timeout=60)
+    assert got == os.sched_getaffinity(0)
