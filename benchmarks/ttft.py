@@ -198,7 +198,8 @@ class HitPhases(BaseModel):
     load job); ``steps``: engine steps from the lookup to the one running the forward, that one
     included; ``queue_s``: from the lookup's end to that step's start on the worker (the steps
     spent waiting for an asynchronous load are in it); ``load_s``: the load in the forward's step
-    (kvci RAM: the copy; ExampleConnector: reading and scattering); ``async_load_s``: a kvci disk
+    (kvci RAM: the layers copied before the forward, the others being copied beside it, their
+    waits within ``forward_s``; ExampleConnector: reading and scattering); ``async_load_s``: a kvci disk
     load on its I/O thread (within ``queue_s``), ``read_s`` of it reading and verifying the
     blobs and ``scatter_s`` copying them in; ``forward_s``: the model's forward; ``back_s``: from
     the forward's end to ``LLM.generate`` returning (sampling, output processing)."""

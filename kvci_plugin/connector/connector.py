@@ -251,7 +251,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.start_load_kv()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # whole pages are loaded in start_load_kv, before the forward
+        if self._worker is not None:
+            self._worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:

@@ -4,8 +4,9 @@ RAM loads are queued in `start_load_kv`, before the forward that reads them; RAM
 persists in `wait_for_save`, after the forward that wrote the pages. With the KV cache on a GPU,
 the copies run on side CUDA streams (`PageCopyStream`; loads, stores and disk loads apart): the
 forward waits for a load on the GPU, a store overlaps the following steps and its request is
-reported finished (so vLLM frees its blocks) only once the copy has run. On the CPU every copy is
-done before its call returns.
+reported finished (so vLLM frees its blocks) only once the copy has run. On the CPU a RAM load
+is copied a layer at a time beside the forward (`LayerwiseLoads`), and every other copy is done
+before its call returns.
 Disk loads run on a background thread and are reported through `get_finished`; a blob that fails
 verification becomes a load error so vLLM recomputes those blocks.
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvci_plugin.connector.jobs import DiskLoadJob, PersistJob, StepJobs, WorkerReport, by_group
+from kvci_plugin.connector.layer_loads import LayerPart, LayerwiseLoads
 from kvci_plugin.connector.pages import page_views, slot_bytes
 from kvci_plugin.connector.tally import StatsTally
 from kvci_plugin.ops import PageCopyStream, PendingCopy, scatter_pages
@@ -95,11 +97,13 @@ class KVCIWorker:
         self._stats = StatsTally()
         self._io: ThreadPoolExecutor | None = None
         self._asleep = False  # sleep mode: the KV cache memory is released
+        self._layer_loads: LayerwiseLoads | None = None  # the CPU's RAM loads
+        self._loading_bytes = 0
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         groups = self._group_layers or [list(kv_caches)]
-        self._views = [page_views({n: kv_caches[n] for n in names}, self._num_blocks)
-                       for names in groups]
+        per_layer = {name: page_views({name: t}, self._num_blocks) for name, t in kv_caches.items()}
+        self._views = [[v for name in names for v in per_layer[name]] for names in groups]
         for views in self._views:
             got = slot_bytes(views)
             if got != self._expected_slot_bytes:
@@ -107,6 +111,15 @@ class KVCIWorker:
                     f"kvci: worker page bytes {got} != scheduler's {self._expected_slot_bytes}")
         self._pool = PagePool(self._num_slots, self._expected_slot_bytes)
         device = self._views[0][0].device
+        if device.type == "cpu":
+            parts = []
+            for g, names in enumerate(groups):
+                offset = 0
+                for name in names:
+                    parts.append(LayerPart(name, g, offset, per_layer[name]))
+                    offset += slot_bytes(per_layer[name])
+            # Layer by layer beside the forward; on CUDA the load stream overlaps it already.
+            self._layer_loads = LayerwiseLoads(self._pool, parts)
         # A stream each, so that a load never queues behind a store: a slot becomes loadable only
         # once every worker reported its store done, and a slot a load reads is reused only by a
         # store queued after the forward that waited for that load.
@@ -125,6 +138,7 @@ class KVCIWorker:
         never loaded again), and no job touches the cache until ``restore_kv_caches``."""
         for fut, _, _ in self._disk_loads.values():
             fut.exception()  # waits; the result is reported as usual, failed by the reset
+        self._finish_layer_loads()
         for copies in (self._load_copies, self._store_copies, self._disk_copies):
             if copies is not None:
                 copies.drain()
@@ -160,7 +174,15 @@ class KVCIWorker:
         if meta is None or self._pool is None or self._load_copies is None:
             return
         pool, views = self._pool, self._views
-        for job in meta.loads:
+        if self._layer_loads is not None:
+            if meta.loads:
+                self._layer_loads.start([part for job in meta.loads
+                                         for part in by_group(job.slots, job.block_ids, job.groups)])
+                self._loading_bytes = sum(len(job.slots) for job in meta.loads) * pool.slot_bytes
+            loads = []
+        else:
+            loads = meta.loads
+        for job in loads:
             pending = self._load_copies.run(
                 lambda job=job: [pool.load(slots, views[g], blocks)
                                  for g, slots, blocks in by_group(job.slots, job.block_ids,
@@ -234,7 +256,19 @@ class KVCIWorker:
                                         pin_memory=self._pool.pinned)
         return self._staging
 
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._layer_loads is not None:
+            self._layer_loads.wait(layer_name)
+
+    def _finish_layer_loads(self) -> None:
+        """Every page of this step's RAM loads is in (the forward has ended, or there was none)."""
+        if self._layer_loads is not None:
+            seconds = self._layer_loads.finish()
+            if seconds is not None:
+                self._timed.append(("load", PendingCopy(self._loading_bytes, seconds_taken=seconds)))
+
     def wait_for_save(self) -> None:
+        self._finish_layer_loads()
         meta = self._meta
         if meta is None or self._pool is None or self._store_copies is None:
             return
@@ -328,6 +362,8 @@ class KVCIWorker:
         return None if stats.is_empty() else stats
 
     def shutdown(self) -> None:
+        if self._layer_loads is not None:
+            self._layer_loads.shutdown()
         if self._io is not None:
             self._io.shutdown(wait=True)
         for copies in (self._load_copies, self._store_copies, self._disk_copies):

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from kvci_plugin.ops.affinity import on_any_core
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
 from kvci_plugin.tiering.tenant_keys import (
     PageSeal,
@@ -188,19 +189,8 @@ def _pool(kind: str, threads: int) -> ThreadPoolExecutor:
         pool = _POOLS.get(kind)
         if pool is None:
             pool = _POOLS[kind] = ThreadPoolExecutor(
-                threads, thread_name_prefix=f"kvci-blob-{kind}", initializer=_on_any_core)
+                threads, thread_name_prefix=f"kvci-blob-{kind}", initializer=on_any_core)
         return pool
-
-
-def _on_any_core() -> None:
-    """Let the calling thread run on any core this process's cpuset allows (the kernel narrows
-    the mask to it). vLLM's CPU worker pins its threads to its compute cores and a new thread
-    inherits the pin, so blob reads and writes would queue behind the forward on those cores
-    while the core vLLM reserves beside them sits idle (the native page copies do the same)."""
-    try:
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
-    except OSError:
-        pass  # the inherited mask stays: slower, not wrong
 
 
 def open_blob_root(blob_url: str | None, disk_root: Path | None,

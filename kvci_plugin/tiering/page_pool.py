@@ -101,6 +101,23 @@ class PagePool:
         blocks, slots = self._check_copy(layers, block_ids, slot_ids)
         scatter_pages(self._pool, slots, list(layers), blocks)
 
+    def load_part(
+        self,
+        slot_ids: Sequence[int] | torch.Tensor,
+        layers: Sequence[torch.Tensor],
+        block_ids: Sequence[int] | torch.Tensor,
+        offset: int,
+    ) -> None:
+        """``load`` of some of a slot's layers: their pages sit at byte ``offset`` of each slot
+        (a load copied a layer at a time)."""
+        need = self.slot_bytes_for(layers)
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= self.slot_bytes - need:
+            raise ValueError(f"offset {offset!r}: {need} bytes of layers do not fit there in a "
+                             f"{self.slot_bytes}-byte slot")
+        blocks = _index_tensor("block_ids", block_ids)
+        slots = _index_tensor("slot_ids", slot_ids)
+        scatter_pages(self._pool[:, offset : offset + need], slots, list(layers), blocks)
+
     def read(self, slot: int) -> torch.Tensor:
         """A copy of one slot's bytes (the slot may be reused once its page is unpinned)."""
         return self._pool[self._check_slot(slot)].clone()

@@ -84,3 +84,54 @@ def test_a_persist_writes_what_its_step_stored(setup) -> None:
     assert worker.take_report().persisted == {"c1": 1}
     assert torch.equal(blobs.read(keys[0], "alice"), page_of(10))
     assert torch.equal(blobs.read(keys[1], "alice"), page_of(6))
+
+
+def layer_bytes(kv: dict[str, torch.Tensor], name: str, block: int) -> torch.Tensor:
+    return kv[name][block].contiguous().view(torch.uint8).flatten().cpu()
+
+
+def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(tmp_path: Path) -> None:
+    kv = kv_cache("cpu")
+    for block in range(NUM_BLOCKS):
+        write_block(kv, block, page_of(block))
+    worker = KVCIWorker(num_slots=6, expected_slot_bytes=SLOT, num_blocks=NUM_BLOCKS,
+                        rank_namespace=NS, blob_root=None)
+    worker.register_kv_caches(kv)
+    try:
+        sources, slots, targets = [3, 9, 14], [5, 0, 2], [1, 7, 12]
+        reported = step(worker, StepJobs(stores=[StoreJob("r1", "c1", slots, sources)]), {"r1"})
+        assert sent_within(worker, "r1", reported) == {"r1"}
+        half = SLOT // 2  # each of the two layers holds half a slot
+
+        def load(waits: list[str]) -> dict[str, list[torch.Tensor]]:
+            """One step loading the pages into ``targets``; each layer's bytes there when the
+            forward waits for it (``waits``, in order) and right after ``start_load_kv``."""
+            for block in targets:
+                write_block(kv, block, torch.zeros(SLOT, dtype=torch.uint8))
+            worker.bind(StepJobs(loads=[LoadJob("r2", slots, targets)]))
+            worker.start_load_kv()
+            seen = {"start": [torch.cat([layer_bytes(kv, "layer.1", b) for b in targets])]}
+            for name in waits:
+                worker.wait_for_layer_load(name)
+                seen[name] = [layer_bytes(kv, name, b) for b in targets]
+            worker.wait_for_save()
+            worker.get_finished(set())
+            worker.clear()
+            for source, target in zip(sources, targets, strict=True):
+                assert torch.equal(block_bytes(kv, target), page_of(source))  # whole once the step ends
+            return seen
+
+        # The first load: no layer is known to wait, so every page is in before the forward.
+        first = load(["layer.0"])
+        assert torch.equal(first["start"][0], torch.cat([page_of(s)[half:] for s in sources]))
+        # Later ones: layer 0, seen waiting, is copied beside the forward, in place when waited
+        # for; layer 1 never waited, so it is copied before the forward starts, as before.
+        for _ in range(3):
+            later = load(["layer.0"])
+            assert torch.equal(later["start"][0], torch.cat([page_of(s)[half:] for s in sources]))
+            for got, source in zip(later["layer.0"], sources, strict=True):
+                assert torch.equal(got, page_of(source)[:half])
+        totals = worker.take_stats().reduce()
+        assert totals["loaded_bytes_ram"] == 4 * 3 * SLOT
+    finally:
+        worker.shutdown()

@@ -1,0 +1,17 @@
+"""Threads of kvci's own copies and reads, free of the compute cores vLLM pins its worker to."""
+
+from __future__ import annotations
+
+import os
+
+
+def on_any_core() -> None:
+    """Let the calling thread run on any core this process's cpuset allows (the kernel narrows
+    the mask to it). vLLM's CPU worker pins its threads to its compute cores and a new thread
+    inherits the pin, so kvci's copies and blob reads would queue behind the forward on those
+    cores while the core vLLM reserves beside them sits idle (the native page copies' helper
+    threads do the same)."""
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except OSError:
+        pass  # the inherited mask stays: slower, not wrong
