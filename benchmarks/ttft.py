@@ -14,6 +14,9 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
   then the same prompt again: kvci loads its KV from the RAM tier.
 - ``prefix_cache_hit``: vLLM's own prefix cache on the same prompt: the KV is already in place,
   the floor any connector can approach.
+- ``kvci_attached_prefix_cache_hit``: the same with kvci attached (a kvci engine with prefix
+  caching on): vLLM's cache serves the prompt and kvci's lookup finds nothing more. What
+  kvci's hooks and vLLM's connector plumbing cost a hit before any page is copied.
 - ``example_connector_hit``: vLLM's ExampleConnector (one safetensors file per layer, no
   checksum, no gate) on the same prompt, after one request that wrote it.
 - ``kvci_disk_hit``: a new kvci engine on the same folders (RAM tier empty): the persisted
@@ -75,7 +78,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvci_plugin.demo import DEMO_MODEL
 
-SCHEMA = "kvci-ttft/2"
+SCHEMA = "kvci-ttft/3"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "ttft.json"
 TRACE_MODULE = "benchmarks.ttft_trace"  # the connectors, timed at their hooks
@@ -102,6 +105,7 @@ PATHS: dict[str, tuple[str, str]] = {
     "kvci_miss": ("kvci on, nothing to hit", "recompute"),
     "kvci_ram_hit": ("kvci RAM hit", "recompute"),
     "prefix_cache_hit": ("vLLM prefix-cache hit (floor)", "recompute"),
+    "kvci_attached_prefix_cache_hit": ("vLLM prefix-cache hit, kvci attached", "recompute"),
     "example_connector_hit": ("ExampleConnector disk hit", "recompute"),
     "kvci_disk_hit": ("kvci disk hit after restart (sealed AES-256-GCM, tenancy)", "recompute"),
     "chunked_kvci_miss": ("chunked prefill: kvci on, nothing to hit", "chunked_kvci_miss"),
@@ -110,8 +114,8 @@ PATHS: dict[str, tuple[str, str]] = {
 }
 # The hits whose phases the connector's hook timestamps break down (``benchmarks.ttft_trace``);
 # vLLM's prefix-cache hit runs no connector: its TTFT is the floor, whole.
-TRACED_PATHS = ("kvci_ram_hit", "example_connector_hit", "kvci_disk_hit", "chunked_kvci_disk_hit",
-                "chunked_kvci_ram_hit")
+TRACED_PATHS = ("kvci_ram_hit", "kvci_attached_prefix_cache_hit", "example_connector_hit", "kvci_disk_hit",
+                "chunked_kvci_disk_hit", "chunked_kvci_ram_hit")
 DECODE_PATHS = {"decode_off": "no connector", "decode_on": "kvci on, no hits",
                 "decode_example_connector": "ExampleConnector: vLLM's connector plumbing alone"}
 
@@ -251,7 +255,7 @@ class TTFTReport(BaseModel):
 
     model_config = _FROZEN
 
-    report_format: Literal["kvci-ttft/2"] = SCHEMA
+    report_format: Literal["kvci-ttft/3"] = SCHEMA
     command: str
     runtime_s: float
     vllm_version: str
@@ -625,6 +629,10 @@ class Bench:
         with self.engine("prefix_cache", prefix_caching=True) as llm:
             self._request(llm, p.hit)
             self._hits(llm, "prefix_cache", "prefix_cache_hit")
+        with self.engine("kvci_prefix", kv_transfer_config=self._kvci_config("kvci_prefix"),
+                         prefix_caching=True) as llm:
+            self._request(llm, p.hit)  # now in vLLM's prefix cache: kvci's lookup finds nothing more
+            self._hits(llm, "kvci_prefix", "kvci_attached_prefix_cache_hit", kvci=kvci)
         with self.engine("example_connector",
                          kv_transfer_config=self._example_config("example_connector")) as llm:
             self._request(llm, p.hit)  # writes the prompt's KV files

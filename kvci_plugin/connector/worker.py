@@ -27,6 +27,7 @@ from kvci_plugin.connector.layer_loads import LayerPart, LayerwiseLoads
 from kvci_plugin.connector.pages import page_views, slot_bytes
 from kvci_plugin.connector.tally import StatsTally
 from kvci_plugin.ops import PageCopyStream, PendingCopy, scatter_pages
+from kvci_plugin.ops.affinity import on_any_core
 from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
 from kvci_plugin.tiering.keys import generation_namespace
@@ -126,10 +127,11 @@ class KVCIWorker:
         self._load_copies, self._store_copies, self._disk_copies = (
             PageCopyStream(device), PageCopyStream(device), PageCopyStream(device))
         # A new thread starts on GPU 0: on another rank's GPU its stream switches would open a
-        # context on GPU 0, so the I/O thread starts on this worker's device.
+        # context on GPU 0, so the I/O thread starts on this worker's device. On the CPU it may
+        # run on any core, not only the forward's.
         self._io = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="kvci-disk",
-            initializer=torch.cuda.set_device if device.type == "cuda" else None,
+            initializer=torch.cuda.set_device if device.type == "cuda" else on_any_core,
             initargs=(device,) if device.type == "cuda" else ())
 
     def unregister_kv_caches(self) -> None:

@@ -1,6 +1,6 @@
 """The TTFT benchmark's report and its README table, without an engine.
 
-Running ``benchmarks.ttft --quick`` starts six vLLM engines one after another (about 35 s each on
+Running ``benchmarks.ttft --quick`` starts seven vLLM engines one after another (about 35 s each on
 this machine), so no test here runs it; these check what turns its samples into claims: the
 targets, the report's self-consistency, the CLI's input checks and the regenerated README.
 """
