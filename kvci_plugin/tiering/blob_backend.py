@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,10 @@ prefix of many pages is bound by the disk and the cipher, not by one thread's la
 
 MIN_RUN_BYTES = 4 << 20
 """The least a read thread is handed: about a millisecond of reading and opening."""
+
+
+Verified = Callable[[int, int], None]
+"""Told rows ``start:end`` of a prefix read have verified (``read_prefix``)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,8 @@ class BlobBackend(Protocol):
     def keys(self) -> TenantKeys: ...
 
     def read_many(
-        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
+        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor,
+        verified: Verified | None = None,
     ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]: ...
 
     def quarantined(self) -> int: ...
@@ -103,14 +108,17 @@ class BlobRoot(Protocol):
 
 
 def read_prefix(
-    store: BlobBackend, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
+    store: BlobBackend, keys: Sequence[PageKey], tenant: str, out: torch.Tensor,
+    verified: Verified | None = None,
 ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
     """Read ``keys[i]`` into ``out[i]`` several at a time; (pages verified, first failure).
 
     Only the leading run of pages that verified counts: a page after a failed one is of no use
     (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful. The tenant's
     key material is read once for the prefix, not once a page: a tenant forgotten by then loads
-    nothing.
+    nothing. ``verified(start, end)``, if given, is called on the reading thread as soon as rows
+    ``start:end`` of ``out`` have verified (so a caller can use them while later rows are read);
+    its failure is raised here.
     """
     if out.dim() != 2 or out.shape[0] < len(keys):
         raise ValueError(f"out must have a row for each of {len(keys)} keys, not {tuple(out.shape)}")
@@ -120,12 +128,16 @@ def read_prefix(
         seal = None  # each page then says why: another tenant's blob, or no key at all
 
     def run(start: int, end: int) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
+        done: tuple[int, BlobUnavailableError | TenantMismatchError | None] = (end, None)
         for i in range(start, end):
             try:
                 store.read(keys[i], tenant, out[i], seal)
             except (BlobUnavailableError, TenantMismatchError) as exc:
-                return i, exc
-        return end, None
+                done = (i, exc)
+                break
+        if verified is not None and done[0] > start:
+            verified(start, done[0])
+        return done
 
     # One contiguous run of pages per thread, not one task per page: a task's hand-off cost
     # ~50 us, a fifth of reading a small page.
