@@ -38,8 +38,11 @@ The report also holds a descriptive follow-up table: how often a request's sessi
 the first request's input and output lengths and by the turn (it reads the whole trace).
 
 The model: a block is 512 tokens, one hash id. A request hits the longest leading run of its
-hash ids resident in RAM (then on disk); it saves that many blocks of prefill, capped at its input
-length. Then the policy admits a leading run of its chain to each tier; bytes written = blocks
+hash ids resident in RAM (then on disk) and saves that many blocks of prefill. For every policy
+alike a hit covers full blocks only and never the prompt's last token, and a tier holds full
+blocks only, as an engine does (vLLM's block hashes cover full blocks and it always computes the
+last token): an exact repeat saves its full blocks, not its whole input. Then the policy admits a
+leading run of its chain to each tier; bytes written = blocks
 newly written x 512 x bytes per token of the model shape. The admission policies (store-after-N,
 kvci-threshold, random, the oracles) evict by the same block LRU, so for them the admission
 decision is the only difference; arc, s3-fifo and w-tinylfu store everything and differ by their

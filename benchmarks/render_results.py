@@ -208,8 +208,11 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         f"{report.block_bytes / (1 << 20):,.0f} MiB per block; working set {report.working_set_bytes / TIB:,.2f} TiB.",
         f"- RAM budgets are fractions of the working set; {disk}. `arc`, `s3-fifo` and `w-tinylfu` store every "
         "block and evict by their own rules; `kvci` is the connector's default RAM tier (the real RAMIndex "
-        "and its ValuePolicy, which chooses both admission and eviction, at checkpoint granularity, full "
-        "blocks only); every other policy evicts by block LRU, so its admission is the only difference.",
+        "and its ValuePolicy, which chooses both admission and eviction, at checkpoint granularity); every "
+        "other policy evicts by block LRU, so its admission is the only difference.",
+        "- For every policy alike, a hit covers full blocks only and never a prompt's last token, and no tier "
+        "keeps a partial block, as an engine does (vLLM's block hashes cover full blocks; it always computes "
+        "the last token): an exact repeat saves its full blocks, not its whole input.",
         f"- Online baselines: {baselines}; the best online baseline at a budget is the one of them that saved "
         "the most.",
         f"- A cache that never evicts saves {report.ceiling_saved_tokens:,} tokens: no policy at any budget saves more.",

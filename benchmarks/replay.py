@@ -23,7 +23,9 @@ seconds. Requests are sent one at a time, each no earlier than its trace time di
 ``--time-scale`` (the engine sends late when a request before it is still running); the time
 each was actually sent is recorded, and the simulator replays the slice retimed to those arrivals
 (a temporary JSONL), the kvci policy on the ``kvci`` run's arrivals and LRU on the
-``kvci_keep_all`` run's. Both sides therefore see the same idle ages.
+``kvci_keep_all`` run's. Both sides therefore see the same idle ages. The simulator's slice
+also carries the outputs the engine generated (``as_run``: capped, in trace tokens), so its
+advisor and its offers weigh the same contexts.
 
 Saved prefill tokens by source: ``RequestOutput.num_cached_tokens`` is what the request did not
 compute; kvci's reply (``kv_transfer_params.kvci.hit_tokens``) says how much of it kvci loaded, the
@@ -53,6 +55,7 @@ Writes ``benchmarks/results/replay.json`` unless ``--json`` names another file;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import hashlib
 import json
@@ -74,7 +77,7 @@ from rich.table import Table
 from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
 from benchmarks.policysim.sessions import SessionTracker, session_contexts
 from benchmarks.policysim.sweep import DEFAULT_PREFILL_TOKENS_PER_SECOND, SweepConfig, run_sweep
-from benchmarks.policysim.trace import TraceRequest, load_trace
+from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.replaysim.report import (
     RUNS,
     TARGET_AGREEMENT,
@@ -220,10 +223,19 @@ def kvci_metrics(llm: Any, *, kinds: bool = False) -> dict[str, Any]:
     return out
 
 
+def as_run(requests: Sequence[TraceRequest], max_output_tokens: int) -> list[TraceRequest]:
+    """The slice as the engines ran it, in trace tokens: each output capped as its engine prompt
+    caps it (``max_output_tokens`` engine tokens, at least one), scaled back by the block ratio,
+    so that the simulator's advisor and offers see the outputs the engine's did."""
+    scale = BLOCK_TOKENS // ENGINE_BLOCK_TOKENS
+    return [dataclasses.replace(r, output_length=max(1, min(r.output_length, max_output_tokens)) * scale)
+            for r in requests]
+
+
 def simulate_product_lru(budget: float, requests: list[TraceRequest], runs: dict[str, EngineRun],
                          workdir: Path) -> SimulatedPolicy:
     """The RAM index with the product's LRU policy (what ram_policy lru runs), replayed by the
-    simulator on the kvci_keep_all run's arrivals."""
+    simulator on the kvci_keep_all run's arrivals; ``requests`` as ``as_run`` gives them."""
     timeline = "kvci_keep_all"
     path = workdir / f"{timeline}-product.jsonl"
     write_retimed(requests, [s.arrival_s for s in runs[timeline].samples], path)
@@ -239,7 +251,8 @@ def simulate_product_lru(budget: float, requests: list[TraceRequest], runs: dict
 
 def simulate(args: argparse.Namespace, requests: list[TraceRequest], runs: dict[str, EngineRun],
              workdir: Path, command: str) -> tuple[dict[str, SimulatedPolicy], dict[str, int]]:
-    """The simulator's kvci and lru on the slice, each retimed to its engine run's arrivals."""
+    """The simulator's kvci and lru on the slice (as ``as_run`` gives it), each retimed to its
+    engine run's arrivals."""
     simulated: dict[str, SimulatedPolicy] = {}
     everything: dict[str, int] = {}
     for policy, timeline in SIMULATED.items():
@@ -311,8 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       TimeElapsedColumn(), console=Console(stderr=True)) as progress:
             for name in RUNS:
                 runs[name] = engines.run(name, progress)
-        simulated, everything = simulate(args, requests, runs, workdir, command)
-        product_lru = simulate_product_lru(args.budget, requests, runs, workdir)
+        ran = as_run(requests, args.max_output_tokens)
+        simulated, everything = simulate(args, ran, runs, workdir, command)
+        product_lru = simulate_product_lru(args.budget, ran, runs, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = ReplayReport(
@@ -349,8 +363,9 @@ def resimulate(args: argparse.Namespace) -> int:
     requests = load_trace(args.trace, args.requests)
     workdir = Path(tempfile.mkdtemp(prefix="kvci-replay-"))
     try:
-        simulated, everything = simulate(args, requests, report.runs, workdir, report.command)
-        product_lru = simulate_product_lru(args.budget, requests, report.runs, workdir)
+        ran = as_run(requests, report.max_output_tokens)
+        simulated, everything = simulate(args, ran, report.runs, workdir, report.command)
+        product_lru = simulate_product_lru(args.budget, ran, report.runs, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = ReplayReport.model_validate({

@@ -19,9 +19,9 @@ What it bounds: the RAM hit blocks of every policy replayed under these rules wi
 capacity. Any such policy's hits are at most its resident (request, position) pairs, and a policy
 that writes a request's blocks after its lookup is matched by one that writes each at its access
 in the flattened order; among those, MIN with bypass has the most resident accesses, and here
-each of them is a hit. Saved tokens are hit blocks x 512 except that a request's last block is
-partial, so the bound's saved tokens exceed any policy's but for at most the unfilled part of the
-last block of each request whose whole chain the bound hits. On a trace that is not chained
+each of them is a hit. A use is a position a hit can cover (``TraceRequest.hit_blocks``: full
+blocks, never the last token) and only full blocks are written, as for every policy; saved tokens
+are hit blocks x 512, so the bound holds on saved tokens exactly. On a trace that is not chained
 (``stats["chained"]`` false) the rule still runs but is a reference, not a proven bound.
 
 Efficiency: next uses are precomputed per (request, position) in one backward pass; the farthest
@@ -50,15 +50,15 @@ NAME = "belady"
 
 
 def next_uses(requests: Sequence[TraceRequest]) -> list[list[int]]:
-    """For each request and block position: the index of the next request holding that block
-    (``len(requests)``: never again)."""
+    """For each request and full block position: the index of the next request whose hit could
+    cover that block (``len(requests)``: never again)."""
     never = len(requests)
     following: dict[int, int] = {}
     out: list[list[int]] = [[] for _ in requests]
     for index in range(len(requests) - 1, -1, -1):
-        chain = requests[index].hash_ids
-        out[index] = [following.get(block, never) for block in chain]
-        for block in chain:
+        request = requests[index]
+        out[index] = [following.get(block, never) for block in request.hash_ids[: request.full_blocks]]
+        for block in request.hash_ids[: request.hit_blocks]:
             following[block] = index
     return out
 
@@ -126,7 +126,7 @@ class BeladyBound:
             raise ValueError(f"request {self._now + 1} is not the bound's trace's request {self._now + 1}")
         if self._planned:
             raise ValueError(f"the replay did not write planned blocks {sorted(self._planned)}")
-        chain, nexts = request.hash_ids, self._next[self._now]
+        chain, nexts = request.hash_ids[: request.full_blocks], self._next[self._now]
         lead = None
         for position, block in enumerate(chain):
             if block in self._key:

@@ -23,9 +23,16 @@ from pydantic import JsonValue
 
 from benchmarks.policysim.replay import Tally, account_lookup
 from benchmarks.policysim.sessions import RequestContext
-from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
+from benchmarks.policysim.trace import TraceRequest
 from benchmarks.policysim.worthiness_admission import TraceClock, trace_observation
-from kvci_plugin.policy import TierPolicy, ValuePolicy, default_hit_rate_floor, offer_for, system_may_offer
+from kvci_plugin.policy import (
+    TierPolicy,
+    ValuePolicy,
+    default_hit_rate_floor,
+    offer_for,
+    offer_rebuild_s,
+    system_may_offer,
+)
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
 from kvci_plugin.worthiness import CacheGate, CheckpointAdvisor, CheckpointTier, RebuildCostModel
@@ -62,10 +69,10 @@ class KVCITier:
     def step(self, request: TraceRequest, context: RequestContext, tally: Tally) -> None:
         """One request: its lookup, then what the connector keeps of it when it finishes."""
         self._clock.now_s = request.timestamp_ms / 1000.0
-        full = request.input_length // BLOCK_TOKENS
-        keys = [page_key(block) for block in request.hash_ids[:full]]
+        keys = [page_key(block) for block in request.hash_ids[: request.full_blocks]]
         lineage = self.index.observe_lookup(keys)
-        run = self.index.longest_prefix(keys, TENANT)
+        # As the connector caps it: never every token of the prompt.
+        run = min(self.index.longest_prefix(keys, TENANT), request.hit_blocks)
         if run:
             self.index.pin(keys[:run], TENANT)
             self.index.unpin(keys[:run])
@@ -81,7 +88,7 @@ class KVCITier:
             self._outcomes["no_full_block"] += 1
             return
         offer = offer_for(rec, anchor=keys[-1], explicit=False, lineage=lineage, pages=len(keys),
-                          rebuild_s=self._rebuild.estimate_observation(observation).seconds)
+                          rebuild_s=offer_rebuild_s(self._rebuild, observation))
         self.index.sight(offer)
         if not system_may_offer(rec):
             self._outcomes["not_offered"] += 1

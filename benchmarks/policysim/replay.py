@@ -1,8 +1,12 @@
 """Replaying a trace against one policy and one pair of tiers.
 
 Per request: the lookup finds the longest leading run of the chain resident in RAM, then
-continues it on disk; the hit saves that many blocks of prefill (capped at the input length,
-since the last block is partial). Then the policy admits a leading run of the chain to each
+continues it on disk; the hit saves that many blocks of prefill. A hit covers full blocks only,
+and never the prompt's last token (``TraceRequest.hit_blocks``), and a tier holds full blocks
+only (``TraceRequest.full_blocks``), whatever a policy admits: an engine keys no partial block
+(vLLM's block hashes, and so its native offloading and kvci, cover full blocks) and always
+computes the last token. So an exact repeat saves its full blocks, not its whole input, for every
+policy alike. Then the policy admits a leading run of the chain to each
 tier: resident blocks are left as they are, the others are written. Within a request, blocks
 are visited from the last to the first, so the chain's root ends up most recently used and an
 LRU evicts a chain from its tail, as vLLM's prefix cache does: a run that lost its root is
@@ -51,27 +55,32 @@ def replay(
         raise ValueError(f"{len(requests)} requests but {len(contexts)} contexts")
     tally = Tally()
     for request, context in zip(requests, contexts):
-        chain = request.hash_ids
-        ram_run = leading_run(ram, chain)
-        disk_run = leading_run(disk, chain, ram_run) if disk is not None else 0
+        hittable = request.hash_ids[: request.hit_blocks]
+        ram_run = leading_run(ram, hittable)
+        disk_run = leading_run(disk, hittable, ram_run) if disk is not None else 0
         saved = account_lookup(tally, request, ram_run, disk_run)
 
         admission = policy.admit(request, context, saved)
         for tier, blocks in (("ram_blocks", admission.ram_blocks), ("disk_blocks", admission.disk_blocks)):
-            if not 0 <= blocks <= len(chain):
-                raise ValueError(f"policy {policy.name!r} admitted {tier}={blocks} of a {len(chain)}-block chain")
-        tally.admitted_requests += admission.ram_blocks > 0 or admission.disk_blocks > 0
-        tally.ram_blocks_written += _serve(ram, chain, 0, ram_run, admission.ram_blocks)
+            if not 0 <= blocks <= len(request.hash_ids):
+                raise ValueError(
+                    f"policy {policy.name!r} admitted {tier}={blocks} of a {len(request.hash_ids)}-block chain")
+        chain = request.hash_ids[: request.full_blocks]
+        ram_blocks, disk_blocks = min(admission.ram_blocks, len(chain)), min(admission.disk_blocks, len(chain))
+        tally.admitted_requests += ram_blocks > 0 or disk_blocks > 0
+        tally.ram_blocks_written += _serve(ram, chain, 0, ram_run, ram_blocks)
         if disk is not None:
-            tally.disk_blocks_written += _serve(disk, chain, ram_run, ram_run + disk_run, admission.disk_blocks)
+            tally.disk_blocks_written += _serve(disk, chain, ram_run, ram_run + disk_run, disk_blocks)
     return tally
 
 
 def account_lookup(tally: Tally, request: TraceRequest, ram_run: int, disk_run: int) -> int:
-    """Count a lookup that found ``ram_run`` blocks in RAM and then ``disk_run`` on disk; returns
-    the prefill tokens it saved (capped at the input: the last block is partial)."""
-    ram_saved = min(ram_run * BLOCK_TOKENS, request.input_length)
-    saved = min((ram_run + disk_run) * BLOCK_TOKENS, request.input_length)
+    """Count a lookup that found ``ram_run`` blocks in RAM and then ``disk_run`` on disk (within
+    ``request.hit_blocks``); returns the prefill tokens it saved."""
+    if ram_run + disk_run > request.hit_blocks:
+        raise ValueError(f"a hit of {ram_run + disk_run} blocks exceeds the {request.hit_blocks} a hit can cover")
+    ram_saved = ram_run * BLOCK_TOKENS
+    saved = (ram_run + disk_run) * BLOCK_TOKENS
     tally.requests += 1
     tally.input_tokens += request.input_length
     tally.requested_blocks += len(request.hash_ids)

@@ -23,6 +23,17 @@ class TraceRequest:
     output_length: int
     hash_ids: tuple[int, ...]
 
+    @property
+    def full_blocks(self) -> int:
+        """Blocks a tier can hold: the full ones (an engine keys and keeps no partial block)."""
+        return self.input_length // BLOCK_TOKENS
+
+    @property
+    def hit_blocks(self) -> int:
+        """The most leading blocks a hit can cover: full ones, and never every token, since vLLM
+        always computes the prompt's last token for its logits (``num_tokens - 1``)."""
+        return max(0, self.input_length - 1) // BLOCK_TOKENS
+
 
 def load_trace(path: Path, limit: Optional[int] = None) -> list[TraceRequest]:
     """The first ``limit`` requests of the trace (all when None), checked line by line."""

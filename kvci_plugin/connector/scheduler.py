@@ -29,6 +29,7 @@ from kvci_plugin.policy import (
     ValuePolicy,
     default_hit_rate_floor,
     offer_for,
+    offer_rebuild_s,
     system_may_offer,
 )
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
@@ -525,7 +526,7 @@ class KVCIScheduler:
             # re-sends. Kept or not, the policy remembers it.
             offer = offer_for(rec, anchor=prompt_keys[min(n_full, len(prompt_keys)) - 1],
                               explicit=trigger not in (None, "system"), lineage=st.lineage,
-                              pages=n_full, rebuild_s=self._rebuild.estimate_observation(obs).seconds)
+                              pages=n_full, rebuild_s=offer_rebuild_s(self._rebuild, obs))
             self.manager.index.sight(offer)
         if trigger is not None and prompt_keys is not None:
             chain = (prompt_keys[:n_full] if n_full <= len(prompt_keys)

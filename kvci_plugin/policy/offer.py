@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from kvci_plugin.worthiness import CheckpointRecommendation
+from kvci_plugin.worthiness import CheckpointObservation, CheckpointRecommendation, RebuildCostModel
 from kvci_plugin.worthiness.cache_gate import HIT_RATE_FLOOR
 
 # Scores fall into this many equal bands: coarse enough that every band gathers evidence
@@ -72,6 +72,18 @@ def default_hit_rate_floor(ram_policy: str) -> float:
     return HIT_RATE_FLOOR if ram_policy == "threshold" else 0.0
 
 
+def offer_rebuild_s(model: RebuildCostModel, observation: CheckpointObservation) -> float | None:
+    """The rebuild seconds an offer is weighed by: the shared estimate of the context's work (its
+    tokens and output at the model's prefill rate, its tool calls and retrievals), not its wall
+    time. The engine's wall time is this request's own prefill extrapolated to the whole prompt:
+    it carries the step's queueing, and when most of the prompt hit it multiplies a few tokens'
+    fixed overhead many times over, so it would rank checkpoints by scheduling noise, which no
+    simulator of the same policy sees (measured by ``benchmarks/replay.py``)."""
+    if observation.wall_time_s is not None:
+        observation = observation.model_copy(update={"wall_time_s": None})
+    return model.estimate_observation(observation).seconds
+
+
 def offer_for(
     rec: CheckpointRecommendation | None,
     *,
@@ -82,7 +94,7 @@ def offer_for(
     rebuild_s: float | None,
 ) -> Offer:
     """The offer of a request the engine is about to keep ``pages`` pages of; ``rebuild_s`` is
-    the shared ``RebuildCostModel``'s estimate for its context (None when not known)."""
+    ``offer_rebuild_s`` of its observation (None when not known)."""
     per_page = rebuild_s / pages if rebuild_s is not None and pages > 0 else None
     return Offer(
         anchor=anchor,

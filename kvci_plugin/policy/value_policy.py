@@ -5,7 +5,9 @@ Rules, each with the anchor it comes from:
 - **Value.** A held checkpoint is worth ``P x rebuild seconds per page``: ``P`` is how likely a
   context of its class, idle as long as it has been, is re-sent within the tier's holding horizon
   (``ReuseHazard``, after "KVCache Cache in the Wild": reuse probability by workload class and
-  idle age), and the rebuild cost is the shared ``RebuildCostEstimate`` per page. The horizon is
+  idle age), and the rebuild cost is the shared ``RebuildCostEstimate`` of the context's work per
+  page (``offer_rebuild_s``: not the engine's measured wall time, so that the engine and the
+  simulator weigh the same context alike). The horizon is
   how long the tier holds what it admits now, measured: the median idle age of its latest
   victims (the characteristic time of Che's approximation for LRU caches); a return later than
   the tier can wait for is worth nothing to it. A class is the worthiness score's band, the

@@ -195,25 +195,26 @@ def test_next_uses_name_the_next_request_holding_each_block() -> None:
 
 
 def test_the_bound_writes_no_block_it_never_sees_again_and_bypasses_a_far_one() -> None:
-    trace = [request([0, 1, 2]), request([5, 6]), request([0, 1]), request([5, 6])]
+    trace = [request([0, 1, 2]), request([5, 6]), request([0, 1, 3]), request([5, 6, 4])]
     bound = BeladyBound(trace, 2)
     tally = replay(trace, contexts_of(trace), bound, bound)
-    # 0 and 1 are kept for request 3; 2 is never used again; 5, 6 come back later than 0, 1 are
-    # needed, so they are bypassed (not written) rather than evicting them; request 4 misses.
+    # 0 and 1 are kept for request 3; 2 and 3 are never used again; 5, 6 come back later than 0,
+    # 1 are needed, so they are bypassed (not written) rather than evicting them; request 4
+    # misses, and nothing after it uses its blocks.
     assert tally.ram_blocks_written == 2
     assert tally.ram_hit_blocks == 2
     assert bound.stats() == {
         "reads_the_future": True,
         "chained": True,
         "bypassed_blocks": 2,
-        "never_used_again_blocks": 1 + 2,
+        "never_used_again_blocks": 1 + 1 + 3,
         "evicted_blocks": 0,
     }
 
 
 def test_the_bound_evicts_a_chain_from_its_tail() -> None:
     # Capacity 3: after request 1 holds 0, 1, 2, request 2 needs 7 sooner than 2 and 1 are used again.
-    trace = [request([0, 1, 2]), request([7]), request([7]), request([0, 1, 2])]
+    trace = [request([0, 1, 2]), request([7, 8]), request([7, 8]), request([0, 1, 2, 9])]
     bound = BeladyBound(trace, 3)
     tally = replay(trace, contexts_of(trace), bound, bound)
     assert tally.ram_hit_blocks == 1 + 2  # 7 once, then 0 and 1 (2 left first, from the tail)
@@ -223,20 +224,21 @@ def test_the_bound_evicts_a_chain_from_its_tail() -> None:
 def optimum(trace: Sequence[TraceRequest], capacity: int) -> tuple[int, int]:
     """The most RAM hit blocks, and the most saved tokens, any replay policy gets: exhaustively.
 
-    After each request's lookup (its leading resident run hits), the tier may keep any set of at
-    most ``capacity`` blocks drawn from what it held and the request's chain. A block never used
-    again is dropped (it can only take room).
+    After each request's lookup (its leading resident run within ``hit_blocks`` hits), the tier
+    may keep any set of at most ``capacity`` blocks drawn from what it held and the request's full
+    blocks. A block no later hit could cover is dropped (it can only take room).
     """
-    later = [set(block for r in trace[index + 1:] for block in r.hash_ids) for index in range(len(trace))]
+    later = [set(block for r in trace[index + 1:] for block in r.hash_ids[: r.hit_blocks])
+             for index in range(len(trace))]
     best: dict[frozenset[int], tuple[int, int]] = {frozenset(): (0, 0)}
     for index, r in enumerate(trace):
         step: dict[frozenset[int], tuple[int, int]] = {}
         for held, (hits, saved) in best.items():
             run = 0
-            while run < len(r.hash_ids) and r.hash_ids[run] in held:
+            while run < r.hit_blocks and r.hash_ids[run] in held:
                 run += 1
-            gained = (hits + run, saved + min(run * BLOCK_TOKENS, r.input_length))
-            pool = sorted((held | set(r.hash_ids)) & later[index])
+            gained = (hits + run, saved + run * BLOCK_TOKENS)
+            pool = sorted((held | set(r.hash_ids[: r.full_blocks])) & later[index])
             for size in range(min(capacity, len(pool)) + 1):
                 for kept in itertools.combinations(pool, size):
                     state = frozenset(kept)
@@ -265,17 +267,14 @@ def replay_bound(trace: Sequence[TraceRequest], capacity: int) -> tuple[BeladyBo
 
 @settings(max_examples=120, deadline=None)
 @given(chains=chains(max_requests=7, max_grow=3), capacity=st.integers(1, 3), short_by=st.sampled_from([0, 100, 511]))
-def test_the_bound_gets_the_most_hit_blocks_of_any_policy_exactly(
+def test_the_bound_gets_the_most_hit_blocks_and_saved_tokens_of_any_policy_exactly(
     chains: list[tuple[int, ...]], capacity: int, short_by: int
 ) -> None:
     trace = [request(chain, at_ms=i, short_by=short_by) for i, chain in enumerate(chains)]
     best_hits, best_saved = optimum(trace, capacity)
     _, tally = replay_bound(trace, capacity)
     assert tally.ram_hit_blocks == best_hits
-    # Tokens: the bound may lose only the unfilled part of the last block of a request it hits whole.
-    assert best_saved - tally.ram_saved_tokens <= len(trace) * short_by
-    if short_by == 0:
-        assert tally.ram_saved_tokens == best_saved
+    assert tally.ram_saved_tokens == best_saved  # a hit covers full blocks only: tokens are exact
     for policy, cache in others(trace):
         other = replay(trace, contexts_of(trace), policy, cache(capacity))
         assert other.ram_hit_blocks <= tally.ram_hit_blocks, policy.name

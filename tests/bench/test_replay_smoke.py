@@ -88,6 +88,20 @@ def test_the_retimed_slice_is_the_trace_at_the_engine_arrivals(tmp_path: Path) -
         write_retimed(trace, [0.0, 1.0], path)
 
 
+def test_the_simulator_sees_the_outputs_the_engine_generated() -> None:
+    from benchmarks.replay import as_run
+
+    trace = [req([0, 1], output=200), req([0, 1, 2], output=1), req([3], output=0)]
+    prompts = engine_prompts(trace, VOCAB, 2)
+    ran = as_run(trace, 2)
+    scale = BLOCK_TOKENS // ENGINE_BLOCK_TOKENS
+    # The engine generates the capped output (at least one token); the simulator counts it in
+    # trace tokens, and nothing else of the request changes.
+    assert [r.output_length for r in ran] == [p.max_tokens * scale for p in prompts] == [2 * scale, scale, scale]
+    assert [(r.timestamp_ms, r.input_length, r.hash_ids) for r in ran] == [
+        (r.timestamp_ms, r.input_length, r.hash_ids) for r in trace]
+
+
 # --- the report -----------------------------------------------------------------------------
 
 

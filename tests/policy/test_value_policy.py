@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvci_plugin.policy import LRUPolicy, Offer, ValuePolicy
+from kvci_plugin.policy import LRUPolicy, Offer, ValuePolicy, offer_rebuild_s
 from kvci_plugin.policy.reuse_hazard import EDGES, ReuseHazard, bucket
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
+from kvci_plugin.worthiness import CheckpointObservation, RebuildCostModel
 
 
 class Clock:
@@ -248,3 +249,16 @@ def test_the_hit_rate_floor_is_the_bars_alone_by_default() -> None:
 
     assert default_hit_rate_floor("threshold") == HIT_RATE_FLOOR
     assert default_hit_rate_floor("value") == default_hit_rate_floor("lru") == 0.0
+
+
+def test_an_offer_is_weighed_by_its_work_not_by_a_noisy_wall_time() -> None:
+    model = RebuildCostModel()
+    base = CheckpointObservation(context_tokens=4096, output_tokens=96, tool_calls=2)
+    work = 4192 / model.prefill_tokens_per_second + 2 * model.tool_call_seconds
+    assert offer_rebuild_s(model, base) == pytest.approx(work)
+    # A prefill that mostly hit, extrapolated to the whole prompt, reads as a slow rebuild: the
+    # offer ignores it, so the same context is weighed alike however the engine was loaded.
+    queued = base.model_copy(update={"wall_time_s": 40.0})
+    assert model.estimate_observation(queued).seconds == 40.0
+    assert offer_rebuild_s(model, queued) == pytest.approx(work)
+    assert offer_rebuild_s(model, CheckpointObservation(wall_time_s=3.0)) is None  # no work known
