@@ -47,14 +47,17 @@ newly written x 512 x bytes per token of the model shape. The admission policies
 kvci-threshold, random, the oracles) evict by the same block LRU, so for them the admission
 decision is the only difference; arc, s3-fifo and w-tinylfu store everything and differ by their
 eviction; ``kvci`` evicts by its own policy at checkpoint granularity, as the connector does.
-Sessions (the trace has no ids)
-are inferred from the first two hash ids: see ``benchmarks/policysim/sessions.py``.
+Sessions (the trace has no ids) are inferred as threads: a request continues the session whose
+last prompt it extends, as a client sending one session id per conversation would make them (the
+connector's cache gate only ever sees the session ids clients send). ``--session-keyed`` keys
+them by the first two hash ids instead, which puts every user behind a shared system prompt in
+one session that "rewrites" with each request: see ``benchmarks/policysim/sessions.py``.
 
 Get the traces from the Mooncake release (github.com/kvcache-ai/Mooncake, FAST25-release/traces);
 this project never copies them. The second trace the results README shows, a slice of 1,000
 requests of Mooncake's mixed production trace (many users behind shared system prompts), is
 `mooncake_trace.jsonl` of github.com/hiverge/dynamo at commit 4915d8fa; it runs as is and with
-`--session-threads` (keyed sessions would put every user of a system prompt in one session). From the repository root:
+`--session-keyed`. From the repository root:
 
     .venv/bin/python -m benchmarks.policy_sim --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         --out benchmarks/results     # policy_sim_conversation.json and .png
@@ -121,10 +124,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=DEFAULT_PREFILL_TOKENS_PER_SECOND,
         help="turns uncached tokens into the prefill time kvci observes (default: the rebuild-cost model's rate)",
     )
-    parser.add_argument("--session-key-blocks", type=int, default=2, help="leading hash ids that key a session")
-    parser.add_argument("--session-threads", action="store_true",
-                        help="infer sessions as threads (a request continues the one it extends) instead of "
-                        "keying them by their leading hash ids")
+    parser.add_argument("--session-keyed", action="store_true",
+                        help="key sessions by their leading hash ids instead of inferring them as threads "
+                        "(a request continues the one whose prompt it extends)")
+    parser.add_argument("--session-key-blocks", type=int, default=2,
+                        help="with --session-keyed: leading hash ids that key a session")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random control")
     parser.add_argument("--out", type=Path, help="write policy_sim_LABEL.json and policy_sim_LABEL.png in this folder")
     parser.add_argument("--json", type=Path, help="write the report as JSON here (instead of --out's name)")
@@ -151,7 +155,7 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
         kvci_ram_thresholds=tuple(args.kvci_ram_threshold or (DEFAULT_RAM_THRESHOLD,)),
         prefill_tokens_per_second=args.prefill_tokens_per_second,
         session_key_blocks=args.session_key_blocks,
-        session_threads=args.session_threads,
+        session_threads=not args.session_keyed,
         seed=args.seed,
     )
 

@@ -13,8 +13,10 @@ longest request and one block more, so vLLM's prefix cache holds a few requests,
 
 Blocks are scaled down (``benchmarks.replaysim.workload``): one 512-token trace block -> one
 32-token engine block of token ids fixed by its hash id, so prefixes share exactly as in the trace.
-Outputs are capped at ``--max-output-tokens``. Each request carries the session id the simulator
-infers (its first two hash ids), as a client would send its own. kvci's RAM tier holds
+Outputs are capped at ``--max-output-tokens``. Each request carries a session id keyed by its
+first two hash ids, as a client would send its own, and the simulator's side keys its sessions
+the same way (not as threads, ``policy_sim``'s default), so both cache gates see the same
+sessions. kvci's RAM tier holds
 ``--budget`` of the slice's working set (distinct blocks x one engine page), the same block count
 the simulator gives its RAM tier at that budget.
 
@@ -258,7 +260,8 @@ def simulate(args: argparse.Namespace, requests: list[TraceRequest], runs: dict[
     for policy, timeline in SIMULATED.items():
         path = workdir / f"{timeline}.jsonl"
         write_retimed(requests, [s.arrival_s for s in runs[timeline].samples], path)
-        report = run_sweep(SweepConfig(trace=path, budget_fractions=(args.budget,)), command=command)
+        report = run_sweep(SweepConfig(trace=path, budget_fractions=(args.budget,), session_threads=False),
+                           command=command)
         (budget_run,) = report.runs
         by_name = {p.name: p for p in budget_run.policies}
         if budget_run.ram_blocks != int(args.budget * len({h for r in requests for h in r.hash_ids})):

@@ -13,8 +13,8 @@ novel blocks are those its session's previous prompt did not hold: the new messa
 everything after the point where a rewrite diverged, every block of a session's first request.
 Everything here is counted from earlier requests only: nothing reads the future.
 
-``threads=True`` infers sessions without a key: a request continues the earlier thread whose
-last prompt it extends, and any other request starts its own. Where many users share a long
+``threads=True`` (``policy_sim``'s default) infers sessions without a key: a request continues
+the earlier thread whose last prompt it extends, and any other request starts its own. Where many users share a long
 system prompt (a production trace), keying by the first blocks puts them all in one session that
 "rewrites" with every request; threads keep them apart, at the price of never seeing a rewrite.
 """

@@ -71,8 +71,9 @@ class SweepConfig(BaseModel):
     kvci_ram_thresholds: tuple[Annotated[float, Field(gt=0.0, le=1.0)], ...] = (DEFAULT_RAM_THRESHOLD,)
     prefill_tokens_per_second: Annotated[float, Field(gt=0.0)] = DEFAULT_PREFILL_TOKENS_PER_SECOND
     session_key_blocks: Annotated[int, Field(ge=1)] = DEFAULT_KEY_BLOCKS
-    # Sessions as threads (a request continues the one it extends) instead of keyed by first blocks.
-    session_threads: bool = False
+    # Sessions as threads (a request continues the one it extends), as a client that sends a
+    # session id per conversation makes them; False: keyed by their first blocks.
+    session_threads: bool = True
     max_sessions: Annotated[int, Field(ge=1)] = DEFAULT_MAX_SESSIONS
     rewrite_window_s: Annotated[float, Field(gt=0.0)] = DEFAULT_REWRITE_WINDOW_S
     seed: int = 0
