@@ -143,8 +143,7 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
          "connector's lookup and bookkeeping; steps = engine steps up to the forward's; queue = the "
          "lookup's end to the forward's step (an asynchronous load's steps are in it); load = the load "
          "in the forward's step; async load (read + verify, scatter) = a kvci disk load on its I/O "
-         "thread (on the CPU each reading thread scatters its run of pages as it verifies, so the "
-         "scatters are within read + verify); forward = the model; back = the forward's end to `LLM.generate` returning."),
+         "thread; forward = the model; back = the forward's end to `LLM.generate` returning."),
         "",
         "| path | TTFT | front | lookup | steps | queue | load | async load | read + verify | scatter "
         "| forward | back |",

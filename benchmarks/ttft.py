@@ -205,8 +205,7 @@ class HitPhases(BaseModel):
     (kvci RAM: the layers copied before the forward, the others being copied beside it, their
     waits within ``forward_s``; ExampleConnector: reading and scattering); ``async_load_s``: a kvci disk
     load on its I/O thread (within ``queue_s``), ``read_s`` of it reading and verifying the
-    blobs and ``scatter_s`` copying them in (on the CPU within ``read_s``: each reading thread
-    scatters its pages as they verify); ``forward_s``: the model's forward; ``back_s``: from
+    blobs and ``scatter_s`` copying them in; ``forward_s``: the model's forward; ``back_s``: from
     the forward's end to ``LLM.generate`` returning (sampling, output processing)."""
 
     model_config = _FROZEN

@@ -53,7 +53,7 @@ class _DiskLoadResult:
     bad: list[bytes] = field(default_factory=list)  # missing or corrupt page: the catalog forgets it
     nbytes: int = 0
     seconds: float = 0.0
-    read_s: float = 0.0  # reading and verifying the blobs (on the CPU the scatters overlap it)
+    read_s: float = 0.0  # reading and verifying the blobs
     scatter_s: float = 0.0  # copying the verified pages into the paged cache
 
 
@@ -209,45 +209,33 @@ class KVCIWorker:
 
         The blobs are read and verified several at a time into the staging buffer, a buffer-full
         at a time, and each run of pages that verified (a leading run: KV is a prefix) is
-        scattered, waited for before the buffer is refilled or the load reported. On the CPU
-        each reading thread scatters its run as soon as it verified, while the others read; on
-        CUDA the I/O thread scatters (its thread is on the worker's device) once the reads end.
-        A run scattered after an earlier page failed lands in blocks reported failed: vLLM
-        recomputes them.
+        scattered in one call, waited for before the buffer is refilled or the load reported.
         """
         assert blobs is not None and self._pool is not None
         assert self._disk_copies is not None
         t0 = time.perf_counter()
         staging = self._staging_buffer()
-        on_cpu = not self._disk_copies.asynchronous
         loaded, error = 0, None
-        read_s = 0.0
-        scatter_times: list[float] = []
+        read_s = scatter_s = 0.0
         while loaded < len(job.keys) and error is None:
             chunk = job.keys[loaded : loaded + len(staging)]
-
-            def scatter(start: int, end: int, base: int = loaded) -> None:
-                t_scatter = time.perf_counter()
-                parts = by_group(list(range(start, end)), job.block_ids[base + start : base + end],
-                                 job.groups[base + start : base + end])
-                self._disk_copies.run(
-                    lambda: [scatter_pages(
-                        staging, torch.tensor(slots, dtype=torch.int64), self._views[g],
-                        torch.tensor(blocks, dtype=torch.int64)) for g, slots, blocks in parts],
-                    (end - start) * self._pool.slot_bytes, after=fence).wait()
-                scatter_times.append(time.perf_counter() - t_scatter)
-
             t_read = time.perf_counter()
             try:
-                verified, error = blobs.read_many(chunk, job.tenant, staging,
-                                                  scatter if on_cpu else None)
+                verified, error = blobs.read_many(chunk, job.tenant, staging)
             except Exception as exc:  # the store itself failed (e.g. Redis unreachable): a miss
                 verified, error = 0, exc
-            read_s += time.perf_counter() - t_read
-            if verified and not on_cpu:
-                scatter(0, verified)
+            t_scatter = time.perf_counter()
+            read_s += t_scatter - t_read
+            if verified:
+                parts = by_group(list(range(verified)), job.block_ids[loaded : loaded + verified],
+                                 job.groups[loaded : loaded + verified])
+                self._disk_copies.run(
+                    lambda parts=parts: [scatter_pages(
+                        staging, torch.tensor(slots, dtype=torch.int64), self._views[g],
+                        torch.tensor(blocks, dtype=torch.int64)) for g, slots, blocks in parts],
+                    verified * self._pool.slot_bytes, after=fence).wait()
+            scatter_s += time.perf_counter() - t_scatter
             loaded += verified
-        scatter_s = sum(scatter_times)
         result = _DiskLoadResult(nbytes=loaded * self._pool.slot_bytes, read_s=read_s,
                                  scatter_s=scatter_s)
         if error is not None:

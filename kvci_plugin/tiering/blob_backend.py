@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +39,6 @@ prefix of many pages is bound by the disk and the cipher, not by one thread's la
 
 MIN_RUN_BYTES = 4 << 20
 """The least a read thread is handed: about a millisecond of reading and opening."""
-
-
-Verified = Callable[[int, int], None]
-"""Told rows ``start:end`` of a prefix read have verified (``read_prefix``)."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +77,7 @@ class BlobBackend(Protocol):
     def keys(self) -> TenantKeys: ...
 
     def read_many(
-        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor,
-        verified: Verified | None = None,
+        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
     ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]: ...
 
     def quarantined(self) -> int: ...
@@ -108,17 +103,14 @@ class BlobRoot(Protocol):
 
 
 def read_prefix(
-    store: BlobBackend, keys: Sequence[PageKey], tenant: str, out: torch.Tensor,
-    verified: Verified | None = None,
+    store: BlobBackend, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
 ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
     """Read ``keys[i]`` into ``out[i]`` several at a time; (pages verified, first failure).
 
     Only the leading run of pages that verified counts: a page after a failed one is of no use
     (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful. The tenant's
     key material is read once for the prefix, not once a page: a tenant forgotten by then loads
-    nothing. ``verified(start, end)``, if given, is called on the reading thread as soon as rows
-    ``start:end`` of ``out`` have verified (so a caller can use them while later rows are read);
-    its failure is raised here.
+    nothing.
     """
     if out.dim() != 2 or out.shape[0] < len(keys):
         raise ValueError(f"out must have a row for each of {len(keys)} keys, not {tuple(out.shape)}")
@@ -128,16 +120,12 @@ def read_prefix(
         seal = None  # each page then says why: another tenant's blob, or no key at all
 
     def run(start: int, end: int) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
-        done: tuple[int, BlobUnavailableError | TenantMismatchError | None] = (end, None)
         for i in range(start, end):
             try:
                 store.read(keys[i], tenant, out[i], seal)
             except (BlobUnavailableError, TenantMismatchError) as exc:
-                done = (i, exc)
-                break
-        if verified is not None and done[0] > start:
-            verified(start, done[0])
-        return done
+                return i, exc
+        return end, None
 
     # One contiguous run of pages per thread, not one task per page: a task's hand-off cost
     # ~50 us, a fifth of reading a small page.

@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from kvci_plugin.tiering.blob_backend import StoredBlob, Verified, read_prefix, write_each
+from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix, write_each
 from kvci_plugin.tiering.blob_codec import (
     NAMESPACE_BYTES,
     BlobIntegrityError,
@@ -401,11 +401,10 @@ class BlobStore:
         return view[:got]
 
     def read_many(
-        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor,
-        verified: Verified | None = None,
+        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
     ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
         """``read`` of ``keys[i]`` into ``out[i]``, several at a time: see ``read_prefix``."""
-        return read_prefix(self, keys, tenant, out, verified)
+        return read_prefix(self, keys, tenant, out)
 
     def quarantined(self) -> int:
         """How many quarantined blobs are kept."""

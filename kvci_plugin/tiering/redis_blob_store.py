@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from kvci_plugin.tiering.blob_backend import StoredBlob, Verified, read_prefix, write_each
+from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix, write_each
 from kvci_plugin.tiering.blob_codec import (
     BlobMissingError,
     BlobUnavailableError,
@@ -219,10 +219,9 @@ class RedisBlobStore:
                          lambda: self._quarantine(key, name, blob), seal)
 
     def read_many(
-        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor,
-        verified: Verified | None = None,
+        self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
     ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
-        return read_prefix(self, keys, tenant, out, verified)
+        return read_prefix(self, keys, tenant, out)
 
     def quarantined(self) -> int:
         return sum(1 for _ in self._client.scan_iter(match="kvci:quarantine:*", count=500))
