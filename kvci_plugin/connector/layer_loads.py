@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvci_plugin.ops import PendingCopy
 from kvci_plugin.ops.affinity import on_any_core
 from kvci_plugin.tiering.page_pool import PagePool
 
@@ -50,14 +51,15 @@ class LayerwiseLoads:
         self._error: BaseException | None = None
         self._copy: Future[None] | None = None
         self._started = self._ended = 0.0
+        self._nbytes = 0
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvci-load",
                                           initializer=on_any_core)
 
-    def start(self, loads: list[tuple[int, list[int], list[int]]]) -> None:
-        """Copy ``(group, slots, blocks)`` loads: the layers the forward is known to wait for on
-        the load thread, the others now."""
+    def start(self, loads: list[tuple[int, list[int], list[int]]], nbytes: int) -> None:
+        """Copy ``(group, slots, blocks)`` loads of ``nbytes`` in all: the layers the forward is
+        known to wait for on the load thread, the others now."""
         self.finish()
-        self._started = time.perf_counter()
+        self._started, self._nbytes = time.perf_counter(), nbytes
         jobs = [(group, torch.tensor(slots, dtype=torch.int64), torch.tensor(blocks, dtype=torch.int64))
                 for group, slots, blocks in loads]
         deferred = [name for name in self._waited if name in self._parts]
@@ -80,17 +82,18 @@ class LayerwiseLoads:
         if self._error is not None:
             raise RuntimeError(f"kvci: loading the pages of layer {name} failed") from self._error
 
-    def finish(self) -> float | None:
-        """Wait for every copy of the last ``start``; how long they took, from the start to the
-        last one's end (None when nothing was started since)."""
+    def finish(self) -> PendingCopy | None:
+        """Wait for every copy of the last ``start``; its bytes and how long the copies took,
+        from the start to the last one's end (None when nothing was started since)."""
         if self._started == 0.0:
             return None
         if self._copy is not None:
             copy, self._copy = self._copy, None
             copy.result()
         self._ready = {}
-        seconds, self._started = self._ended - self._started, 0.0
-        return seconds
+        done = PendingCopy(self._nbytes, seconds_taken=self._ended - self._started)
+        self._started = 0.0
+        return done
 
     def shutdown(self) -> None:
         self.finish()

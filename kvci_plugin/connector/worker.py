@@ -99,7 +99,6 @@ class KVCIWorker:
         self._io: ThreadPoolExecutor | None = None
         self._asleep = False  # sleep mode: the KV cache memory is released
         self._layer_loads: LayerwiseLoads | None = None  # the CPU's RAM loads
-        self._loading_bytes = 0
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         groups = self._group_layers or [list(kv_caches)]
@@ -178,20 +177,18 @@ class KVCIWorker:
         pool, views = self._pool, self._views
         if self._layer_loads is not None:
             if meta.loads:
-                self._layer_loads.start([part for job in meta.loads
-                                         for part in by_group(job.slots, job.block_ids, job.groups)])
-                self._loading_bytes = sum(len(job.slots) for job in meta.loads) * pool.slot_bytes
-            loads = []
+                self._layer_loads.start(
+                    [part for job in meta.loads for part in by_group(job.slots, job.block_ids, job.groups)],
+                    sum(len(job.slots) for job in meta.loads) * pool.slot_bytes)
         else:
-            loads = meta.loads
-        for job in loads:
-            pending = self._load_copies.run(
-                lambda job=job: [pool.load(slots, views[g], blocks)
-                                 for g, slots, blocks in by_group(job.slots, job.block_ids,
-                                                                  job.groups)],
-                len(job.slots) * pool.slot_bytes)
-            self._load_copies.hold(pending)  # this step's forward reads the pages
-            self._timed.append(("load", pending))
+            for job in meta.loads:
+                pending = self._load_copies.run(
+                    lambda job=job: [pool.load(slots, views[g], blocks)
+                                     for g, slots, blocks in by_group(job.slots, job.block_ids,
+                                                                      job.groups)],
+                    len(job.slots) * pool.slot_bytes)
+                self._load_copies.hold(pending)  # this step's forward reads the pages
+                self._timed.append(("load", pending))
         if meta.disk_loads:
             assert self._disk_copies is not None
             # Work queued before this step may still use the blocks (a freed block's last
@@ -265,9 +262,9 @@ class KVCIWorker:
     def _finish_layer_loads(self) -> None:
         """Every page of this step's RAM loads is in (the forward has ended, or there was none)."""
         if self._layer_loads is not None:
-            seconds = self._layer_loads.finish()
-            if seconds is not None:
-                self._timed.append(("load", PendingCopy(self._loading_bytes, seconds_taken=seconds)))
+            done = self._layer_loads.finish()
+            if done is not None:
+                self._timed.append(("load", done))
 
     def wait_for_save(self) -> None:
         self._finish_layer_loads()
