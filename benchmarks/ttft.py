@@ -78,7 +78,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvci_plugin.demo import DEMO_MODEL
 
-SCHEMA = "kvci-ttft/3"
+SCHEMA = "kvci-ttft/4"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "ttft.json"
 TRACE_MODULE = "benchmarks.ttft_trace"  # the connectors, timed at their hooks
@@ -203,9 +203,10 @@ class HitPhases(BaseModel):
     included; ``queue_s``: from the lookup's end to that step's start on the worker (the steps
     spent waiting for an asynchronous load are in it); ``load_s``: the load in the forward's step
     (kvci RAM: the layers copied before the forward, the others being copied beside it, their
-    waits within ``forward_s``; ExampleConnector: reading and scattering); ``async_load_s``: a kvci disk
-    load on its I/O thread (within ``queue_s``), ``read_s`` of it reading and verifying the
-    blobs and ``scatter_s`` copying them in; ``forward_s``: the model's forward; ``back_s``: from
+    waits within ``forward_s``; ExampleConnector: reading and scattering; kvci disk, with
+    nothing else to run: the whole disk load); ``disk_load_s``: a kvci disk load on its I/O
+    thread (within ``queue_s`` when asynchronous, within ``load_s`` when read in the forward's
+    step), ``read_s`` of it reading and verifying the blobs and ``scatter_s`` copying them in; ``forward_s``: the model's forward; ``back_s``: from
     the forward's end to ``LLM.generate`` returning (sampling, output processing)."""
 
     model_config = _FROZEN
@@ -216,7 +217,7 @@ class HitPhases(BaseModel):
     steps: float
     queue_s: float
     load_s: float
-    async_load_s: float
+    disk_load_s: float
     read_s: float
     scatter_s: float
     forward_s: float
@@ -255,7 +256,7 @@ class TTFTReport(BaseModel):
 
     model_config = _FROZEN
 
-    report_format: Literal["kvci-ttft/3"] = SCHEMA
+    report_format: Literal["kvci-ttft/4"] = SCHEMA
     command: str
     runtime_s: float
     vllm_version: str
@@ -422,7 +423,7 @@ def hit_phases(records: Sequence[tuple[str, str, float, float, Any]],
         rows.append(HitPhases(
             total_s=t1 - t0, front_s=lookup_start - t0, lookup_s=sum(r[3] - r[2] for r in lookups),
             steps=forward + 1, queue_s=bind[0] - lookup_end, load_s=load_s,
-            async_load_s=stat("load_disk"), read_s=stat("phase_disk_read"),
+            disk_load_s=stat("load_disk"), read_s=stat("phase_disk_read"),
             scatter_s=stat("phase_disk_scatter"), forward_s=forward_s,
             back_s=t1 - max(end for _, end in step.values())))
     return HitPhases(**{name: statistics.median(getattr(r, name) for r in rows)

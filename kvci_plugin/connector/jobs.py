@@ -21,13 +21,15 @@ class LoadJob:
 
 @dataclass(frozen=True)
 class DiskLoadJob:
-    """Read verified disk blobs into the request's blocks, asynchronously."""
+    """Read verified disk blobs into the request's blocks: on steps of their own (the request
+    waits, others run), or, when ``sync``, before the forward of the step that plans it."""
 
     req_id: str
     tenant: str
     keys: list[bytes]
     block_ids: list[int]
     groups: list[int] = field(default_factory=list)
+    sync: bool = False
 
 
 @dataclass(frozen=True)

@@ -196,9 +196,11 @@ class KVCIWorker:
             assert self._io is not None
             fence = self._disk_copies.fence()
             for djob in meta.disk_loads:
-                self._disk_loads[djob.req_id] = (
-                    self._io.submit(self._load_from_disk, djob, self._blobs, fence), djob,
-                    self._generation)
+                read = self._io.submit(self._load_from_disk, djob, self._blobs, fence)
+                if djob.sync:  # this step's forward reads the pages
+                    self._disk_load_done(read.result(), djob, self._generation)
+                else:
+                    self._disk_loads[djob.req_id] = (read, djob, self._generation)
 
     def _load_from_disk(self, job: DiskLoadJob, blobs: BlobBackend | None,
                         fence: torch.cuda.Event | None) -> _DiskLoadResult:
@@ -321,19 +323,22 @@ class KVCIWorker:
                  return_when=FIRST_COMPLETED)
         for req_id, (fut, job, generation) in list(self._disk_loads.items()):
             if fut.done():
-                result = fut.result()
-                if generation != self._generation:
-                    result = _DiskLoadResult(failed=set(job.block_ids))  # fenced by a reset
-                self._load_errors |= result.failed
-                self._report.bad_pages.extend(result.bad)
-                self._stats.observe_load("disk", result.nbytes, result.seconds)
-                self._stats.observe_phase("disk_read", result.read_s)
-                self._stats.observe_phase("disk_scatter", result.scatter_s)
-                if result.nbytes:
-                    self._report.disk_loads.append((result.nbytes, result.seconds))
+                self._disk_load_done(fut.result(), job, generation)
                 recving.add(req_id)
                 del self._disk_loads[req_id]
         return (sending or None), (recving or None)
+
+    def _disk_load_done(self, result: _DiskLoadResult, job: DiskLoadJob, generation: int) -> None:
+        """A disk load has ended: its failed blocks, bad pages and times go to vLLM and the scheduler."""
+        if generation != self._generation:
+            result = _DiskLoadResult(failed=set(job.block_ids))  # fenced by a reset
+        self._load_errors |= result.failed
+        self._report.bad_pages.extend(result.bad)
+        self._stats.observe_load("disk", result.nbytes, result.seconds)
+        self._stats.observe_phase("disk_read", result.read_s)
+        self._stats.observe_phase("disk_scatter", result.scatter_s)
+        if result.nbytes:
+            self._report.disk_loads.append((result.nbytes, result.seconds))
 
     def _count_done_copies(self) -> None:
         """Count the RAM copies that have run (on CUDA their times are known only then)."""

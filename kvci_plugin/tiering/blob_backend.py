@@ -34,11 +34,18 @@ WRITE_THREADS = 8
 the file system journal (3x the throughput of one at a time on ext4 here)."""
 
 READ_THREADS = 4
-"""Blobs a prefix load reads and opens at once: the reads and AES-GCM release the GIL, so a
-prefix of many pages is bound by the disk and the cipher, not by one thread's latency."""
+"""Blobs a prefix load reads and opens at most at once (never more than the host has cores): the
+reads and AES-GCM release the GIL, so a prefix of large pages is bound by the disk and the
+cipher, not by one thread's latency."""
 
 MIN_RUN_BYTES = 4 << 20
 """The least a read thread is handed: about a millisecond of reading and opening."""
+
+MIN_THREADED_PAGE_BYTES = 1 << 20
+"""The smallest page read on several threads. A smaller page's blob is mostly per-blob Python
+and system calls, which hold the GIL: threads then spend more handing it over than they read
+in parallel (32 MiB of 256 KiB pages on 2 cores: 13-22 ms on one thread, 24-28 ms on 2-4; of
+1 MiB pages: 7.4 ms on one, 4.5 ms on two)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,9 @@ def read_prefix(
     # One contiguous run of pages per thread, not one task per page: a task's hand-off cost
     # ~50 us, a fifth of reading a small page.
     runs = _runs(len(keys), out[0].numel() if len(keys) else 0)
-    futures = [_pool("read", READ_THREADS).submit(run, start, end) for start, end in runs]
+    if len(runs) == 1:
+        return run(*runs[0])  # on the caller's thread: a hand-off would only add its cost
+    futures = [_pool("read", read_threads()).submit(run, start, end) for start, end in runs]
     try:
         for future in futures:
             done, error = future.result()
@@ -144,10 +153,17 @@ def read_prefix(
         wait(futures)
 
 
+def read_threads() -> int:
+    """Threads a prefix read may use: a thread more than the cores only queues."""
+    return max(1, min(READ_THREADS, os.cpu_count() or 1))
+
+
 def _runs(count: int, page_bytes: int) -> list[tuple[int, int]]:
-    """``count`` pages cut into at most ``READ_THREADS`` contiguous runs of at least
-    ``MIN_RUN_BYTES`` each (a smaller run costs more to hand off than it saves)."""
-    parts = max(1, min(READ_THREADS, count, (count * page_bytes) // MIN_RUN_BYTES))
+    """``count`` pages cut into at most ``read_threads()`` contiguous runs of at least
+    ``MIN_RUN_BYTES`` each (a smaller run costs more to hand off than it saves); one run for
+    pages under ``MIN_THREADED_PAGE_BYTES``."""
+    threads = read_threads() if page_bytes >= MIN_THREADED_PAGE_BYTES else 1
+    parts = max(1, min(threads, count, (count * page_bytes) // MIN_RUN_BYTES))
     bounds = [count * k // parts for k in range(parts + 1)]
     return [(bounds[k], bounds[k + 1]) for k in range(parts)]
 

@@ -56,7 +56,7 @@ def rates(off: float = 100.0, on: float = 100.0) -> dict[str, DecodeRate]:
 FLOORS = Floors(nbytes=32 << 20, threads=2, copy_one_thread_s=0.004, copy_all_threads_s=0.002,
                 read_page_cache_s=0.003, xxh3_s=0.002)
 PHASES = HitPhases(total_s=0.04, front_s=0.002, lookup_s=0.0005, steps=1, queue_s=0.001, load_s=0.003,
-                   async_load_s=0.0, read_s=0.0, scatter_s=0.0, forward_s=0.03, back_s=0.003)
+                   disk_load_s=0.0, read_s=0.0, scatter_s=0.0, forward_s=0.03, back_s=0.003)
 
 
 def report(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], **overrides: object) -> TTFTReport:
@@ -132,7 +132,7 @@ def test_phases_come_from_the_hook_records_in_each_samples_window() -> None:
     assert ph.front_s == pytest.approx(0.002)
     assert ph.lookup_s == pytest.approx(0.0016)
     assert ph.queue_s == pytest.approx(1.013 - 1.0015)  # from the first step's lookup
-    assert ph.async_load_s == pytest.approx(0.006)
+    assert ph.disk_load_s == pytest.approx(0.006)
     assert (ph.read_s, ph.scatter_s) == pytest.approx((0.004, 0.002))
     assert ph.load_s == pytest.approx(0.0001)
     assert ph.forward_s == pytest.approx(0.03)

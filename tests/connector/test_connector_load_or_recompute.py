@@ -1,5 +1,5 @@
 """The scheduler side takes a disk hit unless this engine measured that recomputing it is clearly
-faster (no engine: a real vLLM Request, a real disk tier, the workers' load reports as vLLM
+faster, and reads it in the request's own step when there is no other request to run (no engine: a real vLLM Request, a real disk tier, the workers' load reports as vLLM
 delivers them)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request
 
 from kvci_plugin.connector.config import KVCIConfig
-from kvci_plugin.connector.metadata import KVCIWorkerMetadata
+from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.scheduler import KVCIScheduler
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
@@ -30,8 +30,8 @@ def request(req_id: str) -> Request:
     return Request(req_id, list(PROMPT), SamplingParams(max_tokens=1), None)
 
 
-def step(scheduler: KVCIScheduler, scheduled: dict[str, int]) -> None:
-    scheduler.build_connector_meta(SchedulerOutput(
+def step(scheduler: KVCIScheduler, scheduled: dict[str, int]) -> KVCIMetadata:
+    return scheduler.build_connector_meta(SchedulerOutput(
         scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData.make_empty(),
         num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
         scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, num_common_prefix_blocks=[],
@@ -72,4 +72,37 @@ def test_a_disk_hit_is_declined_once_loads_measure_slower_than_recompute(tmp_pat
     # Faster loads reported by the workers bring the hit back.
     report_loads(scheduler, *[(SLOT, 0.001)] * 4)
     assert scheduler.get_num_new_matched_tokens(request("r3"), 0) == (4 * BS, True)
+    disk.close()
+
+
+class _Blocks:
+    def __init__(self, ids: list[int]) -> None:
+        self._ids = ids
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return (self._ids,)
+
+
+def test_a_disk_hit_is_read_in_its_own_step_only_while_no_other_request_is_known(tmp_path: Path) -> None:
+    disk = KVCheckpointStore(tmp_path / "disk", NS, 64 * SLOT)
+    scheduler = KVCIScheduler(
+        config=KVCIConfig(disk_root=tmp_path / "disk", ram_bytes=8 * SLOT), block_size=BS,
+        slot_bytes=SLOT, namespace=NS, secret=b"s" * 32, tp_size=1,
+        tenants=TenantResolver(None), disk=disk)
+    seed = request("seed")
+    st = scheduler._state(seed)
+    disk.persist("c1", st.tenant, st.keys, torch.zeros((4, SLOT), dtype=torch.uint8), "user",
+                 "{}", "{}", None)
+    scheduler.request_finished(seed, [[]])
+
+    # Alone: read before its forward (vLLM counts it a sync load), in the step that plans it.
+    alone = request("r1")
+    assert scheduler.get_num_new_matched_tokens(alone, 0) == (4 * BS, False)
+    scheduler.update_state_after_alloc(alone, _Blocks([5, 6, 7, 8, 9]), 4 * BS)
+    # Another request is known (r1 runs): its hit is read on steps of its own.
+    assert scheduler.get_num_new_matched_tokens(request("r2"), 0) == (4 * BS, True)
+    scheduler.update_state_after_alloc(request("r2"), _Blocks([1, 2, 3, 4, 0]), 4 * BS)
+    meta = step(scheduler, {"r1": 1})
+    assert [(job.req_id, job.sync, job.block_ids) for job in meta.disk_loads] == [
+        ("r1", True, [5, 6, 7, 8]), ("r2", False, [1, 2, 3, 4])]
     disk.close()

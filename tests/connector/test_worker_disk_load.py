@@ -94,6 +94,25 @@ def test_another_tenant_loads_nothing(setup) -> None:
     assert worker.take_report() is None  # intact blobs of another tenant are not "bad"
 
 
+def test_a_sync_load_is_in_place_when_start_load_kv_returns_and_never_reported_as_received(setup) -> None:
+    worker, kv, keys, blobs = setup
+    path = blobs.path_for(keys[6])
+    path.write_bytes(path.read_bytes()[:-1])  # truncated: the prefix ends at page 6
+    blocks = [3, 14, 1, 8, 12, 5, 10, 6]
+    worker.bind(StepJobs(disk_loads=[DiskLoadJob("r5", "alice", keys, blocks, sync=True)],
+                         forward=True))
+    worker.start_load_kv()
+    # Before the forward: every verified page is in its block, the rest is this step's error.
+    for i in range(6):
+        assert torch.equal(block_bytes(kv, blocks[i]), page_of(i)), i
+    assert worker.get_block_ids_with_load_errors() == set(blocks[6:])
+    worker.wait_for_save()
+    assert worker.get_finished(set()) == (None, None)  # vLLM waits for no async load of it
+    worker.clear()
+    report = worker.take_report()
+    assert report.bad_pages == [keys[6]] and [n for n, _ in report.disk_loads] == [6 * SLOT]
+
+
 def test_a_persist_writes_every_page_of_its_slots(setup) -> None:
     worker, _, _, blobs = setup
     keys = [hashlib.sha256(f"persisted-{i}".encode()).digest()[:16] for i in range(3)]
