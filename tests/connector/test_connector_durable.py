@@ -150,3 +150,18 @@ def test_other_tenant_never_hits_disk(second_engine, baseline):
     out = generate_one(second_engine.llm, prompts()["persisted"], kvci_params(tenant="globex"))
     assert out.num_cached_tokens == 0
     assert list(out.outputs[0].token_ids) == baseline["persisted"]
+
+
+def test_a_disk_hit_beside_another_request_loads_on_steps_of_its_own(second_engine, baseline):
+    # The miss is looked up first, so the hit is not alone: it is read while the miss runs,
+    # not before a forward (an asynchronous load), and both outputs are the baseline's.
+    from vllm.inputs import TokensPrompt
+
+    names = ["refused", "persisted"]
+    outs = second_engine.llm.generate([TokensPrompt(prompt_token_ids=prompts()[n]) for n in names],
+                                      kvci_params(tenant="acme"), use_tqdm=False)
+    by_name = dict(zip(names, outs, strict=True))
+    assert by_name["persisted"].num_cached_tokens == 5 * BLOCK_SIZE
+    assert by_name["persisted"].kv_transfer_params["kvci"]["hit_tier"] == "disk"
+    for name, out in by_name.items():
+        assert list(out.outputs[0].token_ids) == baseline[name], name
