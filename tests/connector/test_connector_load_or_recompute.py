@@ -38,17 +38,21 @@ def step(scheduler: KVCIScheduler, scheduled: dict[str, int]) -> KVCIMetadata:
         finished_req_ids=set(), free_encoder_mm_hashes=[]))
 
 
+def disk_and_scheduler(tmp_path: Path) -> tuple[KVCheckpointStore, KVCIScheduler]:
+    disk = KVCheckpointStore(tmp_path / "disk", NS, 64 * SLOT)
+    return disk, KVCIScheduler(
+        config=KVCIConfig(disk_root=tmp_path / "disk", ram_bytes=8 * SLOT), block_size=BS,
+        slot_bytes=SLOT, namespace=NS, secret=b"s" * 32, tp_size=1,
+        tenants=TenantResolver(None), disk=disk)
+
+
 def report_loads(scheduler: KVCIScheduler, *loads: tuple[int, float]) -> None:
     meta = KVCIWorkerMetadata(disk_loads=list(loads))
     scheduler.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=meta))
 
 
 def test_a_disk_hit_is_declined_once_loads_measure_slower_than_recompute(tmp_path: Path) -> None:
-    disk = KVCheckpointStore(tmp_path / "disk", NS, 64 * SLOT)
-    scheduler = KVCIScheduler(
-        config=KVCIConfig(disk_root=tmp_path / "disk", ram_bytes=8 * SLOT), block_size=BS,
-        slot_bytes=SLOT, namespace=NS, secret=b"s" * 32, tp_size=1,
-        tenants=TenantResolver(None), disk=disk)
+    disk, scheduler = disk_and_scheduler(tmp_path)
     st = scheduler._state(request("seed"))
     disk.persist("c1", st.tenant, st.keys, torch.zeros((4, SLOT), dtype=torch.uint8), "user",
                  "{}", "{}", None)
@@ -84,11 +88,7 @@ class _Blocks:
 
 
 def test_a_disk_hit_is_read_in_its_own_step_only_while_no_other_request_is_known(tmp_path: Path) -> None:
-    disk = KVCheckpointStore(tmp_path / "disk", NS, 64 * SLOT)
-    scheduler = KVCIScheduler(
-        config=KVCIConfig(disk_root=tmp_path / "disk", ram_bytes=8 * SLOT), block_size=BS,
-        slot_bytes=SLOT, namespace=NS, secret=b"s" * 32, tp_size=1,
-        tenants=TenantResolver(None), disk=disk)
+    disk, scheduler = disk_and_scheduler(tmp_path)
     seed = request("seed")
     st = scheduler._state(seed)
     disk.persist("c1", st.tenant, st.keys, torch.zeros((4, SLOT), dtype=torch.uint8), "user",
