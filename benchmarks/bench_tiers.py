@@ -8,7 +8,10 @@ to what authenticating the bytes costs: every disk blob is sealed with AES-256-G
 segments (``blob_codec``), so sealing and opening (decrypting straight into the load's buffer,
 one thread and the read pool's threads) are measured page by page through the codec, beside the
 keyed MACs that would authenticate without encrypting (HMAC-SHA256, keyed BLAKE2b), XXH3-128
-(the unkeyed checksum of the first format) and SHA-256.
+(the unkeyed checksum of the first format) and SHA-256. A checkpoint's blobs are also read on
+one thread, on the read pool's threads and as a prefix load splits them: whether threads pay
+depends on the page size (``blob_backend.MIN_THREADED_PAGE_BYTES``; try ``--slot-kib 256`` and
+``--slot-kib 1024``).
 
 Disk loads are measured twice: "warm" reads hit the page cache (a checkpoint loaded soon after
 it was written), "cold" ones follow ``posix_fadvise(DONTNEED)`` on every file, which drops clean
@@ -33,9 +36,9 @@ from pathlib import Path
 import torch
 import xxhash
 
-from kvci_plugin.tiering.blob_backend import READ_THREADS, _pool
+from kvci_plugin.tiering.blob_backend import _pool, read_threads
 from kvci_plugin.tiering.blob_codec import encode, open_page
-from kvci_plugin.tiering.blob_store import blob_files
+from kvci_plugin.tiering.blob_store import BlobStore, blob_files
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.ram_store import RAMCheckpointStore
 from kvci_plugin.tiering.tenant_keys import MemoryMaterials, TenantKeys
@@ -130,8 +133,9 @@ def main() -> None:
     record("aes-256-gcm seal, 1 thread", median_seconds(seal_pages, repeats))
     record("aes-256-gcm open into buffer, 1 thread", median_seconds(
         lambda _: [open_one(i) for i in range(args.pages)], repeats))
-    pool = _pool("read", READ_THREADS)
-    record(f"aes-256-gcm open into buffer, {READ_THREADS} threads", median_seconds(
+    threads = read_threads()
+    pool = _pool("read", threads)
+    record(f"aes-256-gcm open into buffer, {threads} threads", median_seconds(
         lambda _: list(pool.map(open_one, range(args.pages))), repeats))
     assert torch.equal(dst, src)
 
@@ -186,6 +190,22 @@ def main() -> None:
                 "disk tier: load, cold",
                 median_seconds(load, repeats, lambda _: drop_cache(blobs)),
             )
+            # The blobs of one checkpoint read on one thread and on the read pool's, beside the
+            # split kvci's prefix read makes (``MIN_THREADED_PAGE_BYTES``: one run for small pages).
+            blob_store, keys = BlobStore(root / "blobs", NAMESPACE), fresh_keys(repeats, args.pages)
+            blob_store.write_many(keys, TENANT, src)
+
+            def read_run(run: range) -> None:
+                for i in run:
+                    blob_store.read(keys[i], TENANT, dst[i])
+
+            runs = [range(args.pages * k // threads, args.pages * (k + 1) // threads) for k in range(threads)]
+            record("disk blobs: read, 1 thread", median_seconds(lambda _: read_run(range(args.pages)), repeats))
+            record(f"disk blobs: read, {threads} threads", median_seconds(
+                lambda _: list(pool.map(read_run, runs)), repeats))
+            record("disk blobs: read as a prefix load does", median_seconds(
+                lambda _: blob_store.read_many(keys, TENANT, dst), repeats))
+            assert torch.equal(dst, src)
 
     ceiling = results[0][1]
     print(
