@@ -20,7 +20,8 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
 - ``example_connector_hit``: vLLM's ExampleConnector (one safetensors file per layer, no
   checksum, no gate) on the same prompt, after one request that wrote it.
 - ``kvci_disk_hit``: a new kvci engine on the same folders (RAM tier empty): the persisted
-  checkpoint loads from disk, every blob's checksum verified, tenancy enforced.
+  checkpoint loads from disk, every blob authenticated (AES-256-GCM), tenancy enforced; the
+  request is the only one, so its pages are read in its first step, before its forward.
 - ``chunked_*``: kvci again with ``max_num_batched_tokens`` below the prompt length, so prefill
   spans several chunks: a miss, a disk hit, then (after ``checkpoint: "now"``) a RAM hit.
   ExampleConnector cannot run like this (a prompt spanning several chunks kills the engine:
