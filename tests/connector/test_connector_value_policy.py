@@ -35,6 +35,10 @@ EXPLICIT = _tokens(4 * BLOCK_SIZE + 5)
 NEVER = _tokens(4 * BLOCK_SIZE + 5)
 # Enough one-offs for the policy's first refresh of what it learned, then a flood of 5 (20 pages).
 TEACH = [_tokens(2 * BLOCK_SIZE + 5) for _ in range(72)]
+# HOT returns after runs of 1 to 6 of them (12 pages at most: LRU keeps HOT too), so the policy
+# learns its returns at every idle age the flood of 5 reaches, however fast the machine runs: the
+# policy ages contexts by the clock, and a loaded machine stretches each request.
+LONGEST_TEACH_RUN = 6
 FLOOD = [_tokens(4 * BLOCK_SIZE + 5) for _ in range(5)]
 # The explicit checkpoint's flood: 40 pages of one-offs none of which comes back, so whatever
 # order the tests run in, no test teaches the policy that one-offs return.
@@ -81,9 +85,12 @@ def test_with_room_a_first_sighting_is_kept_and_its_repeat_hits(empty, baseline)
 def test_a_recurring_context_outlives_a_flood_of_one_offs_larger_than_the_tier(empty, baseline):
     tenant = "flood"
     _reply(empty, HOT, tenant=tenant)
-    for one_off in TEACH:  # HOT comes back between one-offs that never do
+    taught, run = 0, 1
+    while taught < len(TEACH):  # HOT comes back between one-offs that never do
         _reply(empty, HOT, tenant=tenant)
-        _reply(empty, one_off, tenant=tenant)
+        for one_off in TEACH[taught : taught + run]:
+            _reply(empty, one_off, tenant=tenant)
+        taught, run = taught + run, run % LONGEST_TEACH_RUN + 1
     for one_off in FLOOD:  # 20 pages of one-offs in a row: LRU would evict HOT
         _reply(empty, one_off, tenant=tenant)
     out, hot = _reply(empty, HOT, tenant=tenant)
