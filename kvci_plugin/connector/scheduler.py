@@ -217,7 +217,9 @@ class KVCIScheduler:
         self._stats.gauge("ram_threshold", self.ram_threshold)
         self._bar_reported = self._bar.stats() if self._bar is not None else None
         self._policy_reported = index.policy_stats()
+        self._policy_changes_seen = index.policy_changes
         self._retentions_reported = self.manager.retentions.stats()
+        self._retention_changes_seen = self.manager.retentions.changes
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
         self._verdicts = PublishedVerdicts()
         # Keys are made in the manager's generation (a disk tier's comes from its catalog).
@@ -675,20 +677,36 @@ class KVCIScheduler:
                 "retrieved_items": len(prefix), "novel_items": len(prefix) - shared}
 
     def take_stats(self) -> KVCIStats | None:
+        # Called every engine step: the policy's and the retentions' counts are read only once
+        # they have moved (a decode step keeps nothing, and its stats cost it nothing).
         if self._bar is not None:
             self._report_bar(self._bar.stats())
         self._report_policy()
+        self._report_retentions()
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, KVCIStats()
+        return stats
+
+    def _report_retentions(self) -> None:
+        retentions = self.manager.retentions
+        if retentions.changes == self._retention_changes_seen:
+            return
         with self.manager.lock:
-            now = self.manager.retentions.stats()
+            now = retentions.stats()
+            self._retention_changes_seen = retentions.changes
         report_retentions(self._retentions_reported, now, self._stats)
         self._retentions_reported = now
-        stats, self._stats = self._stats, KVCIStats()
-        return None if stats.is_empty() else stats
 
     def _report_policy(self) -> None:
         """The tier policy's refusals and unread evictions since the last report, as counters
         (its admissions and evictions are counted where they happen)."""
-        now = self.manager.index.policy_stats()
+        index = self.manager.index
+        changes = index.policy_changes
+        if changes == self._policy_changes_seen:
+            return
+        self._policy_changes_seen = changes
+        now = index.policy_stats()
         last = self._policy_reported
         for name, was, value in (
                 ("ram_refused_under_pressure", last.refused_under_pressure, now.refused_under_pressure),

@@ -357,13 +357,18 @@ class KVCIWorker:
         return errors
 
     def take_report(self) -> WorkerReport | None:
+        if self._report.is_empty():
+            return None
         report, self._report = self._report, WorkerReport()
-        return None if report.is_empty() else report
+        return report
 
     def take_stats(self) -> StatsTally | None:
-        self._count_done_copies()
+        if self._timed:
+            self._count_done_copies()
+        if self._stats.is_empty():
+            return None
         stats, self._stats = self._stats, StatsTally()
-        return None if stats.is_empty() else stats
+        return stats
 
     def shutdown(self) -> None:
         if self._layer_loads is not None:

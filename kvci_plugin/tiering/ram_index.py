@@ -133,6 +133,9 @@ class RAMIndex:
         self._tenant_pages: Counter[str] = Counter()
         self._use_seq = 0
         self._evictions = 0
+        # Moves with every call that may change what the policy counts: a reader polling its
+        # counts every engine step reads them only when this has moved.
+        self._policy_changes = 0
 
     @property
     def num_slots(self) -> int:
@@ -155,9 +158,15 @@ class RAMIndex:
         return self._policy.name
 
     def policy_stats(self) -> PolicyStats:
-        """What the policy did, without the occupancy walk of ``stats`` (read every step)."""
+        """What the policy did, without the occupancy walk of ``stats``."""
         with self._lock:
             return self._policy.stats()
+
+    @property
+    def policy_changes(self) -> int:
+        """A count that has moved whenever ``policy_stats`` may have changed its admissions,
+        refusals or evictions (lookups and sightings do not move it)."""
+        return self._policy_changes
 
     # ---- what the policy learns from -------------------------------------------------------
 
@@ -317,6 +326,7 @@ class RAMIndex:
             now = self._clock()
             victims = self._plan_evictions(tenant, distinct, len(new_keys), now)
             offer = offer if offer is not None else Offer(anchor=keys[-1])
+            self._policy_changes += 1
             if not self._policy.admits(offer, victims, now):
                 raise NotWorthDisplacingError(
                     "the checkpoint is worth less than the checkpoints it would evict")
@@ -406,6 +416,7 @@ class RAMIndex:
             self._tenant_pages.clear()
             self._free = list(range(self._num_slots - 1, -1, -1))
             self._policy.cleared()
+            self._policy_changes += 1
             return ids
 
     def set_meta(self, checkpoint_id: str, **values: Any) -> None:
@@ -532,6 +543,7 @@ class RAMIndex:
     def _drop(self, checkpoint_id: str, *, evicted: bool = False) -> Eviction:
         entry = self._entries.pop(checkpoint_id)
         self._policy.dropped(checkpoint_id, evicted=evicted)
+        self._policy_changes += 1
         for key in entry.distinct:
             page = self._pages[key]
             page.holders.discard(checkpoint_id)

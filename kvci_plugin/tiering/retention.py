@@ -67,6 +67,7 @@ class Retentions:
         self._tenant_pages: Counter[str] = Counter()
         self._expired = 0
         self._released = 0
+        self._changes = 0
 
     def check(self, tenant: str, keys: Sequence[PageKey]) -> None:
         """RetentionRefused when retaining ``keys`` would take the tenant's retained bytes over
@@ -93,6 +94,7 @@ class Retentions:
         until = self._clock() + ttl_s
         self._held[checkpoint_id] = _Retention(tenant, distinct, until, session)
         heapq.heappush(self._ends, (until, checkpoint_id))
+        self._changes += 1
         return RetentionOutcome(status="retained", ttl_s=ttl_s,
                                 reason=f"exempt from eviction for {ttl_s:g} s or until the "
                                 "session's next request")
@@ -138,6 +140,13 @@ class Retentions:
         self._ends.clear()
         self._pages.clear()
         self._tenant_pages.clear()
+        self._changes += 1
+
+    @property
+    def changes(self) -> int:
+        """A count that has moved whenever ``stats`` may have changed: a reader polling them
+        every engine step builds them only when this has moved."""
+        return self._changes
 
     def stats(self) -> RetentionStats:
         slot = self._index.slot_bytes
@@ -147,6 +156,7 @@ class Retentions:
             expired=self._expired, released=self._released)
 
     def _end(self, held: _Retention) -> None:
+        self._changes += 1
         if held.pinned:
             self._index.unpin(held.keys)
         for key in held.keys:
