@@ -29,10 +29,14 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
 
 Both disk paths read files written minutes earlier, so the page cache holds them for both.
 Decode speed is ``--decode-tokens`` greedy tokens after a short prompt, tokens per second of
-the whole request, without a connector (``decode_off``), on the kvci engine with kvci
-parameters on every request and no hit (``decode_on``), and with ExampleConnector, which does
-nothing per decode step: what vLLM's connector plumbing alone costs. Every timed hit is
-checked (cached tokens > 0, and kvci's reported tier): a hit that did not happen aborts the run.
+the whole request, without a connector (``decode_off``), on a kvci engine with kvci parameters
+on every request and no hit (``decode_on``), and with ExampleConnector, which does nothing per
+decode step: what vLLM's connector plumbing alone costs. The three engines run at once, idle
+but for the one request in flight, and take each prompt in turn (the order rotating from prompt
+to prompt), so the machine's drift falls on each alike; an engine's speed against no connector
+is the median over the prompts of its speed over the plain engine's on the same prompt. Every
+timed hit is checked (cached tokens > 0, and kvci's reported tier): a hit that did not happen
+aborts the run.
 
 Each hit is broken into phases (``HitPhases``) from timestamps the connectors' hooks take
 (``benchmarks/ttft_trace.py``: kvci's connector and ExampleConnector, subclassed only to time
@@ -70,7 +74,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -79,7 +83,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvci_plugin.demo import DEMO_MODEL
 
-SCHEMA = "kvci-ttft/4"
+SCHEMA = "kvci-ttft/5"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "ttft.json"
 TRACE_MODULE = "benchmarks.ttft_trace"  # the connectors, timed at their hooks
@@ -194,6 +198,12 @@ class DecodeRate(BaseModel):
                    median_tokens_per_s=statistics.median(tokens_per_s), hooks_per_step_s=hooks_per_step_s)
 
 
+def vs_no_connector(rate: DecodeRate, off: DecodeRate) -> float:
+    """``rate``'s speed over the plain engine's: the median over the prompts, each taken by both
+    in the same round."""
+    return statistics.median(a / b for a, b in zip(rate.tokens_per_s, off.tokens_per_s, strict=True))
+
+
 class HitPhases(BaseModel):
     """Where one hit's TTFT went, from the connector hooks' timestamps (medians over the hits,
     each phase on its own, so they need not add up to ``total_s``).
@@ -257,7 +267,7 @@ class TTFTReport(BaseModel):
 
     model_config = _FROZEN
 
-    report_format: Literal["kvci-ttft/4"] = SCHEMA
+    report_format: Literal["kvci-ttft/5"] = SCHEMA
     command: str
     runtime_s: float
     vllm_version: str
@@ -285,6 +295,8 @@ class TTFTReport(BaseModel):
             raise ValueError(f"ttft must time exactly the paths {sorted(PATHS)}")
         if set(self.decode) != set(DECODE_PATHS):
             raise ValueError(f"decode must measure exactly {sorted(DECODE_PATHS)}")
+        if len({len(rate.tokens_per_s) for rate in self.decode.values()}) != 1:
+            raise ValueError("every decode engine must take the same prompts (paired by round)")
         if set(self.phases) != set(TRACED_PATHS):
             raise ValueError(f"phases must break down exactly the hits {sorted(TRACED_PATHS)}")
         if self.targets != evaluate_targets(self.ttft, self.decode, self.floors):
@@ -297,7 +309,7 @@ def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
     def med(path: str) -> float:
         return ttft[path].median_s
 
-    overhead = 1.0 - decode["decode_on"].median_tokens_per_s / decode["decode_off"].median_tokens_per_s
+    overhead = 1.0 - vs_no_connector(decode["decode_on"], decode["decode_off"])
     floor, copy = med("prefix_cache_hit"), floors.copy_all_threads_s
     rows = [("ram_speedup", "recompute TTFT / kvci RAM hit TTFT",
              med("recompute") / med("kvci_ram_hit"), "ratio", TARGET_RAM_SPEEDUP, False)]
@@ -572,19 +584,26 @@ class Bench:
     def _hits(self, llm: Any, engine: str, path: str, **kw: Any) -> None:
         self._time(llm, engine, path, [self.prompts.hit] * self.args.hit_samples, hit=True, **kw)
 
-    def _decode(self, llm: Any, engine: str, path: str, kvci: dict[str, Any] | None = None) -> None:
-        rates, windows = [], []
-        for tokens in self.prompts.decode:
-            start = time.perf_counter()
-            elapsed, out = self._request(llm, tokens, max_tokens=self.args.decode_tokens, kvci=kvci)
-            windows.append((start, time.perf_counter()))
-            if (out.num_cached_tokens or 0) > 0 or len(out.outputs[0].token_ids) != self.args.decode_tokens:
-                raise MissedHit(f"{path}: expected {self.args.decode_tokens} tokens and no hit")
-            rates.append(self.args.decode_tokens / elapsed)
-        trace = self.workdir / "trace" / engine
-        hooks = hooks_per_step(read_trace(trace), windows) if trace.is_dir() else None
-        self.decode[path] = DecodeRate.of(engine, rates, hooks)
-        _say(f"{path}: median {self.decode[path].median_tokens_per_s:.1f} tokens/s")
+    def _decode(self, engines: dict[str, tuple[str, Any, dict[str, Any] | None]]) -> None:
+        """Each prompt on every engine in turn, the order rotating; ``engines``: path -> (engine
+        name, engine, kvci parameters)."""
+        order = list(engines)
+        rates: dict[str, list[float]] = {path: [] for path in order}
+        windows: dict[str, list[tuple[float, float]]] = {path: [] for path in order}
+        for i, tokens in enumerate(self.prompts.decode):
+            for path in order[i % len(order):] + order[: i % len(order)]:
+                _, llm, kvci = engines[path]
+                start = time.perf_counter()
+                elapsed, out = self._request(llm, tokens, max_tokens=self.args.decode_tokens, kvci=kvci)
+                windows[path].append((start, time.perf_counter()))
+                if (out.num_cached_tokens or 0) > 0 or len(out.outputs[0].token_ids) != self.args.decode_tokens:
+                    raise MissedHit(f"{path}: expected {self.args.decode_tokens} tokens and no hit")
+                rates[path].append(self.args.decode_tokens / elapsed)
+        for path, (engine, _, _) in engines.items():
+            trace = self.workdir / "trace" / engine
+            hooks = hooks_per_step(read_trace(trace), windows[path]) if trace.is_dir() else None
+            self.decode[path] = DecodeRate.of(engine, rates[path], hooks)
+            _say(f"{path}: median {self.decode[path].median_tokens_per_s:.1f} tokens/s")
 
     def _persisted(self, checkpoint_id: str) -> bool:
         # Read-only: the engine owns the catalog and may be writing it.
@@ -612,7 +631,6 @@ class Bench:
         p = self.prompts
         with self.engine("plain") as llm:
             self._time(llm, "plain", "recompute", p.cold, hit=False)
-            self._decode(llm, "plain", "decode_off")
         with self.engine("kvci", kv_transfer_config=self._kvci_config("kvci")) as llm:
             self._time(llm, "kvci", "kvci_miss", p.cold, hit=False, kvci=kvci)
             reply = self._keep(llm, "kvci_ram_hit", session_token=self.session_token, persist=True,
@@ -627,7 +645,6 @@ class Bench:
                     raise MissedHit("kvci_disk_hit: the persisted checkpoint never reached the catalog")
                 self._request(llm, p.step)  # steps the engine so the persist job reaches the worker
             self._hits(llm, "kvci", "kvci_ram_hit", kvci=kvci, tier="ram")
-            self._decode(llm, "kvci", "decode_on", kvci=kvci)
         with self.engine("prefix_cache", prefix_caching=True) as llm:
             self._request(llm, p.hit)
             self._hits(llm, "prefix_cache", "prefix_cache_hit")
@@ -639,7 +656,6 @@ class Bench:
                          kv_transfer_config=self._example_config("example_connector")) as llm:
             self._request(llm, p.hit)  # writes the prompt's KV files
             self._hits(llm, "example_connector", "example_connector_hit")
-            self._decode(llm, "example_connector", "decode_example_connector")
         with self.engine("kvci_restarted", kv_transfer_config=self._kvci_config("kvci_restarted")) as llm:
             self._hits(llm, "kvci_restarted", "kvci_disk_hit", kvci=kvci, tier="disk")
         chunked = "kvci_chunked"
@@ -649,6 +665,14 @@ class Bench:
             self._hits(llm, chunked, "chunked_kvci_disk_hit", kvci=kvci, tier="disk")
             self._keep(llm, "chunked_kvci_ram_hit", checkpoint="now")
             self._hits(llm, chunked, "chunked_kvci_ram_hit", kvci=kvci, tier="ram")
+        with ExitStack() as stack:
+            self._decode({
+                "decode_off": ("plain_decode", stack.enter_context(self.engine("plain_decode")), None),
+                "decode_on": ("kvci_decode", stack.enter_context(self.engine(
+                    "kvci_decode", kv_transfer_config=self._kvci_config("kvci_decode"))), kvci),
+                "decode_example_connector": ("example_decode", stack.enter_context(self.engine(
+                    "example_decode", kv_transfer_config=self._example_config("example_decode"))), None),
+            })
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -747,9 +771,11 @@ def summary(report: TTFTReport) -> str:
     lines.append(f"Floors for the hit's {f.nbytes / (1 << 20):.1f} MiB (ms): copy {f.copy_one_thread_s * 1e3:.2f} "
                  f"(1 thread), {f.copy_all_threads_s * 1e3:.2f} ({f.threads} threads); page-cache read "
                  f"{f.read_page_cache_s * 1e3:.2f}; XXH3-128 {f.xxh3_s * 1e3:.2f}")
+    off = report.decode["decode_off"]
     for path, rate in report.decode.items():
         hooks = "" if rate.hooks_per_step_s is None else f"  hooks {rate.hooks_per_step_s * 1e6:.0f} us/step"
-        lines.append(f"  {path:24s} {rate.median_tokens_per_s:8.1f} tokens/s{hooks}")
+        lines.append(f"  {path:24s} {rate.median_tokens_per_s:8.1f} tokens/s  "
+                     f"{vs_no_connector(rate, off):.3f}x no connector{hooks}")
     lines.append(f"  load average {report.load_average[0]:.2f} at the start, {report.load_average[1]:.2f} at the end")
     for t in report.targets:
         lines.append(f"  target {t.name}: {t.value:.3f} {'<=' if t.at_most else '>='} {t.bound} "

@@ -149,6 +149,22 @@ def test_a_report_cannot_claim_targets_its_figures_do_not_give() -> None:
         report(good.ttft, good.decode, targets=forged)
 
 
+def test_decode_overhead_pairs_each_prompt_with_the_plain_engines_run_of_it() -> None:
+    # The machine slows down after the first prompt: paired, kvci loses 2% on every prompt;
+    # the engines' medians alone would say it gained.
+    off = DecodeRate.of("plain", [100.0, 50.0, 50.0])
+    on = DecodeRate.of("kvci", [98.0, 98.0, 49.0])
+    decode = {"decode_off": off, "decode_on": on, "decode_example_connector": off}
+    checks = {t.name: t for t in evaluate_targets(timings(), decode, FLOORS)}
+    assert checks["decode_overhead"].value == pytest.approx(0.02)
+    assert not checks["decode_overhead"].met
+    unpaired = {**decode, "decode_on": DecodeRate.of("kvci", [98.0, 49.0])}
+    with pytest.raises(ValueError, match="strict|shorter|longer"):
+        evaluate_targets(timings(), unpaired, FLOORS)
+    with pytest.raises(ValidationError, match="same prompts"):
+        report(timings(), unpaired, targets=())
+
+
 def test_a_report_must_time_every_path_and_state_true_medians() -> None:
     ttft = timings()
     del ttft["kvci_disk_hit"]
