@@ -248,7 +248,8 @@ class RAMIndex:
         """Slots of ``keys`` for a load, pinned until ``unpin``.
 
         Fails closed, pinning nothing, if any page is missing, not yet copied in, or held under
-        another tenant. Every checkpoint holding the last of the pages becomes most recently used.
+        another tenant. Every checkpoint the load reads whole (its last page is the load's)
+        becomes most recently used.
         """
         check_tenant(tenant)
         keys = _check_keys(keys)
@@ -265,10 +266,12 @@ class RAMIndex:
                 pages.append(page)
             for page in pages:
                 page.pins += 1
-            # The checkpoints holding the load's last page hold its whole prefix: those are
-            # the ones it used. A sibling that shares only the root keeps its place, and a hit on
-            # a prefix shared by thousands costs no more than one on a private chain.
-            self._touch(set(pages[-1].holders) if pages else set())
+            # Only the checkpoints the load read whole were used: one that goes on past the
+            # load's last page (a later turn, another user behind the same system prompt) keeps
+            # its place, or a hit on a shared prefix would keep every holder's tail with it.
+            last = keys[-1] if keys else None
+            self._touch({cid for cid in pages[-1].holders
+                         if self._entries[cid].keys[-1] == last} if pages else set())
             return [page.slot for page in pages]
 
     def unpin(self, keys: Sequence[PageKey]) -> None:
@@ -463,9 +466,10 @@ class RAMIndex:
 
     def _touch(self, checkpoint_ids: set[str]) -> None:
         now = self._clock()
-        self._policy.touched(tuple(checkpoint_ids), now)
         # Keep the touched checkpoints' relative order: the older stays older.
-        for cid in sorted(checkpoint_ids, key=lambda c: self._entries[c].use_seq):
+        ordered = sorted(checkpoint_ids, key=lambda c: self._entries[c].use_seq)
+        self._policy.touched(tuple(ordered), now)
+        for cid in ordered:
             self._use_seq += 1
             entry = self._entries[cid]
             entry.use_seq = self._use_seq

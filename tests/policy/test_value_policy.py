@@ -243,6 +243,33 @@ def test_lru_policy_keeps_lru_order_and_explicit_last() -> None:
     assert [e.checkpoint_id for e in res.evicted] == ["a"]
 
 
+def test_lru_policy_refreshes_a_checkpoint_when_its_whole_context_is_resent() -> None:
+    ix = index(5, policy=LRUPolicy())
+    keep(ix, "a", chain(1, 2))
+    keep(ix, "b", chain(3))
+    keep(ix, "c", chain(4))
+    # A later turn re-sends "a"'s context: "a" is now the most recently used.
+    assert ix.observe_lookup(chain(1, 2, 9)) == 1
+    res = ix.reserve("d", "t", chain(5, 6), offer=Offer(anchor=key(6)))
+    assert [e.checkpoint_id for e in res.evicted] == ["b"]
+
+
+def test_lru_policy_keeps_no_tail_alive_for_a_hit_on_the_prefix_it_shares() -> None:
+    # Two users behind one system prompt (page 1), then a private chain. A new user's hit reads
+    # page 1 alone: the holders' tails stay where they were, so the oldest user's tail leaves
+    # first, as a block LRU would evict it, and the shared page stays with the other holder.
+    ix = index(4, policy=LRUPolicy())
+    keep(ix, "old", chain(1, 2))
+    keep(ix, "mid", chain(1, 3))
+    keep(ix, "solo", chain(8))
+    ix.observe_lookup(chain(1, 7))
+    ix.pin(chain(1), "t")
+    ix.unpin(chain(1))
+    res = ix.reserve("new", "t", chain(5), offer=Offer(anchor=key(5)))
+    assert [e.checkpoint_id for e in res.evicted] == ["old"]
+    assert ix.longest_prefix(chain(1, 3), "t") == 2 and ix.longest_prefix(chain(8), "t") == 1
+
+
 def test_the_hit_rate_floor_is_the_bars_alone_by_default() -> None:
     from kvci_plugin.policy import default_hit_rate_floor
     from kvci_plugin.worthiness.cache_gate import HIT_RATE_FLOOR

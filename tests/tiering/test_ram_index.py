@@ -104,16 +104,24 @@ def test_lru_evicts_the_least_recently_used_checkpoint_and_a_load_touches() -> N
     assert index.stats().evictions == 1
 
 
-def test_a_load_touches_every_checkpoint_holding_the_page_and_keeps_their_order() -> None:
+def test_a_load_touches_the_checkpoints_it_reads_whole_and_keeps_their_order() -> None:
     index = RAMIndex(num_slots=16, slot_bytes=SLOT, max_entries=8)
-    stored(index, "a", "t", keys(1, 2))
-    stored(index, "b", "t", keys(1, 3))
-    stored(index, "c", "t", keys(4))
+    stored(index, "a", "t", keys(1))
+    stored(index, "b", "t", keys(1, 3))  # goes on past the load: its tail was not read
+    stored(index, "c", "t", keys(1))
+    stored(index, "d", "t", keys(4))
     before = index.get("a", "t").last_used
     index.pin(keys(1), "t")
     index.unpin(keys(1))
-    assert ids(index) == ["c", "a", "b"]
+    assert ids(index) == ["b", "d", "a", "c"]
     assert index.get("a", "t").last_used >= before
+    # The eviction order follows: "b" leaves first though it holds the page just read.
+    small = RAMIndex(num_slots=3, slot_bytes=SLOT, max_entries=2)
+    stored(small, "a", "t", keys(1))
+    stored(small, "b", "t", keys(1, 3))
+    small.pin(keys(1), "t")
+    small.unpin(keys(1))
+    assert [e.checkpoint_id for e in small.reserve("c", "t", keys(6)).evicted] == ["b"]
 
 
 def test_the_byte_bound_evicts_only_as_much_as_needed() -> None:

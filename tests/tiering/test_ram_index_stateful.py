@@ -252,8 +252,8 @@ class IndexModel:
         for k in keys:
             self.pins[k] += 1
         self.loads.append(keys)
-        # The checkpoints holding the load's last page: the ones whose prefix it read.
-        touched = {c for c, e in self.entries.items() if keys[-1] in e.keys}
+        # The checkpoints the load read whole: those whose last page is the load's.
+        touched = {c for c, e in self.entries.items() if e.keys[-1] == keys[-1]}
         self.order = [c for c in self.order if c not in touched] + [
             c for c in self.order if c in touched
         ]
