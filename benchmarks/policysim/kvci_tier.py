@@ -70,7 +70,7 @@ class KVCITier:
         """One request: its lookup, then what the connector keeps of it when it finishes."""
         self._clock.now_s = request.timestamp_ms / 1000.0
         keys = [page_key(block) for block in request.hash_ids[: request.full_blocks]]
-        lineage = self.index.observe_lookup(keys)
+        self.index.observe_lookup(keys)
         # As the connector caps it: never every token of the prompt.
         run = min(self.index.longest_prefix(keys, TENANT), request.hit_blocks)
         if run:
@@ -87,7 +87,7 @@ class KVCITier:
         if not keys:
             self._outcomes["no_full_block"] += 1
             return
-        offer = offer_for(rec, anchor=keys[-1], explicit=False, lineage=lineage, pages=len(keys),
+        offer = offer_for(rec, anchor=keys[-1], explicit=False, pages=len(keys),
                           rebuild_s=offer_rebuild_s(self._rebuild, observation))
         self.index.sight(offer)
         if not system_may_offer(rec):

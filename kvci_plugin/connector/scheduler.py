@@ -113,7 +113,6 @@ class _Req:
     prefill_s: float | None = None
     scheduled_tokens: int = 0
     lookup_learned: bool = False  # the tier policy (and the bar) learned this request's lookup
-    lineage: int = 0  # remembered anchors its prompt re-sent (the tier policy's answer)
     resident: int | None = None  # the RAM run its lookup found; the bar learns it once it runs
     disk_declined: bool = False  # counted once a request, however often vLLM asks
     retain: RetainAsk | None = None
@@ -403,7 +402,7 @@ class KVCIScheduler:
                 # reuse of KV that others' requests built.
                 st.lookup_learned = True
                 if st.keys is not None and st.generation == self.generation:
-                    st.lineage = self.manager.index.observe_lookup(st.keys)
+                    self.manager.index.observe_lookup(st.keys)
                     if self._bar is not None:
                         self._bar.observe_lookup(st.keys, st.resident)
             if st.prompt_done and st.prefill_s is None:
@@ -531,7 +530,7 @@ class KVCIScheduler:
             # Anchored where the bar anchors: the prompt's last full block, which a continuation
             # re-sends. Kept or not, the policy remembers it.
             offer = offer_for(rec, anchor=prompt_keys[min(n_full, len(prompt_keys)) - 1],
-                              explicit=trigger not in (None, "system"), lineage=st.lineage,
+                              explicit=trigger not in (None, "system"),
                               pages=n_full, rebuild_s=offer_rebuild_s(self._rebuild, obs))
             self.manager.index.sight(offer)
         if trigger is not None and prompt_keys is not None:

@@ -33,14 +33,11 @@ class LRUPolicy:
         self._unread: set[str] = set()
         self._admitted = self._admitted_explicit = self._displaced = self._wasted = 0
 
-    def observe_lookup(self, chain: Sequence[Hashable], now: float) -> int:
-        resent = 0
+    def observe_lookup(self, chain: Sequence[Hashable], now: float) -> None:
         for key in chain:
             held = self._by_anchor.get(key)
             if held:
-                resent += 1
                 self.touched(tuple(held), now)
-        return resent
 
     def sighted(self, offer: Offer, now: float) -> None:
         return None

@@ -1,7 +1,6 @@
 """What the tier policy is told about a request that could be kept: an ``Offer``.
 
-Everything in it is known when the request finishes: the worthiness recommendation's score, how
-many earlier requests' anchors its prompt re-sent (its lineage: a continuation or a repeat), the
+Everything in it is known when the request finishes: the worthiness recommendation's score, the
 rebuild cost per page from the shared ``RebuildCostEstimate``, and whether a client or operator
 asked for the checkpoint explicitly.
 """
@@ -17,7 +16,7 @@ from kvci_plugin.worthiness.cache_gate import HIT_RATE_FLOOR
 # Scores fall into this many equal bands: coarse enough that every band gathers evidence
 # quickly, fine enough to separate what the advisor calls poor, middling and strong.
 SCORE_BANDS = 4
-# Counts (lineage, reuses) are told apart up to this: "none", "once", "more than once".
+# Re-sends of a context are told apart up to this: "none", "once", "more than once".
 COUNT_CAP = 2
 
 
@@ -32,14 +31,11 @@ class Offer:
     anchor: Hashable
     explicit: bool = False
     score: float | None = None
-    lineage: int = 0
     rebuild_s_per_page: float | None = None
 
     def __post_init__(self) -> None:
         if self.score is not None and not 0.0 <= self.score <= 1.0:
             raise ValueError(f"score must be in [0, 1] or None, not {self.score!r}")
-        if isinstance(self.lineage, bool) or not isinstance(self.lineage, int) or self.lineage < 0:
-            raise ValueError(f"lineage must be an int >= 0, not {self.lineage!r}")
         if self.rebuild_s_per_page is not None and not self.rebuild_s_per_page >= 0.0:
             raise ValueError(f"rebuild_s_per_page must be >= 0 or None, not {self.rebuild_s_per_page!r}")
 
@@ -89,7 +85,6 @@ def offer_for(
     *,
     anchor: Hashable,
     explicit: bool,
-    lineage: int,
     pages: int,
     rebuild_s: float | None,
 ) -> Offer:
@@ -100,7 +95,6 @@ def offer_for(
         anchor=anchor,
         explicit=explicit,
         score=rec.score if rec is not None else None,
-        lineage=lineage,
         rebuild_s_per_page=per_page,
     )
 

@@ -35,8 +35,8 @@ class PolicyStats:
 class TierPolicy(Protocol):
     name: str
 
-    def observe_lookup(self, chain: Sequence[Hashable], now: float) -> int:
-        """A request's prompt keys at its lookup; returns how many remembered anchors it re-sent."""
+    def observe_lookup(self, chain: Sequence[Hashable], now: float) -> None:
+        """A request's prompt keys at its lookup: which remembered anchors it re-sent."""
         ...
 
     def sighted(self, offer: Offer, now: float) -> None:

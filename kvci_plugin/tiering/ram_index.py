@@ -170,11 +170,11 @@ class RAMIndex:
 
     # ---- what the policy learns from -------------------------------------------------------
 
-    def observe_lookup(self, chain: Sequence[PageKey]) -> int:
+    def observe_lookup(self, chain: Sequence[PageKey]) -> None:
         """A request's prompt keys, once per request at its lookup (whatever it hits): the policy
-        learns which remembered contexts came back. Returns how many it re-sent (its lineage)."""
+        learns which remembered contexts came back."""
         with self._lock:
-            return self._policy.observe_lookup(chain, self._clock())
+            self._policy.observe_lookup(chain, self._clock())
 
     def sight(self, offer: Offer) -> None:
         """A request finished, kept or not: the policy remembers its anchor."""

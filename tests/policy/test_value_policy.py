@@ -127,7 +127,7 @@ def test_eviction_takes_the_lowest_value_first_not_the_oldest() -> None:
     learned(clock, ix)
     keep(ix, "oneoff", chain(70, 71))  # room: kept, and more recent than "hot"
     clock.now += 5.0
-    res = ix.reserve("hot2", "t", chain(1, 2, 3, 4), offer=Offer(anchor=key(4), lineage=1))
+    res = ix.reserve("hot2", "t", chain(1, 2, 3, 4), offer=Offer(anchor=key(4)))
     assert [e.checkpoint_id for e in res.evicted] == ["oneoff"]  # LRU would have taken "hot"
 
 
@@ -249,7 +249,7 @@ def test_lru_policy_refreshes_a_checkpoint_when_its_whole_context_is_resent() ->
     keep(ix, "b", chain(3))
     keep(ix, "c", chain(4))
     # A later turn re-sends "a"'s context: "a" is now the most recently used.
-    assert ix.observe_lookup(chain(1, 2, 9)) == 1
+    ix.observe_lookup(chain(1, 2, 9))
     res = ix.reserve("d", "t", chain(5, 6), offer=Offer(anchor=key(6)))
     assert [e.checkpoint_id for e in res.evicted] == ["b"]
 
