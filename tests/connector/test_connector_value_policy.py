@@ -43,6 +43,9 @@ FLOOD = [_tokens(4 * BLOCK_SIZE + 5) for _ in range(5)]
 # The explicit checkpoint's flood: 40 pages of one-offs none of which comes back, so whatever
 # order the tests run in, no test teaches the policy that one-offs return.
 ONE_OFFS = [_tokens(4 * BLOCK_SIZE + 5) for _ in range(10)]
+# HOT's last lesson: it comes back after more one-offs in a row than the flood holds (32 pages), so
+# the policy has seen it return at an idle age past the flood's even if the flood runs slower.
+LONG_GAP = [_tokens(4 * BLOCK_SIZE + 5) for _ in range(8)]
 PROMPTS = {"hot": HOT, "kept": KEPT, "explicit": EXPLICIT, "never": NEVER}
 
 
@@ -91,6 +94,9 @@ def test_a_recurring_context_outlives_a_flood_of_one_offs_larger_than_the_tier(e
         for one_off in TEACH[taught : taught + run]:
             _reply(empty, one_off, tenant=tenant)
         taught, run = taught + run, run % LONGEST_TEACH_RUN + 1
+    for one_off in LONG_GAP:
+        _reply(empty, one_off, tenant=tenant)
+    _reply(empty, HOT, tenant=tenant)
     for one_off in FLOOD:  # 20 pages of one-offs in a row: LRU would evict HOT
         _reply(empty, one_off, tenant=tenant)
     out, hot = _reply(empty, HOT, tenant=tenant)
