@@ -14,9 +14,9 @@ Rules, each with the anchor it comes from:
   often the context's anchor was re-sent since (a frequency, as LFU and TinyLFU count it); not
   also whether the request continued an earlier one: that split each class's evidence three ways
   and cost hits at every budget it moved (``benchmarks.policy_sim``, conversation trace: 5 %
-  1.070 -> 1.084x LRU, 25 % 0.988 -> 0.995x; the mixed trace within 0.01). The learning costs no bytes: every request's anchor is remembered whether it was
-  kept or not (S3-FIFO's and ARC's ghosts), so the policy learns what its refusals would have
-  bought.
+  1.070 -> 1.084x LRU, 25 % 0.988 -> 0.995x; the mixed trace within 0.01). The learning costs
+  no bytes: every request's anchor is remembered whether it was kept or not (S3-FIFO's and
+  ARC's ghosts), so the policy learns what its refusals would have bought.
 - **Admission.** With room, every offer is kept: refusing into free memory buys nothing (the
   gap the old RAM bar left). Under pressure an offer is kept only if it is worth at least the
   most valuable checkpoint it would evict (TinyLFU's "admit only if worth more than the

@@ -269,9 +269,9 @@ class RAMIndex:
             # Only the checkpoints the load read whole were used: one that goes on past the
             # load's last page (a later turn, another user behind the same system prompt) keeps
             # its place, or a hit on a shared prefix would keep every holder's tail with it.
-            last = keys[-1] if keys else None
-            self._touch({cid for cid in pages[-1].holders
-                         if self._entries[cid].keys[-1] == last} if pages else set())
+            if keys:
+                self._touch({cid for cid in pages[-1].holders
+                             if self._entries[cid].keys[-1] == keys[-1]})
             return [page.slot for page in pages]
 
     def unpin(self, keys: Sequence[PageKey]) -> None:
