@@ -415,7 +415,7 @@ class BlobStore:
         """How many quarantined blobs are kept."""
         return sum(1 for _ in self._quarantine.glob(f"*{BLOB_SUFFIX}"))
 
-    def _quarantine_file(self, key: PageKey, path: str | Path, seen: os.stat_result) -> None:
+    def _quarantine_file(self, key: PageKey, path: str, seen: os.stat_result) -> None:
         # The time leads the name so that name order is age order.
         target = self._quarantine / f"{time.time_ns()}-{self._ns_hex[:32]}-{key.hex()}{BLOB_SUFFIX}"
         with self._lock:
