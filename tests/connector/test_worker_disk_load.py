@@ -6,6 +6,7 @@ Imports no vllm: run.sh runs it on the GPU machine too, with the KV cache there 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +112,51 @@ def test_a_sync_load_is_in_place_when_start_load_kv_returns_and_never_reported_a
     worker.clear()
     report = worker.take_report()
     assert report.bad_pages == [keys[6]] and [n for n, _ in report.disk_loads] == [6 * SLOT]
+
+
+class _ReadsByThread:
+    """The worker's blobs, recording which thread reads each job's pages; a read on the I/O
+    thread holds until ``release`` is set."""
+
+    def __init__(self, blobs) -> None:
+        self._blobs = blobs
+        self.release = threading.Event()
+        self.threads: list[str] = []
+
+    def read_many(self, keys, tenant, out):
+        name = threading.current_thread().name
+        self.threads.append(name)
+        if name.startswith("kvci-disk"):
+            assert self.release.wait(10)
+        return self._blobs.read_many(keys, tenant, out)
+
+
+def test_a_sync_load_is_read_on_the_steps_thread_unless_the_io_thread_has_one_in_flight(setup) -> None:
+    worker, kv, keys, _ = setup
+    reads = worker._blobs = _ReadsByThread(worker._blobs)
+    reads.release.set()
+    sync_blocks = list(range(8, 16))
+    worker.bind(StepJobs(disk_loads=[DiskLoadJob("s1", "alice", keys, sync_blocks, sync=True)]))
+    worker.start_load_kv()
+    worker.clear()
+    assert set(reads.threads) == {threading.current_thread().name}  # nothing to wait for
+    for t in kv.values():
+        t[sync_blocks] = 0
+    # An async load is on the I/O thread, reading into the one staging buffer: the next sync
+    # load queues behind it there, and both land whole.
+    reads.release.clear()
+    reads.threads.clear()
+    async_blocks = list(range(PAGES))
+    start_load(worker, DiskLoadJob("a1", "alice", keys, async_blocks))
+    threading.Timer(0.2, reads.release.set).start()
+    worker.bind(StepJobs(disk_loads=[DiskLoadJob("s2", "alice", keys, sync_blocks, sync=True)]))
+    worker.start_load_kv()
+    worker.clear()
+    assert {name.split("_")[0] for name in reads.threads} == {"kvci-disk"}
+    assert _step_until_reported(worker, "a1", generation=0) == set()
+    for i in range(PAGES):
+        assert torch.equal(block_bytes(kv, async_blocks[i]), page_of(i)), i
+        assert torch.equal(block_bytes(kv, sync_blocks[i]), page_of(i)), i
 
 
 def test_a_persist_writes_every_page_of_its_slots(setup) -> None:
