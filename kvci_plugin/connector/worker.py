@@ -5,8 +5,8 @@ persists in `wait_for_save`, after the forward that wrote the pages. With the KV
 the copies run on side CUDA streams (`PageCopyStream`; loads, stores and disk loads apart): the
 forward waits for a load on the GPU, a store overlaps the following steps and its request is
 reported finished (so vLLM frees its blocks) only once the copy has run. On the CPU a RAM load
-is copied a layer at a time beside the forward (`LayerwiseLoads`), and every other copy is done
-before its call returns.
+is copied a layer at a time, each as the forward reaches it (`LayerwiseLoads`), and every other
+copy is done before its call returns.
 Disk loads run on a background thread and are reported through `get_finished`, but for one the
 step's forward reads (the request is the only one) while that thread is idle: it is read in
 `start_load_kv` itself. A blob that fails verification becomes a load error so vLLM recomputes
@@ -120,7 +120,7 @@ class KVCIWorker:
                 for name in names:
                     parts.append(LayerPart(name, g, offset, per_layer[name]))
                     offset += slot_bytes(per_layer[name])
-            # Layer by layer beside the forward; on CUDA the load stream overlaps it already.
+            # Layer by layer as the forward reaches each; on CUDA the load stream overlaps it.
             self._layer_loads = LayerwiseLoads(self._pool, parts)
         # A stream each, so that a load never queues behind a store: a slot becomes loadable only
         # once every worker reported its store done, and a slot a load reads is reused only by a

@@ -110,7 +110,8 @@ def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(tmp_p
                 write_block(kv, block, torch.zeros(SLOT, dtype=torch.uint8))
             worker.bind(StepJobs(loads=[LoadJob("r2", slots, targets)]))
             worker.start_load_kv()
-            seen = {"start": [torch.cat([layer_bytes(kv, "layer.1", b) for b in targets])]}
+            seen = {"start": [torch.cat([layer_bytes(kv, "layer.1", b) for b in targets])],
+                    "start.0": [torch.cat([layer_bytes(kv, "layer.0", b) for b in targets])]}
             for name in waits:
                 worker.wait_for_layer_load(name)
                 seen[name] = [layer_bytes(kv, name, b) for b in targets]
@@ -124,14 +125,20 @@ def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(tmp_p
         # The first load: no layer is known to wait, so every page is in before the forward.
         first = load(["layer.0"])
         assert torch.equal(first["start"][0], torch.cat([page_of(s)[half:] for s in sources]))
-        # Later ones: layer 0, seen waiting, is copied beside the forward, in place when waited
-        # for; layer 1 never waited, so it is copied before the forward starts, as before.
+        assert torch.equal(first["start.0"][0], torch.cat([page_of(s)[:half] for s in sources]))
+        # Later ones: layer 0, seen waiting, is copied when the forward waits for it, and not
+        # before; layer 1 never waited, so it is copied before the forward starts, as before.
         for _ in range(3):
             later = load(["layer.0"])
             assert torch.equal(later["start"][0], torch.cat([page_of(s)[half:] for s in sources]))
+            assert not later["start.0"][0].any()
             for got, source in zip(later["layer.0"], sources, strict=True):
                 assert torch.equal(got, page_of(source)[:half])
+        # A step whose forward waits for nothing still ends with every page in (its finish
+        # copies layer 0), and layer 0 stays deferred in the steps after it.
+        load([])
+        assert not load(["layer.0"])["start.0"][0].any()
         totals = worker.take_stats().reduce()
-        assert totals["loaded_bytes_ram"] == 4 * 3 * SLOT
+        assert totals["loaded_bytes_ram"] == 6 * 3 * SLOT
     finally:
         worker.shutdown()
