@@ -219,7 +219,9 @@ class HitPhases(BaseModel):
     waits within ``forward_s``; ExampleConnector: reading and scattering; kvci disk, with
     nothing else to run: the whole disk load); ``disk_load_s``: a kvci disk load on its I/O
     thread (within ``queue_s`` when asynchronous, within ``load_s`` when read in the forward's
-    step), ``read_s`` of it reading and verifying the blobs and ``scatter_s`` copying them in; ``forward_s``: the model's forward; ``back_s``: from
+    step), ``read_s`` of it reading and verifying the blobs and ``scatter_s`` copying them in (0 when the
+    forward copies them in a layer at a time, within ``forward_s``, as on the CPU when the load is
+    read in the forward's step); ``forward_s``: the model's forward; ``back_s``: from
     the forward's end to ``LLM.generate`` returning (sampling, output processing)."""
 
     model_config = _FROZEN

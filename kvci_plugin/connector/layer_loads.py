@@ -1,4 +1,7 @@
-"""LayerwiseLoads: a step's RAM loads on the CPU, each layer copied when the forward reaches it.
+"""LayerwiseLoads: a step's loads on the CPU, each layer copied when the forward reaches it.
+
+The pages come from rows of host memory: the RAM tier's slots, or the disk load's verified
+staging buffer when the forward's step reads a disk hit itself.
 
 vLLM calls ``wait_for_layer_load(layer)`` before an attention layer reads its KV cache. A load
 copied whole in ``start_load_kv`` makes the forward read pages that left the CPU's caches while
@@ -23,11 +26,22 @@ from dataclasses import dataclass
 
 import torch
 
-from kvci_plugin.ops import PendingCopy
-from kvci_plugin.tiering.page_pool import PagePool
+from kvci_plugin.connector.pages import slot_bytes
+from kvci_plugin.ops import PendingCopy, scatter_pages
 
 
-_Job = tuple[int, torch.Tensor, torch.Tensor]  # a group, its slots and blocks
+@dataclass(frozen=True)
+class LayerSource:
+    """Pages for one KV cache group's blocks: row ``rows[i]`` of ``pages`` holds every layer's
+    page of block ``blocks[i]``, laid out as a slot of the group."""
+
+    group: int
+    pages: torch.Tensor
+    rows: list[int]
+    blocks: list[int]
+
+
+_Job = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]  # group, pages, rows, blocks
 
 
 @dataclass(frozen=True)
@@ -41,9 +55,9 @@ class LayerPart:
 
 
 class LayerwiseLoads:
-    def __init__(self, pool: PagePool, parts: list[LayerPart]) -> None:
-        self._pool = pool
+    def __init__(self, parts: list[LayerPart]) -> None:
         self._parts = {part.name: part for part in parts}
+        self._sizes = {part.name: slot_bytes(part.views) for part in parts}
         # The layers the forward waited for, in the order it reached them (learned, not assumed).
         self._waited: dict[str, None] = {}
         self._deferred: dict[str, None] = {}  # this step's layers not copied yet
@@ -52,13 +66,13 @@ class LayerwiseLoads:
         self._copy_s = 0.0  # time spent copying this step's pages
         self._nbytes = 0
 
-    def start(self, loads: list[tuple[int, list[int], list[int]]], nbytes: int) -> None:
-        """Copy ``(group, slots, blocks)`` loads of ``nbytes`` in all: the layers the forward is
-        known to wait for when it does, the others now."""
+    def start(self, loads: list[LayerSource], nbytes: int) -> None:
+        """Copy ``loads`` of ``nbytes`` in all: the layers the forward is known to wait for when
+        it does, the others now. Their ``pages`` stay untouched until ``finish`` returns."""
         self.finish()
         self._started, self._nbytes = time.perf_counter(), nbytes
-        self._jobs = [(group, torch.tensor(slots, dtype=torch.int64), torch.tensor(blocks, dtype=torch.int64))
-                      for group, slots, blocks in loads]
+        self._jobs = [(load.group, load.pages, torch.tensor(load.rows, dtype=torch.int64),
+                       torch.tensor(load.blocks, dtype=torch.int64)) for load in loads]
         self._deferred = {name: None for name in self._waited if name in self._parts}
         for part in self._parts.values():
             if part.name not in self._deferred:
@@ -95,6 +109,7 @@ class LayerwiseLoads:
         self.finish()
 
     def _copy_layer(self, part: LayerPart) -> None:
-        for group, slots, blocks in self._jobs:
+        size = self._sizes[part.name]
+        for group, pages, rows, blocks in self._jobs:
             if group == part.group:
-                self._pool.load_part(slots, part.views, blocks, part.offset)
+                scatter_pages(pages[:, part.offset : part.offset + size], rows, part.views, blocks)

@@ -76,6 +76,11 @@ class PagePool:
     def pinned(self) -> bool:
         return self._pinned
 
+    @property
+    def pages(self) -> torch.Tensor:
+        """The slots' bytes, a row a slot: for copies that take a layer's part of each row."""
+        return self._pool
+
     @staticmethod
     def slot_bytes_for(layers: Sequence[torch.Tensor]) -> int:
         """Bytes of one slot for these 2-D layer views: one page of every layer."""
@@ -100,23 +105,6 @@ class PagePool:
         """Copy slot ``slot_ids[i]`` back into block ``block_ids[i]`` of every layer."""
         blocks, slots = self._check_copy(layers, block_ids, slot_ids)
         scatter_pages(self._pool, slots, list(layers), blocks)
-
-    def load_part(
-        self,
-        slot_ids: Sequence[int] | torch.Tensor,
-        layers: Sequence[torch.Tensor],
-        block_ids: Sequence[int] | torch.Tensor,
-        offset: int,
-    ) -> None:
-        """``load`` of some of a slot's layers: their pages sit at byte ``offset`` of each slot
-        (a load copied a layer at a time)."""
-        need = self.slot_bytes_for(layers)
-        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= self.slot_bytes - need:
-            raise ValueError(f"offset {offset!r}: {need} bytes of layers do not fit there in a "
-                             f"{self.slot_bytes}-byte slot")
-        blocks = _index_tensor("block_ids", block_ids)
-        slots = _index_tensor("slot_ids", slot_ids)
-        scatter_pages(self._pool[:, offset : offset + need], slots, list(layers), blocks)
 
     def read(self, slot: int) -> torch.Tensor:
         """A copy of one slot's bytes (the slot may be reused once its page is unpinned)."""

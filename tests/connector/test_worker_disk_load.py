@@ -114,6 +114,47 @@ def test_a_sync_load_is_in_place_when_start_load_kv_returns_and_never_reported_a
     assert report.bad_pages == [keys[6]] and [n for n, _ in report.disk_loads] == [6 * SLOT]
 
 
+def test_on_the_cpu_a_sync_load_is_copied_in_as_the_forward_reaches_each_layer(setup, monkeypatch) -> None:
+    worker, kv, keys, _ = setup
+    if kv["layer.0"].device.type != "cpu":
+        pytest.skip("a CUDA disk load is scattered on its stream before the forward")
+    monkeypatch.setattr(worker_module, "STAGING_BYTES", PAGES * SLOT)  # the prefix fits it
+
+    def sync_step(blocks: list[int], waits: list[str]) -> dict[str, torch.Tensor]:
+        """One forward's step reading ``keys`` into ``blocks``: layer 0's bytes there after
+        ``start_load_kv`` and after each wait."""
+        for t in kv.values():
+            t[blocks] = 0
+        worker.bind(StepJobs(disk_loads=[DiskLoadJob("s", "alice", keys, blocks, sync=True)]))
+        worker.start_load_kv()
+        seen = {"start": torch.cat([kv["layer.0"][b].view(torch.uint8).flatten() for b in blocks])}
+        for name in waits:
+            worker.wait_for_layer_load(name)
+            seen[name] = torch.cat([kv["layer.0"][b].view(torch.uint8).flatten() for b in blocks])
+        worker.wait_for_save()
+        worker.clear()
+        for i, block in enumerate(blocks):  # whole once the step ends
+            assert torch.equal(block_bytes(kv, block), page_of(i)), i
+        return seen
+
+    half = SLOT // 2  # each of the two layers holds half a slot
+    want = torch.cat([page_of(i)[:half] for i in range(PAGES)])
+    first = sync_step(list(range(PAGES)), ["layer.0"])  # no layer known to wait: all in at once
+    assert torch.equal(first["start"], want)
+    later = sync_step(list(range(8, 16)), ["layer.0"])
+    assert not later["start"].any() and torch.equal(later["layer.0"], want)
+    stats = worker.take_stats()  # disk loads, counted once each and never as RAM
+    totals = stats.reduce()
+    assert totals["loaded_bytes_disk"] == 2 * PAGES * SLOT and not totals.get("loaded_bytes_ram")
+    # Their copies ran within the forward: no scatter phase of its own is reported for them.
+    assert len(stats.data["latency"]["phase_disk_read"]) == 2
+    assert "phase_disk_scatter" not in stats.data["latency"]
+    # A prefix longer than the staging buffer is scattered part by part before the forward.
+    worker._staging = None
+    monkeypatch.setattr(worker_module, "STAGING_BYTES", 3 * SLOT)
+    assert torch.equal(sync_step(list(range(PAGES)), ["layer.0"])["start"], want)
+
+
 class _ReadsByThread:
     """The worker's blobs, recording which thread reads each job's pages; a read on the I/O
     thread holds until ``release`` is set."""
