@@ -26,8 +26,10 @@ seconds. Requests are sent one at a time, each no earlier than its trace time di
 each was actually sent is recorded, and the simulator replays the slice retimed to those arrivals
 (a temporary JSONL), the kvci policy on the ``kvci`` run's arrivals and LRU on the
 ``kvci_keep_all`` run's. Both sides therefore see the same idle ages. The simulator's slice
-also carries the outputs the engine generated (``as_run``: capped, in trace tokens), so its
-advisor and its offers weigh the same contexts.
+also carries the outputs the engine generated (``as_run``: capped, in trace tokens), and it sees
+the engine as the connector does (``EngineView``): vLLM's own prefix cache in front of kvci's
+tier (kvci loads only past what it holds) and the observation in engine tokens, so its advisor
+and its offers weigh the same contexts at the same scale as the engine's.
 
 Saved prefill tokens by source: ``RequestOutput.num_cached_tokens`` is what the request did not
 compute; kvci's reply (``kv_transfer_params.kvci.hit_tokens``) says how much of it kvci loaded, the
@@ -76,6 +78,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from benchmarks.policysim.engine_view import EngineView
 from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
 from benchmarks.policysim.sessions import SessionTracker, session_contexts
 from benchmarks.policysim.sweep import DEFAULT_PREFILL_TOKENS_PER_SECOND, SweepConfig, run_sweep
@@ -234,8 +237,14 @@ def as_run(requests: Sequence[TraceRequest], max_output_tokens: int) -> list[Tra
             for r in requests]
 
 
+def engine_view(engine_blocks: int) -> EngineView:
+    """The engines as the simulator sees them: vLLM's prefix cache (its pool but the null block)
+    in front of kvci, and one engine block per trace block."""
+    return EngineView(block_tokens=ENGINE_BLOCK_TOKENS, cache_blocks=engine_blocks - 1)
+
+
 def simulate_product_lru(budget: float, requests: list[TraceRequest], runs: dict[str, EngineRun],
-                         workdir: Path) -> SimulatedPolicy:
+                         workdir: Path, engine: EngineView) -> SimulatedPolicy:
     """The RAM index with the product's LRU policy (what ram_policy lru runs), replayed by the
     simulator on the kvci_keep_all run's arrivals; ``requests`` as ``as_run`` gives them."""
     timeline = "kvci_keep_all"
@@ -244,15 +253,15 @@ def simulate_product_lru(budget: float, requests: list[TraceRequest], runs: dict
     retimed = load_trace(path)
     distinct = len({h for r in retimed for h in r.hash_ids})
     tier = KVCITier(int(budget * distinct), prefill_tokens_per_second=DEFAULT_PREFILL_TOKENS_PER_SECOND,
-                    policy=LRUPolicy(), name="kvci-lru")
+                    policy=LRUPolicy(), name="kvci-lru", engine=engine)
     tally = replay_kvci(retimed, session_contexts(retimed, SessionTracker()), tier)
     return SimulatedPolicy(policy=tier.name, timeline=timeline, input_tokens=tally.input_tokens,
-                           saved_tokens=tally.ram_saved_tokens + tally.disk_saved_tokens,
+                           saved_tokens=tally.saved_tokens,
                            ram_blocks_written=tally.ram_blocks_written, admitted_requests=tally.admitted_requests)
 
 
 def simulate(args: argparse.Namespace, requests: list[TraceRequest], runs: dict[str, EngineRun],
-             workdir: Path, command: str) -> tuple[dict[str, SimulatedPolicy], dict[str, int]]:
+             workdir: Path, command: str, engine: EngineView) -> tuple[dict[str, SimulatedPolicy], dict[str, int]]:
     """The simulator's kvci and lru on the slice (as ``as_run`` gives it), each retimed to its
     engine run's arrivals."""
     simulated: dict[str, SimulatedPolicy] = {}
@@ -260,8 +269,8 @@ def simulate(args: argparse.Namespace, requests: list[TraceRequest], runs: dict[
     for policy, timeline in SIMULATED.items():
         path = workdir / f"{timeline}.jsonl"
         write_retimed(requests, [s.arrival_s for s in runs[timeline].samples], path)
-        report = run_sweep(SweepConfig(trace=path, budget_fractions=(args.budget,), session_threads=False),
-                           command=command)
+        report = run_sweep(SweepConfig(trace=path, budget_fractions=(args.budget,), session_threads=False,
+                                       engine=engine), command=command)
         (budget_run,) = report.runs
         by_name = {p.name: p for p in budget_run.policies}
         if budget_run.ram_blocks != int(args.budget * len({h for r in requests for h in r.hash_ids})):
@@ -328,8 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in RUNS:
                 runs[name] = engines.run(name, progress)
         ran = as_run(requests, args.max_output_tokens)
-        simulated, everything = simulate(args, ran, runs, workdir, command)
-        product_lru = simulate_product_lru(args.budget, ran, runs, workdir)
+        engine = engine_view(engines.engine_blocks)
+        simulated, everything = simulate(args, ran, runs, workdir, command, engine)
+        product_lru = simulate_product_lru(args.budget, ran, runs, workdir, engine)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = ReplayReport(
@@ -347,7 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                "num_kv_heads": engines.spec.num_kv_heads, "dtype": DTYPE},
         runs=runs, simulated=simulated, simulated_all=everything,
         agreement=agreement(runs, simulated["kvci"], simulated["lru"]),
-        simulated_product_lru=product_lru, product_agreement=agreement(runs, simulated["kvci"], product_lru))
+        simulated_product_lru=product_lru, product_agreement=agreement(runs, simulated["kvci"], product_lru),
+        simulated_engine_cache_blocks=engine.cache_blocks)
     Console().print(summary_table(report))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     # One line: the per-request samples would make an indented report megabytes long.
@@ -367,15 +378,17 @@ def resimulate(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kvci-replay-"))
     try:
         ran = as_run(requests, report.max_output_tokens)
-        simulated, everything = simulate(args, ran, report.runs, workdir, report.command)
-        product_lru = simulate_product_lru(args.budget, ran, report.runs, workdir)
+        engine = engine_view(report.engine_blocks)
+        simulated, everything = simulate(args, ran, report.runs, workdir, report.command, engine)
+        product_lru = simulate_product_lru(args.budget, ran, report.runs, workdir, engine)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = ReplayReport.model_validate({
         **report.model_dump(), "simulated": simulated, "simulated_all": everything,
         "agreement": agreement(report.runs, simulated["kvci"], simulated["lru"]),
         "simulated_product_lru": product_lru,
-        "product_agreement": agreement(report.runs, simulated["kvci"], product_lru)})
+        "product_agreement": agreement(report.runs, simulated["kvci"], product_lru),
+        "simulated_engine_cache_blocks": engine.cache_blocks})
     args.json.write_text(report.model_dump_json() + "\n", encoding="utf-8")
     Console().print(summary_table(report))
     print(f"wrote {args.json}")

@@ -3,11 +3,17 @@
 Per request, in the connector's order (``connector/scheduler.py``): the lookup tells the real
 ``RAMIndex`` the prompt's keys (``observe_lookup``: the policy learns which remembered contexts
 came back) and hits the longest run the index holds, pinned and released as a load is; when the
-request finishes, the real ``CheckpointAdvisor`` scores what the engine knows then, the real
-``CacheGate`` may pause the system trigger, ``system_may_offer`` decides whether the request is
-offered, and ``offer_for`` builds the offer the index's policy weighs in ``reserve``. Only full
-blocks are offered, as the engine keeps them. The policy is the connector's default
-(``ValuePolicy``, no settings) unless another is passed.
+request finishes, the observation is what the connector measures (its prompt and output, the
+tokens it found cached, its prefill extrapolated to the whole prompt, which at a constant prefill
+rate is the prompt over that rate) with the real ``RequestHistory``'s reuse count of the loaded
+prefix and session turn, the real ``CheckpointAdvisor`` scores it, the real ``CacheGate`` may
+pause the system trigger, ``system_may_offer`` decides whether the request is offered, and
+``offer_for`` builds the offer the index's policy weighs in ``reserve``. Only full blocks are
+offered, as the engine keeps them. The policy is the connector's default (``ValuePolicy``, no
+settings) unless another is passed.
+
+With an ``EngineView`` (an engine replay's prediction) vLLM's own prefix cache sits in front:
+kvci loads only past the blocks it holds, and the observation counts engine tokens.
 
 A hash id becomes a 16-byte page key; one page = one 512-token block. The entry bound is the
 page capacity: a deployment that sizes the tier for N pages lets it hold N checkpoints.
@@ -21,10 +27,11 @@ from collections import Counter
 
 from pydantic import JsonValue
 
+from benchmarks.policysim.engine_view import EngineCache, EngineView
 from benchmarks.policysim.replay import Tally, account_lookup
 from benchmarks.policysim.sessions import RequestContext
-from benchmarks.policysim.trace import TraceRequest
-from benchmarks.policysim.worthiness_admission import TraceClock, trace_observation
+from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
+from benchmarks.policysim.worthiness_admission import TraceClock
 from kvci_plugin.policy import (
     TierPolicy,
     ValuePolicy,
@@ -35,7 +42,14 @@ from kvci_plugin.policy import (
 )
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
-from kvci_plugin.worthiness import CacheGate, CheckpointAdvisor, CheckpointTier, RebuildCostModel
+from kvci_plugin.worthiness import (
+    CacheGate,
+    CheckpointAdvisor,
+    CheckpointObservation,
+    CheckpointTier,
+    RebuildCostModel,
+    RequestHistory,
+)
 
 TENANT = "trace"
 
@@ -52,6 +66,7 @@ class KVCITier:
         prefill_tokens_per_second: float,
         policy: TierPolicy | None = None,
         name: str | None = None,
+        engine: EngineView | None = None,
     ) -> None:
         self.policy = policy if policy is not None else ValuePolicy()
         self.name = name or self.policy.name
@@ -61,6 +76,9 @@ class KVCITier:
         self.gate = CacheGate(clock=self._clock, hit_rate_floor=default_hit_rate_floor("value"))
         self.prefill_tokens_per_second = prefill_tokens_per_second
         self._rebuild = RebuildCostModel()
+        self.history = RequestHistory()
+        self.engine = engine
+        self._engine_cache = EngineCache(engine) if engine is not None else None
         self._outcomes: Counter[str] = Counter()
         self._recommended: Counter[str] = Counter()
         self._gate_refusals: Counter[str] = Counter()
@@ -70,20 +88,23 @@ class KVCITier:
         """One request: its lookup, then what the connector keeps of it when it finishes."""
         self._clock.now_s = request.timestamp_ms / 1000.0
         keys = [page_key(block) for block in request.hash_ids[: request.full_blocks]]
+        local = self._engine_cache.lookup(request) if self._engine_cache is not None else 0
         self.index.observe_lookup(keys)
         # As the connector caps it: never every token of the prompt.
         run = min(self.index.longest_prefix(keys, TENANT), request.hit_blocks)
-        if run:
-            self.index.pin(keys[:run], TENANT)
-            self.index.unpin(keys[:run])
-        saved = account_lookup(tally, request, run, 0)
+        loaded = max(0, run - local)  # kvci loads only what the engine does not hold
+        if loaded:
+            self.index.pin(keys[local:run], TENANT)
+            self.index.unpin(keys[local:run])
+            self.history.record_hit(keys[run - 1])
+        account_lookup(tally, request, loaded, 0, local)
         if self._kept_any:
-            self.gate.record_lookup(saved > 0)
-        if context.rewrote and context.session_id is not None:
-            self.gate.record_context_change(context.session_id)
-        observation = trace_observation(request, context, saved, self.prefill_tokens_per_second)
+            self.gate.record_lookup(loaded > 0)
+        observation = self._observation(request, context, keys, local + loaded, loaded > 0)
         rec = self.advisor.recommend(observation)
         self._recommended[rec.tier.value] += 1
+        if self._engine_cache is not None:
+            self._engine_cache.finished(request)
         if not keys:
             self._outcomes["no_full_block"] += 1
             return
@@ -112,6 +133,28 @@ class KVCITier:
         self._outcomes["kept"] += 1
         tally.admitted_requests += 1
         tally.ram_blocks_written += len(reservation.new)
+
+    def _observation(self, request: TraceRequest, context: RequestContext, keys: list[bytes],
+                     cached_blocks: int, loaded: bool) -> CheckpointObservation:
+        """What the connector's scheduler measures when the request finishes."""
+        if self.engine is None:
+            prompt, output, block_tokens = request.input_length, request.output_length, BLOCK_TOKENS
+        else:
+            prompt, output = self.engine.prompt_tokens(request), self.engine.output_tokens(request)
+            block_tokens = self.engine.block_tokens
+        fields: dict[str, int | float | None] = {
+            "context_tokens": prompt, "output_tokens": output,
+            "cached_tokens": min(cached_blocks * block_tokens, prompt),
+            "wall_time_s": prompt / self.prefill_tokens_per_second,
+            "observed_reuse": self.history.reuse(keys[cached_blocks - 1]) if loaded else None,
+        }
+        if context.session_id is not None:
+            turn = self.history.turn(context.session_id, keys)
+            if turn.rewrote:
+                self.gate.record_context_change(context.session_id)
+            fields.update(context_rewrites=turn.context_rewrites, turns_since_change=turn.turns_since_change,
+                          retrieved_items=turn.retrieved_items, novel_items=turn.novel_items)
+        return CheckpointObservation(**fields)
 
     def stats(self) -> dict[str, JsonValue]:
         return {

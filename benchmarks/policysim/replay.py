@@ -25,6 +25,7 @@ from typing import Optional
 
 from benchmarks.policysim.admission import AdmissionPolicy
 from benchmarks.policysim.block_cache import BlockCache, leading_run
+from benchmarks.policysim.engine_view import EngineCache, EngineView
 from benchmarks.policysim.sessions import RequestContext
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
 
@@ -39,6 +40,12 @@ class Tally:
     disk_hit_blocks: int = 0
     ram_saved_tokens: int = 0
     disk_saved_tokens: int = 0
+    # Served by the engine's own prefix cache in front of the tiers (an engine replay's view).
+    engine_saved_tokens: int = 0
+
+    @property
+    def saved_tokens(self) -> int:
+        return self.engine_saved_tokens + self.ram_saved_tokens + self.disk_saved_tokens
     admitted_requests: int = 0
     ram_blocks_written: int = 0
     disk_blocks_written: int = 0
@@ -50,15 +57,22 @@ def replay(
     policy: AdmissionPolicy,
     ram: BlockCache,
     disk: Optional[BlockCache] = None,
+    engine: Optional[EngineView] = None,
 ) -> Tally:
     if len(requests) != len(contexts):
         raise ValueError(f"{len(requests)} requests but {len(contexts)} contexts")
     tally = Tally()
+    front = EngineCache(engine) if engine is not None else None
     for request, context in zip(requests, contexts):
         hittable = request.hash_ids[: request.hit_blocks]
-        ram_run = leading_run(ram, hittable)
-        disk_run = leading_run(disk, hittable, ram_run) if disk is not None else 0
-        saved = account_lookup(tally, request, ram_run, disk_run)
+        local = front.lookup(request) if front is not None else 0
+        # A tier serves only past what the engine holds, and past what the tier before it served.
+        ram_end = max(local, leading_run(ram, hittable))
+        disk_end = ram_end + leading_run(disk, hittable, ram_end) if disk is not None else ram_end
+        ram_run, disk_run = ram_end - local, disk_end - ram_end
+        account_lookup(tally, request, ram_run, disk_run, local)
+        # A policy weighs what the tiers saved, as the connector's hit tells it.
+        saved = (ram_run + disk_run) * BLOCK_TOKENS
 
         admission = policy.admit(request, context, saved)
         for tier, blocks in (("ram_blocks", admission.ram_blocks), ("disk_blocks", admission.disk_blocks)):
@@ -68,19 +82,25 @@ def replay(
         chain = request.hash_ids[: request.full_blocks]
         ram_blocks, disk_blocks = min(admission.ram_blocks, len(chain)), min(admission.disk_blocks, len(chain))
         tally.admitted_requests += ram_blocks > 0 or disk_blocks > 0
-        tally.ram_blocks_written += _serve(ram, chain, 0, ram_run, ram_blocks)
+        tally.ram_blocks_written += _serve(ram, chain, local, ram_end, ram_blocks)
         if disk is not None:
-            tally.disk_blocks_written += _serve(disk, chain, ram_run, ram_run + disk_run, disk_blocks)
+            tally.disk_blocks_written += _serve(disk, chain, ram_end, disk_end, disk_blocks)
+        if front is not None:
+            front.finished(request)
     return tally
 
 
-def account_lookup(tally: Tally, request: TraceRequest, ram_run: int, disk_run: int) -> int:
-    """Count a lookup that found ``ram_run`` blocks in RAM and then ``disk_run`` on disk (within
-    ``request.hit_blocks``); returns the prefill tokens it saved."""
-    if ram_run + disk_run > request.hit_blocks:
-        raise ValueError(f"a hit of {ram_run + disk_run} blocks exceeds the {request.hit_blocks} a hit can cover")
+def account_lookup(tally: Tally, request: TraceRequest, ram_run: int, disk_run: int, engine_run: int = 0) -> int:
+    """Count a lookup that found ``engine_run`` blocks in the engine's own cache, then ``ram_run``
+    in RAM and then ``disk_run`` on disk (within ``request.hit_blocks``); returns the prefill
+    tokens it saved."""
+    if engine_run + ram_run + disk_run > request.hit_blocks:
+        raise ValueError(f"a hit of {engine_run + ram_run + disk_run} blocks exceeds the "
+                         f"{request.hit_blocks} a hit can cover")
     ram_saved = ram_run * BLOCK_TOKENS
-    saved = (ram_run + disk_run) * BLOCK_TOKENS
+    disk_saved = disk_run * BLOCK_TOKENS
+    engine_saved = engine_run * BLOCK_TOKENS
+    saved = engine_saved + ram_saved + disk_saved
     tally.requests += 1
     tally.input_tokens += request.input_length
     tally.requested_blocks += len(request.hash_ids)
@@ -88,7 +108,8 @@ def account_lookup(tally: Tally, request: TraceRequest, ram_run: int, disk_run: 
     tally.ram_hit_blocks += ram_run
     tally.disk_hit_blocks += disk_run
     tally.ram_saved_tokens += ram_saved
-    tally.disk_saved_tokens += saved - ram_saved
+    tally.disk_saved_tokens += disk_saved
+    tally.engine_saved_tokens += engine_saved
     return saved
 
 

@@ -103,7 +103,7 @@ class PolicyResult(BaseModel):
     def from_tally(
         cls, name: str, eviction: str, role: Role, tally: Tally, block_bytes: int, stats: dict[str, JsonValue]
     ) -> PolicyResult:
-        saved = tally.ram_saved_tokens + tally.disk_saved_tokens
+        saved = tally.saved_tokens
         ram_bytes = tally.ram_blocks_written * block_bytes
         disk_bytes = tally.disk_blocks_written * block_bytes
         written = ram_bytes + disk_bytes

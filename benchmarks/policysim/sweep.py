@@ -14,6 +14,7 @@ from benchmarks.policysim.admission import AdmissionPolicy, StoreEverything
 from benchmarks.policysim.arc_cache import ARCBlockCache
 from benchmarks.policysim.belady_bound import BeladyBound
 from benchmarks.policysim.block_cache import BlockCache
+from benchmarks.policysim.engine_view import EngineView
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.follow_up import follow_up_table
 from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
@@ -77,6 +78,8 @@ class SweepConfig(BaseModel):
     max_sessions: Annotated[int, Field(ge=1)] = DEFAULT_MAX_SESSIONS
     rewrite_window_s: Annotated[float, Field(gt=0.0)] = DEFAULT_REWRITE_WINDOW_S
     seed: int = 0
+    # An engine replay's prediction (``benchmarks/replay.py``): vLLM's own cache in front, engine tokens.
+    engine: Optional[EngineView] = None
 
 
 def run_sweep(config: SweepConfig, *, command: str) -> SimulationReport:
@@ -150,7 +153,7 @@ def _budget_run(
 
     def run(policy: AdmissionPolicy, cache: Callable[[int], BlockCache], eviction: str, role: Role) -> PolicyResult:
         disk = LRUBlockCache(disk_blocks) if disk_blocks else None
-        tally = replay(requests, contexts, policy, cache(ram_blocks), disk)
+        tally = replay(requests, contexts, policy, cache(ram_blocks), disk, config.engine)
         return PolicyResult.from_tally(policy.name, eviction, role, tally, block_bytes, policy.stats())
 
     results = [
@@ -172,7 +175,7 @@ def _budget_run(
         for threshold in config.kvci_ram_thresholds
     ]
     # The connector's default: the RAM index with its ValuePolicy, as a user who sets nothing runs it.
-    tier = KVCITier(ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second)
+    tier = KVCITier(ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second, engine=config.engine)
     default = PolicyResult.from_tally(
         tier.name, tier.policy.name, "kvci", replay_kvci(requests, contexts, tier), block_bytes, tier.stats())
     results.append(default)

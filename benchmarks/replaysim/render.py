@@ -48,7 +48,10 @@ def replay_section(path: Path, report: ReplayReport) -> list[str]:
          f"{report.mean_request_blocks:.1f} blocks), prefix caching on."),
         (f"- kvci RAM tier: {report.budget_fraction:.1%} of the slice's {report.distinct_blocks:,} distinct "
          f"blocks = {report.ram_blocks:,} blocks ({report.ram_bytes / (1 << 20):,.1f} MiB); the simulator's "
-         "RAM tier holds the same number of blocks, on the timeline the engine saw."),
+         "RAM tier holds the same number of blocks, on the timeline the engine saw"
+         + ("." if report.simulated_engine_cache_blocks is None else
+            f", behind a model of vLLM's prefix cache ({report.simulated_engine_cache_blocks:,} blocks: its pool "
+            "but the null block), and its observations count engine tokens, as the connector's do.")),
         "",
         "| run | saved by vLLM's cache | saved by kvci RAM | saved, share of prompt tokens | requests kvci kept "
         "| TTFT p50 | TTFT p90 |",
@@ -61,7 +64,9 @@ def replay_section(path: Path, report: ReplayReport) -> list[str]:
             f"| {kept} | {run.ttft_p50_s * 1000:.1f} ms | {run.ttft_p90_s * 1000:.1f} ms |")
     lines += [
         "",
-        "Simulator (`benchmarks.policysim`, trace tokens), the same slice and budget:",
+        ("Simulator (`benchmarks.policysim`, trace tokens), the same slice and budget"
+         + (":" if report.simulated_engine_cache_blocks is None else
+            "; saved tokens are its vLLM cache's and its tier's together:")),
         "",
         "| policy | timeline of | saved tokens | share of input tokens | requests admitted | blocks written |",
         "|---|---|--:|--:|--:|--:|",

@@ -106,7 +106,7 @@ class SimulatedPolicy(BaseModel):
     policy: str
     timeline: str  # the engine run whose arrival times the simulator replayed
     input_tokens: NonNegativeInt  # in trace tokens (512 per block)
-    saved_tokens: NonNegativeInt
+    saved_tokens: NonNegativeInt  # by the modelled vLLM cache (if any) and the tier together
     ram_blocks_written: NonNegativeInt
     admitted_requests: NonNegativeInt
 
@@ -173,6 +173,9 @@ class ReplayReport(BaseModel):
     # agreement against it; None in a report written before it was measured.
     simulated_product_lru: Optional[SimulatedPolicy] = None
     product_agreement: Optional[Agreement] = None
+    # The simulator's model of vLLM's prefix cache in front of kvci (blocks), its observations in
+    # engine tokens; None in a report whose simulator modelled neither.
+    simulated_engine_cache_blocks: Optional[PositiveInt] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ReplayReport:

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.policysim.engine_view import scaled_prompt_tokens
 from benchmarks.policysim.sessions import DEFAULT_KEY_BLOCKS
-from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
+from benchmarks.policysim.trace import TraceRequest
 
 ENGINE_BLOCK_TOKENS = 32  # vLLM on CPU needs a multiple of 32
 FIRST_TOKEN_ID = 2  # 0 and 1 are the tiny model's BOS and EOS
@@ -34,8 +35,7 @@ class EnginePrompt:
 
 def engine_tokens(input_length: int, blocks: int) -> int:
     """Engine prompt length of a trace input of ``input_length`` tokens in ``blocks`` blocks."""
-    last = input_length - (blocks - 1) * BLOCK_TOKENS
-    return (blocks - 1) * ENGINE_BLOCK_TOKENS + -(-last * ENGINE_BLOCK_TOKENS // BLOCK_TOKENS)
+    return scaled_prompt_tokens(input_length, blocks, ENGINE_BLOCK_TOKENS)
 
 
 def block_token_ids(hash_id: int, vocab_size: int, seed: int = 0) -> list[int]:

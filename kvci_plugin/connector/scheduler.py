@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvci_plugin.connector.config import KVCIConfig
@@ -53,7 +52,9 @@ from kvci_plugin.worthiness import (
     CheckpointTier,
     PublishedVerdict,
     PublishedVerdicts,
+    MAX_TRACKED,
     RebuildCostModel,
+    RequestHistory,
     render_advisory,
     retain_advice,
 )
@@ -65,20 +66,12 @@ logger = logging.getLogger(__name__)
 
 _FINISHED_OK = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 NULL_BLOCK_ID = 0  # vLLM's BlockPool hands out block 0 as its null block (never holds KV)
-_SESSION_WINDOW = 8  # turns over which a session's context rewrites are counted
-_MAX_TRACKED = 65536  # bound for per-prefix reuse counts and per-session context state
+_MAX_TRACKED = MAX_TRACKED  # bound for the armed checkpoints, as for the request history's tables
 
 
 def _session_key(tenant: str, session_id: str) -> str:
     """Sessions are named by their clients: two tenants may both name one "run-1"."""
     return f"{tenant}\x1f{session_id}"
-
-
-@dataclass
-class _Session:
-    prefix: tuple[PageKey, ...] = ()
-    rewrites: list[bool] = field(default_factory=list)
-    turns_since_change: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,9 +200,8 @@ class KVCIScheduler:
         self._store_of: dict[str, str] = {}  # request id -> checkpoint id of its pending store
         # Sessions asked to checkpoint from the control surface: applied to their next request.
         self._armed: dict[tuple[str, str], ArmedCheckpoint] = {}
-        self._reuse: OrderedDict[PageKey, int] = OrderedDict()
-        # By session_key(tenant, session id): one tenant's session never sees another's.
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        # Sessions by session_key(tenant, session id): one tenant's session never sees another's.
+        self._history = RequestHistory()
         self._load_rule = LoadOrRecompute()
         self._rebuild = RebuildCostModel()  # the shared estimate the tier policy weighs
         self._stats = KVCIStats()
@@ -381,10 +373,7 @@ class KVCIScheduler:
                                                 groups, sync=st.disk_sync))
             assert self.manager.disk is not None
             self.manager.disk.touch(keys)
-        self._reuse[st.hit_key] = self._reuse.get(st.hit_key, 0) + 1
-        self._reuse.move_to_end(st.hit_key)
-        if len(self._reuse) > _MAX_TRACKED:
-            self._reuse.popitem(last=False)
+        self._history.record_hit(st.hit_key)
         self._stats.count(f"hit_tokens_{st.hit_tier}", num_external_tokens)
 
     # ---- per step -------------------------------------------------------------------------------
@@ -632,7 +621,8 @@ class KVCIScheduler:
             p.observation if p else None, p.evidence_bundle if p else None,
             p.context_bundle if p else None)
         measured: dict[str, Any] = {
-            "context_tokens": request.num_tokens,
+            # The prompt: the rebuild-cost estimate adds the output to it itself.
+            "context_tokens": request.num_prompt_tokens,
             "output_tokens": request.num_output_tokens,
             "cached_tokens": min(st.local_tokens + st.ext_tokens, request.num_prompt_tokens),
         }
@@ -642,38 +632,19 @@ class KVCIScheduler:
             # What rebuilding the whole prompt would take, from what this request paid.
             measured["wall_time_s"] = prefill * st.prompt_tokens / computed
         if st.hit_key is not None:
-            measured["observed_reuse"] = self._reuse.get(st.hit_key, 0)
+            measured["observed_reuse"] = self._history.reuse(st.hit_key)
         if p is not None and p.session_id is not None and st.keys is not None:
-            turn = self._session_turn(_session_key(st.tenant, p.session_id), tuple(st.keys))
-            if obs.retrieved_items is not None or obs.novel_items is not None:
-                # The client's own item counts stand; the engine's blocks are another unit.
-                del turn["retrieved_items"], turn["novel_items"]
-            measured.update(turn)
+            session = _session_key(st.tenant, p.session_id)
+            turn = self._history.turn(session, st.keys)
+            if turn.rewrote:
+                self.cache_gate.record_context_change(session)
+            measured.update(context_rewrites=turn.context_rewrites,
+                            turns_since_change=turn.turns_since_change)
+            # The client's own item counts stand; the engine's blocks are another unit.
+            if obs.retrieved_items is None and obs.novel_items is None:
+                measured.update(retrieved_items=turn.retrieved_items, novel_items=turn.novel_items)
         update = {k: v for k, v in measured.items() if getattr(obs, k) is None}
         return obs.model_copy(update=update) if update else obs
-
-    def _session_turn(self, session: str, prefix: tuple[PageKey, ...]) -> dict[str, int]:
-        """Context churn for a session: a turn that does not extend the previous prompt rewrote it.
-
-        The prompt is also the context the turn compiled: its blocks are the items that went in,
-        and those the session's previous prompt did not hold are novel (every block of a first
-        turn, all after the point a rewrite diverged), as a context bundle of the turn would say.
-        """
-        s = self._sessions.pop(session, None) or _Session()
-        rewrote = bool(s.prefix) and prefix[: len(s.prefix)] != s.prefix
-        shared = next((i for i, (a, b) in enumerate(zip(s.prefix, prefix)) if a != b),
-                      min(len(s.prefix), len(prefix)))
-        s.rewrites = (s.rewrites + [rewrote])[-_SESSION_WINDOW:]
-        # A context created this turn has not yet gone a turn unchanged.
-        s.turns_since_change = 0 if rewrote or not s.prefix else s.turns_since_change + 1
-        s.prefix = prefix
-        if rewrote:
-            self.cache_gate.record_context_change(session)
-        self._sessions[session] = s
-        if len(self._sessions) > _MAX_TRACKED:
-            self._sessions.popitem(last=False)
-        return {"context_rewrites": sum(s.rewrites), "turns_since_change": s.turns_since_change,
-                "retrieved_items": len(prefix), "novel_items": len(prefix) - shared}
 
     def take_stats(self) -> KVCIStats | None:
         # Called every engine step: the policy's and the retentions' counts are read only once
@@ -779,9 +750,7 @@ class KVCIScheduler:
             self.generation = outcome.generation
             self._mover.persists = []
             self._pinned = []  # the index that pinned them is gone; their jobs are planned
-            self._reuse.clear()
-            for session in self._sessions.values():
-                session.prefix = ()  # its keys are the old generation's: not a rewrite
+            self._history.forget_contexts()  # the old generation's keys: no reuse, no rewrite
         self._stats.count("cache_resets")
         self._stats.count("checkpoints_fenced", outcome.ram_checkpoints + outcome.disk_checkpoints)
         logger.info("kvci: cache reset: generation %d; fenced %d RAM and %d disk checkpoints",

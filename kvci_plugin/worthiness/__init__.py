@@ -30,6 +30,7 @@ from kvci_plugin.worthiness.observation import CheckpointObservation, ModelSelfR
 from kvci_plugin.worthiness.rebuild_cost import RebuildCostEstimate, RebuildCostModel
 from kvci_plugin.worthiness.recommendation import CheckpointRecommendation, CheckpointTier, Driver, ScorerError
 from kvci_plugin.worthiness.registry import CheckpointScorerRegistry, RegisteredScorer, default_registry
+from kvci_plugin.worthiness.request_history import MAX_TRACKED, RequestHistory, SessionTurn
 from kvci_plugin.worthiness.retain_advice import retain_advice
 from kvci_plugin.worthiness.scorer import CheckpointScorer
 from kvci_plugin.worthiness.signal import CheckpointSignal, SignalKind
@@ -37,6 +38,7 @@ from kvci_plugin.worthiness.verdicts import PublishedVerdict, PublishedVerdicts
 
 __all__ = [
     "DEFAULT_RAM_THRESHOLD",
+    "MAX_TRACKED",
     "BundleClaim",
     "BundleContradiction",
     "BundleItem",
@@ -60,8 +62,10 @@ __all__ = [
     "RebuildCostEstimate",
     "RebuildCostModel",
     "RegisteredScorer",
+    "RequestHistory",
     "RuleEvaluation",
     "ScorerError",
+    "SessionTurn",
     "SignalKind",
     "current_recommendation",
     "default_registry",

@@ -8,44 +8,57 @@ from kvci_plugin.connector.scheduler import KVCIScheduler
 from kvci_plugin.connector.tenancy import TenantResolver
 
 
-def blocks(*names: str) -> tuple[bytes, ...]:
-    return tuple(name.encode().ljust(16, b"\0") for name in names)
-
-
-def test_a_turn_counts_its_blocks_and_those_its_session_did_not_hold() -> None:
-    scheduler = KVCIScheduler(
-        config=KVCIConfig(), block_size=32, slot_bytes=1024, namespace=b"n" * 32,
-        secret=b"s" * 32, tp_size=1, tenants=TenantResolver(None), disk=None)
-    turn = scheduler._session_turn
-    first = turn("s1", blocks("a", "b", "c"))
-    assert (first["retrieved_items"], first["novel_items"]) == (3, 3)  # a new context: all new
-    assert (first["turns_since_change"], first["context_rewrites"]) == (0, 0)
-    grown = turn("s1", blocks("a", "b", "c", "d", "e"))
-    assert (grown["retrieved_items"], grown["novel_items"]) == (5, 2)
-    assert (grown["turns_since_change"], grown["context_rewrites"]) == (1, 0)
-    rewritten = turn("s1", blocks("a", "x", "c", "d"))  # diverges at the second block
-    assert (rewritten["retrieved_items"], rewritten["novel_items"]) == (4, 3)
-    assert (rewritten["turns_since_change"], rewritten["context_rewrites"]) == (0, 1)
-    truncated = turn("s1", blocks("a", "x"))
-    assert (truncated["novel_items"], truncated["context_rewrites"]) == (0, 2)
-    other = turn("s2", blocks("a", "x"))  # sessions are apart even on the same blocks
-    assert (other["retrieved_items"], other["novel_items"]) == (2, 2)
-
-
-def _request(req_id: str, tenant: str, tokens: list[int]):
+def _request(req_id: str, tenant: str, tokens: list[int], **kvci):
     from types import SimpleNamespace
 
     return SimpleNamespace(
         request_id=req_id, prompt_token_ids=tokens, num_prompt_tokens=len(tokens),
         num_tokens=len(tokens), num_output_tokens=0, lora_request=None, cache_salt=None,
         prompt_embeds=None, mm_features=None,
-        kv_transfer_params={"kvci": {"tenant": tenant, "session_id": "run-1"}})
+        kv_transfer_params={"kvci": {"tenant": tenant, "session_id": "run-1", **kvci}})
+
+
+
+def _scheduler() -> KVCIScheduler:
+    return KVCIScheduler(
+        config=KVCIConfig(), block_size=32, slot_bytes=1024, namespace=b"n" * 32,
+        secret=b"s" * 32, tp_size=1, tenants=TenantResolver(None), disk=None)
+
+
+def _block(name: int) -> list[int]:
+    return [name] * 32
+
+
+def test_a_turn_counts_its_blocks_and_those_its_session_did_not_hold() -> None:
+    scheduler = _scheduler()
+
+    def turn(req_id: str, *names: int, **kvci):
+        request = _request(req_id, "acme", [t for n in names for t in _block(n)] + [1], **kvci)
+        request.num_output_tokens, request.num_tokens = 3, request.num_tokens + 3
+        return scheduler._observation(request, scheduler._state(request))
+
+    first = turn("r1", 2, 3, 4)
+    assert (first.retrieved_items, first.novel_items) == (3, 3)  # a new context: all new
+    assert (first.turns_since_change, first.context_rewrites) == (0, 0)
+    assert (first.context_tokens, first.output_tokens) == (97, 3)  # the prompt, its output apart
+    grown = turn("r2", 2, 3, 4, 5, 6)
+    assert (grown.retrieved_items, grown.novel_items) == (5, 2)
+    assert (grown.turns_since_change, grown.context_rewrites) == (1, 0)
+    rewritten = turn("r3", 2, 9, 4, 5)  # diverges at the second block
+    assert (rewritten.retrieved_items, rewritten.novel_items) == (4, 3)
+    assert (rewritten.turns_since_change, rewritten.context_rewrites) == (0, 1)
+    # The rewrite reached the cache gate's churn rule, under the tenant's session.
+    churn = next(e for e in scheduler.cache_gate.decide("acme\x1frun-1").evaluated if e.rule.value == "churn")
+    assert churn.inputs["changes_in_window"] == 1
+    truncated = turn("r4", 2, 9)
+    assert (truncated.novel_items, truncated.context_rewrites) == (0, 2)
+    # A client's own item counts stand: the engine's blocks are another unit.
+    told = turn("r5", 2, 9, 7, observation={"retrieved_items": 40, "novel_items": 1})
+    assert (told.retrieved_items, told.novel_items, told.context_rewrites) == (40, 1, 2)
 
 
 def test_two_tenants_naming_one_session_never_share_its_turns() -> None:
-    scheduler = KVCIScheduler(
-        config=KVCIConfig(), block_size=32, slot_bytes=1024, namespace=b"n" * 32,
-        secret=b"s" * 32, tp_size=1, tenants=TenantResolver(None), disk=None)
+    scheduler = _scheduler()
 
     def observe(req_id: str, tenant: str, tokens: list[int]):
         request = _request(req_id, tenant, tokens)

@@ -1,0 +1,84 @@
+"""What the engine remembers of earlier requests, for the observation it makes of a finished one.
+
+Two facts a client rarely sends are measured instead: how often the prefix a request loaded has
+been loaded before (``observed_reuse``, counted per the last key of each hit), and its session's
+context churn (a turn that does not re-send the session's previous prompt rewrote it; the
+prompt's blocks are the items the turn compiled, and those the previous prompt lacked are
+novel). The connector's scheduler keeps one ``RequestHistory``; the policy simulator replays the
+same one (``benchmarks/policysim/kvci_tier.py``), so both score what the same history says.
+
+Keys are opaque and hashable (the connector's page keys, the simulator's block ids). Both tables
+are bounded, the least recently used entry forgotten first, as a live table must be.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+MAX_TRACKED = 65536  # prefixes whose reuse is counted, and sessions whose context is remembered
+SESSION_WINDOW = 8  # turns over which a session's context rewrites are counted
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTurn:
+    """One turn of a session, as its observation reads it."""
+
+    rewrote: bool  # the turn did not re-send the session's previous prompt
+    context_rewrites: int  # rewrites over the session's last SESSION_WINDOW turns, this one included
+    turns_since_change: int  # 0: the context was created or rewritten by this turn
+    retrieved_items: int  # the prompt's blocks
+    novel_items: int  # of those, the ones the previous prompt did not hold
+
+
+@dataclass(slots=True)
+class _Session:
+    prefix: tuple[Hashable, ...] = ()
+    rewrites: list[bool] = field(default_factory=list)
+    turns_since_change: int = 0
+
+
+class RequestHistory:
+    def __init__(self, *, max_tracked: int = MAX_TRACKED) -> None:
+        if isinstance(max_tracked, bool) or not isinstance(max_tracked, int) or max_tracked < 1:
+            raise ValueError(f"max_tracked must be an int >= 1, got {max_tracked!r}")
+        self._max = max_tracked
+        self._reuse: OrderedDict[Hashable, int] = OrderedDict()
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+
+    def record_hit(self, key: Hashable) -> None:
+        """A request loaded a prefix ending at ``key``."""
+        self._reuse[key] = self._reuse.get(key, 0) + 1
+        self._reuse.move_to_end(key)
+        if len(self._reuse) > self._max:
+            self._reuse.popitem(last=False)
+
+    def reuse(self, key: Hashable) -> int:
+        """How many loads of the prefix ending at ``key`` are remembered."""
+        return self._reuse.get(key, 0)
+
+    def turn(self, session: str, prefix: Sequence[Hashable]) -> SessionTurn:
+        """Record ``session``'s turn whose prompt is ``prefix`` (its blocks' keys)."""
+        prompt = tuple(prefix)
+        s = self._sessions.pop(session, None) or _Session()
+        rewrote = bool(s.prefix) and prompt[: len(s.prefix)] != s.prefix
+        shared = next((i for i, (a, b) in enumerate(zip(s.prefix, prompt)) if a != b),
+                      min(len(s.prefix), len(prompt)))
+        s.rewrites = (s.rewrites + [rewrote])[-SESSION_WINDOW:]
+        # A context created this turn has not yet gone a turn unchanged.
+        s.turns_since_change = 0 if rewrote or not s.prefix else s.turns_since_change + 1
+        s.prefix = prompt
+        self._sessions[session] = s
+        if len(self._sessions) > self._max:
+            self._sessions.popitem(last=False)
+        return SessionTurn(rewrote=rewrote, context_rewrites=sum(s.rewrites),
+                           turns_since_change=s.turns_since_change, retrieved_items=len(prompt),
+                           novel_items=len(prompt) - shared)
+
+    def forget_contexts(self) -> None:
+        """After a cache reset the old keys name nothing: no prefix's reuse is known, and a
+        session's next turn is not a rewrite of a context made of them."""
+        self._reuse.clear()
+        for session in self._sessions.values():
+            session.prefix = ()

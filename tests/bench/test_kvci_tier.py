@@ -1,0 +1,60 @@
+"""The simulator's kvci tier (the product's RAM index, policy, advisor and request history) with and
+without an engine view: vLLM's own prefix cache in front, the observation in engine tokens."""
+
+from __future__ import annotations
+
+from benchmarks.policysim.admission import StoreEverything
+from benchmarks.policysim.engine_view import EngineCache, EngineView
+from benchmarks.policysim.kvci_tier import KVCITier, page_key, replay_kvci
+from benchmarks.policysim.lru_cache import LRUBlockCache
+from benchmarks.policysim.replay import replay
+from benchmarks.policysim.trace import BLOCK_TOKENS
+from bench.sim_traces import contexts_of, request
+
+CHAIN = (1, 2, 3, 4, 5, 6)
+VIEW = EngineView(block_tokens=32, cache_blocks=4)
+
+
+def test_vllms_cache_keeps_a_finished_requests_roots_and_evicts_its_tail_first() -> None:
+    cache = EngineCache(VIEW)
+    first = request(CHAIN, short_by=10)
+    assert cache.lookup(first) == 0
+    cache.finished(first)
+    assert cache.lookup(request(CHAIN, short_by=10)) == 4  # blocks 5 and 6 were evicted first
+    assert cache.lookup(request((1, 2, 9), short_by=10)) == 2
+    assert cache.lookup(request((7,), short_by=10)) == 0
+
+
+def test_engine_tokens_scale_each_full_block_and_round_the_last_up() -> None:
+    assert VIEW.prompt_tokens(request(CHAIN, short_by=10)) == 5 * 32 + 32  # 502 / 512 of 32 -> 32
+    assert VIEW.prompt_tokens(request(CHAIN, short_by=400)) == 5 * 32 + 7
+    assert VIEW.output_tokens(request(CHAIN, output=48)) == 3
+
+
+def test_with_an_engine_view_kvci_loads_only_what_vllms_cache_does_not_hold() -> None:
+    requests = [request(CHAIN, short_by=10, at_ms=0), request(CHAIN, short_by=10, at_ms=1000)]
+    tier = KVCITier(100, prefill_tokens_per_second=8192.0, engine=VIEW)
+    tally = replay_kvci(requests, contexts_of(requests), tier)
+    assert tally.admitted_requests >= 1
+    # The repeat: blocks 1-4 from vLLM's cache, 5 from kvci (never every token: 6 is computed).
+    assert (tally.engine_saved_tokens, tally.ram_saved_tokens) == (4 * BLOCK_TOKENS, 1 * BLOCK_TOKENS)
+    assert tally.saved_tokens == 5 * BLOCK_TOKENS
+    # The load is what the request history counts, at the last key it loaded.
+    assert tier.history.reuse(page_key(5)) == 1 and tier.history.reuse(page_key(4)) == 0
+
+
+def test_without_an_engine_view_kvci_serves_the_whole_hit() -> None:
+    requests = [request(CHAIN, short_by=10, at_ms=0), request(CHAIN, short_by=10, at_ms=1000)]
+    tier = KVCITier(100, prefill_tokens_per_second=8192.0)
+    tally = replay_kvci(requests, contexts_of(requests), tier)
+    assert (tally.engine_saved_tokens, tally.ram_saved_tokens) == (0, 5 * BLOCK_TOKENS)
+    assert tier.history.reuse(page_key(5)) == 1
+
+
+def test_a_block_tier_behind_vllms_cache_serves_only_past_it() -> None:
+    requests = [request(CHAIN, short_by=10), request(CHAIN, short_by=10), request((1, 2, 3, 4, 5, 7), short_by=10)]
+    ram = LRUBlockCache(6)
+    tally = replay(requests, contexts_of(requests), StoreEverything("lru"), ram, engine=VIEW)
+    assert tally.engine_saved_tokens == 8 * BLOCK_TOKENS  # 4 blocks for each repeat
+    assert tally.ram_saved_tokens == 2 * BLOCK_TOKENS  # block 5 from RAM, twice
+    assert tally.ram_blocks_written == 5  # each last block is partial: never kept

@@ -1,0 +1,83 @@
+"""RequestHistory: the reuse counts and session turns an observation of a finished request reads."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvci_plugin.worthiness import RequestHistory, SessionTurn
+from kvci_plugin.worthiness.request_history import SESSION_WINDOW
+
+
+def test_a_hit_is_counted_for_the_key_it_ended_at_only() -> None:
+    history = RequestHistory()
+    assert history.reuse("a") == 0
+    history.record_hit("a")
+    history.record_hit("a")
+    history.record_hit("b")
+    assert (history.reuse("a"), history.reuse("b"), history.reuse("c")) == (2, 1, 0)
+
+
+def test_the_least_recently_hit_prefix_is_forgotten_first() -> None:
+    history = RequestHistory(max_tracked=2)
+    history.record_hit("a")
+    history.record_hit("b")
+    history.record_hit("a")  # "b" is now the older
+    history.record_hit("c")
+    assert (history.reuse("a"), history.reuse("b"), history.reuse("c")) == (2, 0, 1)
+
+
+def test_a_turn_that_resends_the_previous_prompt_extends_it_and_one_that_does_not_rewrites_it() -> None:
+    history = RequestHistory()
+    assert history.turn("s", [1, 2]) == SessionTurn(False, 0, 0, 2, 2)
+    assert history.turn("s", [1, 2, 3]) == SessionTurn(False, 0, 1, 3, 1)
+    assert history.turn("s", [1, 2, 3, 4, 5]) == SessionTurn(False, 0, 2, 5, 2)
+    # Diverges after block 1: a rewrite, and everything after the divergence is novel.
+    assert history.turn("s", [1, 9, 3]) == SessionTurn(True, 1, 0, 3, 2)
+    assert history.turn("other", [1, 9, 3]) == SessionTurn(False, 0, 0, 3, 3)
+
+
+def test_rewrites_are_counted_over_the_last_turns_of_the_window() -> None:
+    history = RequestHistory()
+    history.turn("s", [0])
+    for i in range(1, 4):  # three rewrites
+        assert history.turn("s", [i]).context_rewrites == i
+    for n in range(4, 4 + SESSION_WINDOW):  # extending turns push them out of the window
+        turn = history.turn("s", [3] + list(range(100, 100 + n)))
+    assert turn.context_rewrites == 0 and not turn.rewrote
+
+
+def test_after_forget_contexts_no_reuse_is_known_and_the_next_turn_is_no_rewrite() -> None:
+    history = RequestHistory()
+    history.record_hit("a")
+    history.turn("s", [1, 2])
+    history.turn("s", [7])  # a rewrite
+    history.forget_contexts()
+    assert history.reuse("a") == 0
+    turn = history.turn("s", [5, 6])
+    assert not turn.rewrote and turn.novel_items == 2 and turn.context_rewrites == 1
+
+
+def test_a_bad_bound_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_tracked"):
+        RequestHistory(max_tracked=0)
+
+
+@given(st.lists(st.tuples(st.sampled_from("xyz"), st.lists(st.integers(0, 3), max_size=6)), max_size=30))
+def test_turns_match_a_reference_model(turns: list[tuple[str, list[int]]]) -> None:
+    history = RequestHistory()
+    last: dict[str, tuple[int, ...]] = {}
+    flags: dict[str, list[bool]] = {}
+    unchanged: dict[str, int] = {}
+    for session, prompt in turns:
+        prev = last.get(session, ())
+        rewrote = bool(prev) and tuple(prompt[: len(prev)]) != prev
+        shared = 0
+        while shared < min(len(prev), len(prompt)) and prev[shared] == prompt[shared]:
+            shared += 1
+        flags[session] = (flags.get(session, []) + [rewrote])[-SESSION_WINDOW:]
+        unchanged[session] = 0 if rewrote or not prev else unchanged.get(session, 0) + 1
+        last[session] = tuple(prompt)
+        assert history.turn(session, prompt) == SessionTurn(
+            rewrote, sum(flags[session]), unchanged[session], len(prompt), len(prompt) - shared)
