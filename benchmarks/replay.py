@@ -13,9 +13,10 @@ longest request and one block more, so vLLM's prefix cache holds a few requests,
 
 Blocks are scaled down (``benchmarks.replaysim.workload``): one 512-token trace block -> one
 32-token engine block of token ids fixed by its hash id, so prefixes share exactly as in the trace.
-Outputs are capped at ``--max-output-tokens``. Each request carries a session id keyed by its
-first two hash ids, as a client would send its own, and the simulator's side keys its sessions
-the same way (not as threads, ``policy_sim``'s default), so both cache gates see the same
+Outputs are capped at ``--max-output-tokens``. Each request carries the session id of the
+conversation it continues, as a client sends one per conversation: sessions inferred as threads
+(a request continues the one whose last prompt it extends), ``policy_sim``'s default, and the
+simulator's side infers the same ones, so both cache gates and request histories see the same
 sessions. kvci's RAM tier holds
 ``--budget`` of the slice's working set (distinct blocks x one engine page), the same block count
 the simulator gives its RAM tier at that budget.
@@ -254,7 +255,7 @@ def simulate_product_lru(budget: float, requests: list[TraceRequest], runs: dict
     distinct = len({h for r in retimed for h in r.hash_ids})
     tier = KVCITier(int(budget * distinct), prefill_tokens_per_second=DEFAULT_PREFILL_TOKENS_PER_SECOND,
                     policy=LRUPolicy(), name="kvci-lru", engine=engine)
-    tally = replay_kvci(retimed, session_contexts(retimed, SessionTracker()), tier)
+    tally = replay_kvci(retimed, session_contexts(retimed, SessionTracker(threads=True)), tier)
     return SimulatedPolicy(policy=tier.name, timeline=timeline, input_tokens=tally.input_tokens,
                            saved_tokens=tally.saved_tokens,
                            ram_blocks_written=tally.ram_blocks_written, admitted_requests=tally.admitted_requests)
@@ -269,8 +270,8 @@ def simulate(args: argparse.Namespace, requests: list[TraceRequest], runs: dict[
     for policy, timeline in SIMULATED.items():
         path = workdir / f"{timeline}.jsonl"
         write_retimed(requests, [s.arrival_s for s in runs[timeline].samples], path)
-        report = run_sweep(SweepConfig(trace=path, budget_fractions=(args.budget,), session_threads=False,
-                                       engine=engine), command=command)
+        report = run_sweep(SweepConfig(trace=path, budget_fractions=(args.budget,), engine=engine),
+                           command=command)
         (budget_run,) = report.runs
         by_name = {p.name: p for p in budget_run.policies}
         if budget_run.ram_blocks != int(args.budget * len({h for r in requests for h in r.hash_ids})):

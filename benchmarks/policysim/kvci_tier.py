@@ -4,9 +4,9 @@ Per request, in the connector's order (``connector/scheduler.py``): the lookup t
 ``RAMIndex`` the prompt's keys (``observe_lookup``: the policy learns which remembered contexts
 came back) and hits the longest run the index holds, pinned and released as a load is; when the
 request finishes, the observation is what the connector measures (its prompt and output, the
-tokens it found cached, its prefill extrapolated to the whole prompt, which at a constant prefill
-rate is the prompt over that rate) with the real ``RequestHistory``'s reuse count of the loaded
-prefix and session turn, the real ``CheckpointAdvisor`` scores it, the real ``CacheGate`` may
+tokens it found cached, the whole prompt's prefill at the measured prefill rate: here the
+prompt over the configured rate) with what the real ``RequestHistory`` measures (the session's
+turn, the context's observed reuse), the real ``CheckpointAdvisor`` scores it, the real ``CacheGate`` may
 pause the system trigger, ``system_may_offer`` decides whether the request is offered, and
 ``offer_for`` builds the offer the index's policy weighs in ``reserve``. Only full blocks are
 offered, as the engine keeps them. The policy is the connector's default (``ValuePolicy``, no
@@ -146,10 +146,10 @@ class KVCITier:
             "context_tokens": prompt, "output_tokens": output,
             "cached_tokens": min(cached_blocks * block_tokens, prompt),
             "wall_time_s": prompt / self.prefill_tokens_per_second,
-            "observed_reuse": self.history.reuse(keys[cached_blocks - 1]) if loaded else None,
         }
-        if context.session_id is not None:
-            turn = self.history.turn(context.session_id, keys)
+        measured = self.history.measure(context.session_id, keys, keys[cached_blocks - 1] if loaded else None)
+        fields["observed_reuse"] = measured.observed_reuse
+        if (turn := measured.turn) is not None:
             if turn.rewrote:
                 self.gate.record_context_change(context.session_id)
             fields.update(context_rewrites=turn.context_rewrites, turns_since_change=turn.turns_since_change,

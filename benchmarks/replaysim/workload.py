@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.policysim.engine_view import scaled_prompt_tokens
-from benchmarks.policysim.sessions import DEFAULT_KEY_BLOCKS
+from benchmarks.policysim.sessions import SessionTracker, session_contexts
 from benchmarks.policysim.trace import TraceRequest
 
 ENGINE_BLOCK_TOKENS = 32  # vLLM on CPU needs a multiple of 32
@@ -28,8 +28,8 @@ FIRST_TOKEN_ID = 2  # 0 and 1 are the tiny model's BOS and EOS
 class EnginePrompt:
     token_ids: tuple[int, ...]
     max_tokens: int
-    # The trace's session key (its first hash ids), as the simulator infers it; None when the
-    # chain is shorter than the key.
+    # The conversation the simulator infers it continues (``SessionTracker`` threads, as
+    # ``policy_sim`` infers them by default): the id a client sends per conversation.
     session_id: str | None
 
 
@@ -43,11 +43,10 @@ def block_token_ids(hash_id: int, vocab_size: int, seed: int = 0) -> list[int]:
     return [rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(ENGINE_BLOCK_TOKENS)]
 
 
-def engine_prompts(requests: Sequence[TraceRequest], vocab_size: int, max_output_tokens: int,
-                   key_blocks: int = DEFAULT_KEY_BLOCKS) -> list[EnginePrompt]:
+def engine_prompts(requests: Sequence[TraceRequest], vocab_size: int, max_output_tokens: int) -> list[EnginePrompt]:
     blocks: dict[int, list[int]] = {}
     prompts = []
-    for request in requests:
+    for request, context in zip(requests, session_contexts(requests, SessionTracker(threads=True))):
         chain = request.hash_ids
         tokens: list[int] = []
         for hash_id in chain:
@@ -55,9 +54,8 @@ def engine_prompts(requests: Sequence[TraceRequest], vocab_size: int, max_output
                 blocks[hash_id] = block_token_ids(hash_id, vocab_size)
             tokens.extend(blocks[hash_id])
         del tokens[engine_tokens(request.input_length, len(chain)):]
-        session = "-".join(map(str, chain[:key_blocks])) if len(chain) >= key_blocks else None
         prompts.append(EnginePrompt(tuple(tokens), max(1, min(request.output_length, max_output_tokens)),
-                                    session))
+                                    context.session_id))
     return prompts
 
 

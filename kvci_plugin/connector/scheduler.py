@@ -626,23 +626,26 @@ class KVCIScheduler:
             "output_tokens": request.num_output_tokens,
             "cached_tokens": min(st.local_tokens + st.ext_tokens, request.num_prompt_tokens),
         }
-        if st.first_scheduled is not None:
-            prefill = st.prefill_s if st.prefill_s is not None else time.monotonic() - st.first_scheduled
-            computed = max(1, st.prompt_tokens - st.local_tokens - st.ext_tokens)
-            # What rebuilding the whole prompt would take, from what this request paid.
-            measured["wall_time_s"] = prefill * st.prompt_tokens / computed
-        if st.hit_key is not None:
-            measured["observed_reuse"] = self._history.reuse(st.hit_key)
-        if p is not None and p.session_id is not None and st.keys is not None:
-            session = _session_key(st.tenant, p.session_id)
-            turn = self._history.turn(session, st.keys)
-            if turn.rewrote:
-                self.cache_gate.record_context_change(session)
-            measured.update(context_rewrites=turn.context_rewrites,
-                            turns_since_change=turn.turns_since_change)
-            # The client's own item counts stand; the engine's blocks are another unit.
-            if obs.retrieved_items is None and obs.novel_items is None:
-                measured.update(retrieved_items=turn.retrieved_items, novel_items=turn.novel_items)
+        # What rebuilding the whole prompt would take at this engine's measured prefill rate (from
+        # requests that loaded nothing), not this request's own time scaled up: when most of a
+        # prompt hit, that multiplies a step's fixed cost by the prompt over a few tokens.
+        rebuild_s = self._load_rule.recompute_s(st.prompt_tokens)
+        if rebuild_s is not None:
+            measured["wall_time_s"] = rebuild_s
+        if st.keys is not None:
+            session = (_session_key(st.tenant, p.session_id)
+                       if p is not None and p.session_id is not None else None)
+            m = self._history.measure(session, st.keys, st.hit_key)
+            if m.observed_reuse is not None:
+                measured["observed_reuse"] = m.observed_reuse
+            if m.turn is not None:
+                if m.turn.rewrote:
+                    self.cache_gate.record_context_change(session)
+                measured.update(context_rewrites=m.turn.context_rewrites,
+                                turns_since_change=m.turn.turns_since_change)
+                # The client's own item counts stand; the engine's blocks are another unit.
+                if obs.retrieved_items is None and obs.novel_items is None:
+                    measured.update(retrieved_items=m.turn.retrieved_items, novel_items=m.turn.novel_items)
         update = {k: v for k, v in measured.items() if getattr(obs, k) is None}
         return obs.model_copy(update=update) if update else obs
 

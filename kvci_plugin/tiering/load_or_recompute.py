@@ -44,12 +44,17 @@ class LoadOrRecompute:
         if tokens > 0 and seconds > 0:
             self._prefill_s_per_token.append(seconds / tokens)
 
+    def recompute_s(self, tokens: int) -> float | None:
+        """Expected seconds to prefill ``tokens``; None until a prefill is measured."""
+        if not self._prefill_s_per_token:
+            return None
+        return tokens * statistics.median(self._prefill_s_per_token)
+
     def judge(self, tokens: int, nbytes: int) -> LoadVerdict:
         """Load ``nbytes`` from disk, or recompute the ``tokens`` they would save?"""
-        load_s = recompute_s = None
+        load_s = None
         if self._load_bytes_per_s:
             load_s = nbytes / statistics.median(self._load_bytes_per_s)
-        if self._prefill_s_per_token:
-            recompute_s = tokens * statistics.median(self._prefill_s_per_token)
+        recompute_s = self.recompute_s(tokens)
         load = load_s is None or recompute_s is None or load_s <= LOAD_PREFERENCE * recompute_s
         return LoadVerdict(load, load_s, recompute_s)

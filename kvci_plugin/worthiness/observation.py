@@ -60,7 +60,9 @@ class CheckpointObservation(BaseModel):
     sibling_tasks: NonNegativeInt | None = None
     queued_tasks: NonNegativeInt | None = None
     observed_reuse: NonNegativeInt | None = Field(
-        default=None, description="distinct later requests that hit this prefix, measured by the tiers"
+        default=None,
+        description="re-sends of this context seen so far (the engine counts a session's turns since "
+                    "its context last changed, or without a session the loads of the prefix it loaded)"
     )
     # Convergence of what entered the context (read by retrieval_saturation): the items retrieved
     # or included (a compiled context's items, e.g. a turn's prompt blocks) and those of them not

@@ -1,11 +1,16 @@
 """What the engine remembers of earlier requests, for the observation it makes of a finished one.
 
-Two facts a client rarely sends are measured instead: how often the prefix a request loaded has
-been loaded before (``observed_reuse``, counted per the last key of each hit), and its session's
-context churn (a turn that does not re-send the session's previous prompt rewrote it; the
-prompt's blocks are the items the turn compiled, and those the previous prompt lacked are
-novel). The connector's scheduler keeps one ``RequestHistory``; the policy simulator replays the
-same one (``benchmarks/policysim/kvci_tier.py``), so both score what the same history says.
+Two facts a client rarely sends are measured instead. Its session's context churn: a turn that
+does not re-send the session's previous prompt rewrote it; the prompt's blocks are the items the
+turn compiled, and those the previous prompt lacked are novel. And ``observed_reuse``, how often
+the context was re-sent: in a session, the turns since its context last changed (each re-sent
+it, whichever cache served it: vLLM's own prefix cache serves most of a conversation's re-sends,
+and kvci's loads never see those); without one, how often the prefix the request loaded was
+loaded before (counted per the last key of each hit). Not the larger of the two: a hit on a
+shared system prompt says nothing of whether this context comes back, and mixing it in cost
+hits (``benchmarks.policy_sim``, conversation trace: 1 % 1.94 -> 1.89x LRU, 2.5 % 1.51 -> 1.48x).
+The connector's scheduler keeps one ``RequestHistory``; the policy simulator replays the same one
+(``benchmarks/policysim/kvci_tier.py``), so both score what the same history says.
 
 Keys are opaque and hashable (the connector's page keys, the simulator's block ids). Both tables
 are bounded, the least recently used entry forgotten first, as a live table must be.
@@ -37,6 +42,14 @@ class _Session:
     prefix: tuple[Hashable, ...] = ()
     rewrites: list[bool] = field(default_factory=list)
     turns_since_change: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What the history measures of a finished request."""
+
+    turn: SessionTurn | None  # None: the request named no session
+    observed_reuse: int | None  # None: no session and no load to count
 
 
 class RequestHistory:
@@ -75,6 +88,15 @@ class RequestHistory:
         return SessionTurn(rewrote=rewrote, context_rewrites=sum(s.rewrites),
                            turns_since_change=s.turns_since_change, retrieved_items=len(prompt),
                            novel_items=len(prompt) - shared)
+
+    def measure(self, session: str | None, prompt: Sequence[Hashable],
+                loaded_to: Hashable | None) -> Measured:
+        """A finished request: its session's turn (recorded) and the reuse it observed;
+        ``loaded_to`` is the last key it loaded, None when it loaded nothing."""
+        if session is not None:
+            turn = self.turn(session, prompt)
+            return Measured(turn, turn.turns_since_change)
+        return Measured(None, None if loaded_to is None else self.reuse(loaded_to))
 
     def forget_contexts(self) -> None:
         """After a cache reset the old keys name nothing: no prefix's reuse is known, and a

@@ -71,7 +71,8 @@ def test_prompts_share_exactly_the_prefixes_their_chains_share() -> None:
     assert blocks[2][0] == blocks[0][0] and blocks[2][1] != blocks[0][1][:26]
     assert blocks[3][0] != blocks[0][0][:26]
     assert all(2 <= t < VOCAB for p in prompts for t in p.token_ids)
-    assert [p.session_id for p in prompts] == ["0-1", "0-1", "0-4", None]
+    # The second continues the first's conversation; the others start their own.
+    assert [p.session_id for p in prompts] == ["t1", "t1", "t2", "t3"]
     assert [p.max_tokens for p in prompts] == [3, 3, 3, 3]
     assert block_token_ids(7, VOCAB) == block_token_ids(7, VOCAB) != block_token_ids(8, VOCAB)
 

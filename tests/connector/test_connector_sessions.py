@@ -3,6 +3,8 @@ as the context the turn compiled (its blocks, and those the previous prompt did 
 
 from __future__ import annotations
 
+import pytest
+
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.scheduler import KVCIScheduler
 from kvci_plugin.connector.tenancy import TenantResolver
@@ -72,3 +74,14 @@ def test_two_tenants_naming_one_session_never_share_its_turns() -> None:
     assert (first.turns_since_change, first.context_rewrites, first.novel_items) == (0, 0, 2)
     again = observe("a3", "acme", list(range(2, 130)))
     assert (again.turns_since_change, again.context_rewrites) == (2, 0)
+
+
+def test_the_rebuild_time_is_the_whole_prompt_at_the_measured_prefill_rate() -> None:
+    scheduler = _scheduler()
+    request = _request("r1", "acme", list(range(2, 98)))
+    st = scheduler._state(request)
+    assert scheduler._observation(request, st).wall_time_s is None  # no rate measured yet
+    scheduler._load_rule.observe_prefill(64, 0.064)  # a miss: 1 ms a token
+    # A hit that computed one token in 0.5 s: its own time scaled up would say 48 s.
+    st.first_scheduled, st.prefill_s, st.ext_tokens = 0.0, 0.5, 95
+    assert scheduler._observation(request, st).wall_time_s == pytest.approx(0.096)

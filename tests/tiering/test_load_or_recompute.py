@@ -74,3 +74,12 @@ def test_the_verdict_is_the_rates_arithmetic(bps: float, spt: float, tokens: int
     assert verdict.load_s == pytest.approx(nbytes / bps)
     assert verdict.recompute_s == pytest.approx(tokens * spt)
     assert verdict.load == (verdict.load_s <= LOAD_PREFERENCE * verdict.recompute_s)
+
+
+def test_the_recompute_estimate_is_the_median_prefill_rate_times_the_tokens() -> None:
+    rule = LoadOrRecompute(window=3)
+    assert rule.recompute_s(1000) is None  # nothing measured is not "free"
+    for tokens, seconds in ((100, 0.1), (100, 0.3), (100, 0.2)):
+        rule.observe_prefill(tokens, seconds)
+    assert rule.recompute_s(1000) == pytest.approx(2.0)
+    assert rule.judge(1000, 0).recompute_s == rule.recompute_s(1000)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvci_plugin.worthiness import RequestHistory, SessionTurn
-from kvci_plugin.worthiness.request_history import SESSION_WINDOW
+from kvci_plugin.worthiness.request_history import SESSION_WINDOW, Measured
 
 
 def test_a_hit_is_counted_for_the_key_it_ended_at_only() -> None:
@@ -81,3 +81,21 @@ def test_turns_match_a_reference_model(turns: list[tuple[str, list[int]]]) -> No
         last[session] = tuple(prompt)
         assert history.turn(session, prompt) == SessionTurn(
             rewrote, sum(flags[session]), unchanged[session], len(prompt), len(prompt) - shared)
+
+
+def test_in_a_session_the_observed_reuse_is_the_turns_that_resent_its_context() -> None:
+    history = RequestHistory()
+    history.record_hit("k")
+    history.record_hit("k")
+    first = history.measure("s", [1, 2], loaded_to="k")
+    assert first.turn is not None and first.observed_reuse == 0  # a shared prefix's hits say nothing
+    assert history.measure("s", [1, 2, 3], loaded_to=None).observed_reuse == 1  # vLLM served it
+    assert history.measure("s", [1, 2, 3, 4], loaded_to="k").observed_reuse == 2
+    assert history.measure("s", [9], loaded_to=None).observed_reuse == 0  # rewritten: a new context
+
+
+def test_without_a_session_the_observed_reuse_is_the_loads_of_the_prefix_it_loaded() -> None:
+    history = RequestHistory()
+    history.record_hit("k")
+    assert history.measure(None, [1, 2], loaded_to="k") == Measured(None, 1)
+    assert history.measure(None, [1, 2], loaded_to=None) == Measured(None, None)

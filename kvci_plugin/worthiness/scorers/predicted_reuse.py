@@ -18,8 +18,8 @@ class PredictedReuseScorer:
     """Value = min(1, expected / REUSE_SATURATION_COUNT).
 
     ``expected`` is the larger of the caller's prediction (sibling + queued tasks that would
-    start from this context) and the reuse the tiers observed (distinct later requests that hit
-    this prefix). The larger, because both estimate the same future hits and may count the
+    start from this context) and the reuse observed so far (``observed_reuse``: re-sends of
+    this context, a context re-sent before being likelier to be re-sent again). The larger, because both estimate the same future hits and may count the
     same requests. Abstains when neither was supplied: nothing here predicts reuse by itself.
     """
 
