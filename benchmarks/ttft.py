@@ -22,6 +22,14 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
 - ``kvci_disk_hit``: a new kvci engine on the same folders (RAM tier empty): the persisted
   checkpoint loads from disk, every blob authenticated (AES-256-GCM), tenancy enforced; the
   request is the only one, so its pages are read in its first step, before its forward.
+- ``paired``: kvci's RAM hit and vLLM's prefix-cache hit of one prompt in one engine (kvci
+  attached, prefix caching on, vLLM's KV cache holding one prompt and two blocks more), round
+  by round (``PairedHits``): two new prompts push the kept prompt out of vLLM's cache, its kvci
+  RAM hit is timed, then at once the same prompt again, which vLLM's cache now serves. Engines
+  started one after another differ here by 10-30 % in the same path from run to run; the two
+  hits of a round share the engine, its threads and its memory, milliseconds apart, so the
+  median of the rounds' ratios is the RAM bound's steady measure. Its floor has kvci attached,
+  whose hooks cost a step about what the decode table's "connector hooks per step" says.
 - ``chunked_*``: kvci again with ``max_num_batched_tokens`` below the prompt length, so prefill
   spans several chunks: a miss, a disk hit, then (after ``checkpoint: "now"``) a RAM hit; and
   vLLM's prefix cache on an engine chunked alike, the floor of a chunked engine's RAM hit.
@@ -84,7 +92,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvci_plugin.demo import DEMO_MODEL
 
-SCHEMA = "kvci-ttft/6"
+SCHEMA = "kvci-ttft/7"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "ttft.json"
 TRACE_MODULE = "benchmarks.ttft_trace"  # the connectors, timed at their hooks
@@ -254,6 +262,33 @@ class Floors(BaseModel):
     xxh3_s: float
 
 
+class PairedHits(BaseModel):
+    """The ``paired`` rounds: each a kvci RAM hit and, straight after, vLLM's prefix-cache hit of
+    the same prompt in the same engine (``engine_blocks``: its KV cache, ``num_gpu_blocks_override``)."""
+
+    model_config = _FROZEN
+
+    engine_blocks: PositiveInt
+    kvci_ram_s: tuple[float, ...] = Field(min_length=1)
+    prefix_cache_s: tuple[float, ...] = Field(min_length=1)
+    ratio_median: float  # over the rounds, kvci's hit over vLLM's
+    extra_median_s: float  # over the rounds, kvci's hit less vLLM's
+
+    @model_validator(mode="after")
+    def _medians(self) -> PairedHits:
+        if self != PairedHits.of(self.engine_blocks, self.kvci_ram_s, self.prefix_cache_s):
+            raise ValueError("ratio_median and extra_median_s must be the rounds' medians")
+        return self
+
+    @classmethod
+    def of(cls, engine_blocks: int, kvci_ram_s: Sequence[float], prefix_cache_s: Sequence[float]) -> PairedHits:
+        pairs = list(zip(kvci_ram_s, prefix_cache_s, strict=True))
+        return cls.model_construct(
+            engine_blocks=engine_blocks, kvci_ram_s=tuple(kvci_ram_s), prefix_cache_s=tuple(prefix_cache_s),
+            ratio_median=statistics.median(a / b for a, b in pairs),
+            extra_median_s=statistics.median(a - b for a, b in pairs))
+
+
 class TargetCheck(BaseModel):
     model_config = _FROZEN
 
@@ -271,7 +306,7 @@ class TTFTReport(BaseModel):
 
     model_config = _FROZEN
 
-    report_format: Literal["kvci-ttft/6"] = SCHEMA
+    report_format: Literal["kvci-ttft/7"] = SCHEMA
     command: str
     runtime_s: float
     vllm_version: str
@@ -291,6 +326,7 @@ class TTFTReport(BaseModel):
     phases: dict[str, HitPhases]
     floors: Floors
     decode: dict[str, DecodeRate]
+    paired: PairedHits
     targets: tuple[TargetCheck, ...]
 
     @model_validator(mode="after")
@@ -303,20 +339,28 @@ class TTFTReport(BaseModel):
             raise ValueError("every decode engine must take the same prompts (paired by round)")
         if set(self.phases) != set(TRACED_PATHS):
             raise ValueError(f"phases must break down exactly the hits {sorted(TRACED_PATHS)}")
-        if self.targets != evaluate_targets(self.ttft, self.decode, self.floors):
-            raise ValueError("targets must be the ones evaluate_targets derives from ttft and decode")
+        if len(self.paired.kvci_ram_s) != self.hit_samples:
+            raise ValueError("paired must hold one round per hit sample")
+        if self.targets != evaluate_targets(self.ttft, self.decode, self.floors, self.paired):
+            raise ValueError("targets must be the ones evaluate_targets derives from ttft, decode and paired")
         return self
 
 
 def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
-                     floors: Floors) -> tuple[TargetCheck, ...]:
+                     floors: Floors, paired: PairedHits) -> tuple[TargetCheck, ...]:
     def med(path: str) -> float:
         return ttft[path].median_s
 
     overhead = 1.0 - vs_no_connector(decode["decode_on"], decode["decode_off"])
     copy = floors.copy_all_threads_s
     rows = [("ram_speedup", "recompute TTFT / kvci RAM hit TTFT",
-             med("recompute") / med("kvci_ram_hit"), "ratio", TARGET_RAM_SPEEDUP, False)]
+             med("recompute") / med("kvci_ram_hit"), "ratio", TARGET_RAM_SPEEDUP, False),
+            ("paired_ram_vs_prefix_cache",
+             "one engine, paired by round: kvci RAM hit TTFT / vLLM prefix-cache hit TTFT",
+             paired.ratio_median, "ratio", TARGET_RAM_VS_PREFIX_CACHE, True),
+            ("paired_ram_extra_vs_copy",
+             "one engine, paired by round: (kvci RAM hit - prefix-cache hit) / one plain all-thread copy",
+             paired.extra_median_s / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True)]
     for prefix, what in (("", ""), ("chunked_", "chunked prefill: ")):
         floor = med(f"{prefix}prefix_cache_hit")  # the same engine settings, vLLM's own cache
         rows += [
@@ -459,9 +503,11 @@ class Prompts:
     decode: list[list[int]]
     warmup: list[int]
     step: list[int]  # a one-token-output request that steps the engine while a persist drains
+    # Per paired round, a prompt-long and a short new prompt that push the hit out of vLLM's cache.
+    fillers: list[tuple[list[int], list[int]]]
 
 
-def make_prompts(prompt_tokens: int, samples: int, vocab_size: int, seed: int = 2026) -> Prompts:
+def make_prompts(prompt_tokens: int, samples: int, vocab_size: int, rounds: int, seed: int = 2026) -> Prompts:
     rng = random.Random(seed)
 
     def toks(n: int) -> list[int]:
@@ -469,7 +515,8 @@ def make_prompts(prompt_tokens: int, samples: int, vocab_size: int, seed: int = 
 
     return Prompts(hit=toks(prompt_tokens), cold=[toks(prompt_tokens) for _ in range(samples)],
                    decode=[toks(DECODE_PROMPT_TOKENS) for _ in range(samples)],
-                   warmup=toks(BLOCK_SIZE + 3), step=toks(3))
+                   warmup=toks(BLOCK_SIZE + 3), step=toks(3),
+                   fillers=[(toks(prompt_tokens), toks(2 * BLOCK_SIZE)) for _ in range(rounds)])
 
 
 def _say(message: str) -> None:
@@ -488,7 +535,7 @@ class Bench:
         self.workdir = workdir
         spec = TinyModelSpec(**shape.model_dump())
         self.model = make_tiny_model(spec)
-        self.prompts = make_prompts(args.prompt_tokens, args.samples, spec.vocab_size)
+        self.prompts = make_prompts(args.prompt_tokens, args.samples, spec.vocab_size, args.hit_samples)
         self.max_model_len = max(args.prompt_tokens, DECODE_PROMPT_TOKENS + args.decode_tokens) + BLOCK_SIZE
         key = write_hmac_key_file(workdir / "hs256.key")
         (workdir / "labels.json").write_text(json.dumps(SOURCES))
@@ -509,6 +556,7 @@ class Bench:
         self.ttft: dict[str, PathTiming] = {}
         self.phases: dict[str, HitPhases] = {}
         self.decode: dict[str, DecodeRate] = {}
+        self.paired: PairedHits | None = None
 
     # ---- engines -------------------------------------------------------------------------------
 
@@ -530,7 +578,8 @@ class Bench:
 
     @contextmanager
     def engine(self, name: str, *, kv_transfer_config: dict[str, Any] | None = None,
-               prefix_caching: bool = False, batched_tokens: int | None = None) -> Iterator[Any]:
+               prefix_caching: bool = False, batched_tokens: int | None = None,
+               gpu_blocks: int | None = None) -> Iterator[Any]:
         from vllm import LLM
 
         start = time.perf_counter()
@@ -538,7 +587,7 @@ class Bench:
                   gpu_memory_utilization=0.2, max_model_len=self.max_model_len,
                   max_num_batched_tokens=batched_tokens or self.max_model_len,
                   enable_prefix_caching=prefix_caching, enforce_eager=True, seed=0,
-                  kv_transfer_config=kv_transfer_config)
+                  num_gpu_blocks_override=gpu_blocks, kv_transfer_config=kv_transfer_config)
         _say(f"engine {name}: started in {time.perf_counter() - start:.1f} s")
         try:
             self._request(llm, self.prompts.warmup)  # first-request costs stay out of the samples
@@ -610,6 +659,29 @@ class Bench:
             self.decode[path] = DecodeRate.of(engine, rates[path], hooks)
             _say(f"{path}: median {self.decode[path].median_tokens_per_s:.1f} tokens/s")
 
+    def _paired(self, llm: Any, engine_blocks: int) -> PairedHits:
+        """Round by round: the hit's prompt out of vLLM's cache, its kvci RAM hit, then its hit in
+        vLLM's cache (which that load filled)."""
+        kvci_s, prefix_s = [], []
+        expected = (self.args.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+        for i, (long_filler, short_filler) in enumerate(self.prompts.fillers):
+            # The long one takes all of vLLM's cache but a block or two of the prompt's root;
+            # freed tail first, those are the oldest, and the short one takes them.
+            self._request(llm, long_filler)
+            self._request(llm, short_filler)
+            for source, seconds in (("kvci", kvci_s), ("vllm", prefix_s)):
+                elapsed, out = self._request(llm, self.prompts.hit, kvci={"tenant": TENANT})
+                loaded = (out.kv_transfer_params or {}).get("kvci", {}).get("hit_tokens") or 0
+                want = expected if source == "kvci" else 0
+                if (out.num_cached_tokens or 0) != expected or loaded != want:
+                    raise MissedHit(f"paired: round {i}: {out.num_cached_tokens} tokens cached, {loaded} loaded "
+                                    f"by kvci; expected {expected} cached, {want} loaded by kvci")
+                seconds.append(elapsed)
+        paired = PairedHits.of(engine_blocks, kvci_s, prefix_s)
+        _say(f"paired: kvci RAM hit {statistics.median(kvci_s):.3f} s, vLLM prefix-cache hit "
+             f"{statistics.median(prefix_s):.3f} s, median ratio {paired.ratio_median:.3f}")
+        return paired
+
     def _persisted(self, checkpoint_id: str) -> bool:
         # Read-only: the engine owns the catalog and may be writing it.
         path = self.disk_root / "catalog.sqlite3"
@@ -657,6 +729,12 @@ class Bench:
                          prefix_caching=True) as llm:
             self._request(llm, p.hit)  # now in vLLM's prefix cache: kvci's lookup finds nothing more
             self._hits(llm, "kvci_prefix", "kvci_attached_prefix_cache_hit", kvci=kvci)
+        # vLLM's cache holds a whole-context request and two blocks more: one prompt, not two.
+        blocks = -(-self.max_model_len // BLOCK_SIZE) + 2
+        with self.engine("kvci_paired", kv_transfer_config=self._kvci_config("kvci_paired"),
+                         prefix_caching=True, gpu_blocks=blocks) as llm:
+            self._keep(llm, "paired", checkpoint="now")
+            self.paired = self._paired(llm, blocks)
         with self.engine("example_connector",
                          kv_transfer_config=self._example_config("example_connector")) as llm:
             self._request(llm, p.hit)  # writes the prompt's KV files
@@ -747,6 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {name: os.environ.get(name, "") for name in VLLM_CPU_ENV if name in os.environ}
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python -m benchmarks.ttft",
                         *map(shlex.quote, argv)])
+    assert bench.paired is not None
     report = TTFTReport(
         command=command, runtime_s=round(time.perf_counter() - started, 1), vllm_version=vllm.__version__,
         vllm_cpu_env=env, cpus=os.cpu_count() or 1, load_average=(load_start, os.getloadavg()[0]),
@@ -754,8 +833,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         batched_tokens=bench.max_model_len, chunk_tokens=args.chunk_tokens, samples=args.samples,
         hit_samples=args.hit_samples, decode_tokens=args.decode_tokens,
         decode_prompt_tokens=DECODE_PROMPT_TOKENS,
-        ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode,
-        targets=evaluate_targets(bench.ttft, bench.decode, floors))
+        ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode, paired=bench.paired,
+        targets=evaluate_targets(bench.ttft, bench.decode, floors, bench.paired))
     print(summary(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -785,6 +864,10 @@ def summary(report: TTFTReport) -> str:
         hooks = "" if rate.hooks_per_step_s is None else f"  hooks {rate.hooks_per_step_s * 1e6:.0f} us/step"
         lines.append(f"  {path:24s} {rate.median_tokens_per_s:8.1f} tokens/s  "
                      f"{vs_no_connector(rate, off):.3f}x no connector{hooks}")
+    pr = report.paired
+    lines.append(f"Paired in one engine ({len(pr.kvci_ram_s)} rounds): kvci RAM hit "
+                 f"{statistics.median(pr.kvci_ram_s):.3f} s, vLLM prefix-cache hit "
+                 f"{statistics.median(pr.prefix_cache_s):.3f} s, median ratio {pr.ratio_median:.3f}")
     lines.append(f"  load average {report.load_average[0]:.2f} at the start, {report.load_average[1]:.2f} at the end")
     for t in report.targets:
         lines.append(f"  target {t.name}: {t.value:.3f} {'<=' if t.at_most else '>='} {t.bound} "
