@@ -135,7 +135,7 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         "### One engine, paired",
         "",
         (f"{len(pr.kvci_ram_s)} rounds in one engine (kvci attached, prefix caching on, vLLM's KV cache "
-         f"{pr.engine_blocks} blocks: one prompt and two blocks more). Each round two new prompts push the hit's "
+         f"{pr.engine_blocks} blocks: a whole-context request and two blocks more). Each round two new prompts push the hit's "
          "prompt out of vLLM's cache, its kvci RAM hit is timed, then at once the same prompt again, which vLLM's "
          "cache now serves: the two hits share the engine, its threads and its memory."),
         "",

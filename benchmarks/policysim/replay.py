@@ -42,13 +42,13 @@ class Tally:
     disk_saved_tokens: int = 0
     # Served by the engine's own prefix cache in front of the tiers (an engine replay's view).
     engine_saved_tokens: int = 0
+    admitted_requests: int = 0
+    ram_blocks_written: int = 0
+    disk_blocks_written: int = 0
 
     @property
     def saved_tokens(self) -> int:
         return self.engine_saved_tokens + self.ram_saved_tokens + self.disk_saved_tokens
-    admitted_requests: int = 0
-    ram_blocks_written: int = 0
-    disk_blocks_written: int = 0
 
 
 def replay(

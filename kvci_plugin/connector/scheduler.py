@@ -66,7 +66,6 @@ logger = logging.getLogger(__name__)
 
 _FINISHED_OK = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 NULL_BLOCK_ID = 0  # vLLM's BlockPool hands out block 0 as its null block (never holds KV)
-_MAX_TRACKED = MAX_TRACKED  # bound for the armed checkpoints, as for the request history's tables
 
 
 def _session_key(tenant: str, session_id: str) -> str:
@@ -718,7 +717,7 @@ class KVCIScheduler:
             self._armed[(tenant, session_id)] = ArmedCheckpoint(
                 trigger=trigger, persist=persist, session_token=session_token,
                 delegation_tokens=delegation_tokens)
-            while len(self._armed) > _MAX_TRACKED:
+            while len(self._armed) > MAX_TRACKED:  # bounded as the request history's tables are
                 self._armed.pop(next(iter(self._armed)))
 
     def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:

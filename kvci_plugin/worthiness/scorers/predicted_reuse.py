@@ -19,8 +19,8 @@ class PredictedReuseScorer:
 
     ``expected`` is the larger of the caller's prediction (sibling + queued tasks that would
     start from this context) and the reuse observed so far (``observed_reuse``: re-sends of
-    this context, a context re-sent before being likelier to be re-sent again). The larger, because both estimate the same future hits and may count the
-    same requests. Abstains when neither was supplied: nothing here predicts reuse by itself.
+    this context, a context re-sent before being likelier to be re-sent again). The larger,
+    because both estimate the same future hits and may count the same requests. Abstains when neither was supplied: nothing here predicts reuse by itself.
     """
 
     name = PREDICTED_REUSE
