@@ -85,7 +85,7 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         f"Command (from the repository root, {report.runtime_s:.0f} s): `{report.command}`",
         "",
         (f"- vLLM {report.vllm_version} on CPU: {report.cpus} CPUs, shared (1-minute load average "
-         f"{start_load:.1f} at the start, {end_load:.1f} at the end); {env}. Engines ran one after another, but for the decode's three, which ran at once."),
+         f"{start_load:.1f} at the start, {end_load:.1f} at the end); {env}. Engines ran one after another, but for the decode's three, which ran at once; the paired rounds each share one engine."),
         (f"- Random-weight Llama: {model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads, "
          f"{model.num_kv_heads} KV heads, intermediate {model.intermediate_size}, {model.dtype}: "
          f"{model.kv_bytes_per_token:,} B of KV per token, {prompt_mib:,.0f} MiB per prompt."),
@@ -129,26 +129,34 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
             f"| {min(timing.seconds):.3f} - {max(timing.seconds):.3f} "
             f"| {_times(report.ttft[baseline].median_s / timing.median_s)} |"
         )
-    pr = report.paired
+    ram, disk = report.paired_ram, report.paired_disk
+    copy = report.floors.copy_all_threads_s
     lines += [
         "",
         "### One engine, paired",
         "",
-        (f"{len(pr.kvci_ram_s)} rounds in one engine (kvci attached, prefix caching on, vLLM's KV cache "
-         f"{pr.engine_blocks} blocks: a whole-context request and two blocks more). Each round two new prompts push the hit's "
+        (f"RAM: {len(ram.kvci_s)} rounds in one engine (kvci attached, prefix caching on, vLLM's KV cache "
+         f"{ram.engine_blocks} blocks: a whole-context request and two blocks more). Each round two new prompts push the hit's "
          "prompt out of vLLM's cache, its kvci RAM hit is timed, then at once the same prompt again, which vLLM's "
          "cache now serves: the two hits share the engine, its threads and its memory."),
+        "",
+        (f"Disk: {len(disk.kvci_s)} rounds in one engine with both connectors (vLLM's MultiConnector, kvci first, "
+         "no prefix caching), kvci's RAM tier empty: kvci's disk hit of the prompt (a request of its tenant) and "
+         "ExampleConnector's hit of it (a request of no tenant, which kvci cannot serve), which first alternating. "
+         "Both connectors' hooks run on every request of this engine."),
         "",
         "| hit | median TTFT (s) | min - max (s) |",
         "|---|--:|--:|",
     ]
-    for label, seconds in (("kvci RAM hit", pr.kvci_ram_s), ("vLLM prefix-cache hit, kvci attached", pr.prefix_cache_s)):
+    for label, seconds in (("kvci RAM hit", ram.kvci_s), ("vLLM prefix-cache hit, kvci attached", ram.anchor_s),
+                           ("kvci disk hit", disk.kvci_s), ("ExampleConnector disk hit, kvci attached", disk.anchor_s)):
         lines.append(f"| {label} | {statistics.median(seconds):.3f} | {min(seconds):.3f} - {max(seconds):.3f} |")
     lines += [
         "",
-        (f"Medians over the rounds: kvci's hit over vLLM's {_times(pr.ratio_median)}; kvci's hit less vLLM's "
-         f"{pr.extra_median_s * 1e3:.2f} ms, {pr.extra_median_s / report.floors.copy_all_threads_s:.2f}x one plain "
-         "all-thread copy of the hit's bytes."),
+        (f"Medians over the rounds: kvci's RAM hit over vLLM's {_times(ram.ratio_median)}; kvci's hit less vLLM's "
+         f"{ram.extra_median_s * 1e3:.2f} ms, {ram.extra_median_s / copy:.2f}x one plain all-thread copy of the hit's "
+         f"bytes. kvci's disk hit over ExampleConnector's {_times(disk.ratio_median)}, "
+         f"{disk.extra_median_s * 1e3:.2f} ms more."),
     ]
     floors = report.floors
     lines += [

@@ -22,14 +22,21 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
 - ``kvci_disk_hit``: a new kvci engine on the same folders (RAM tier empty): the persisted
   checkpoint loads from disk, every blob authenticated (AES-256-GCM), tenancy enforced; the
   request is the only one, so its pages are read in its first step, before its forward.
-- ``paired``: kvci's RAM hit and vLLM's prefix-cache hit of one prompt in one engine (kvci
+- ``paired_ram``: kvci's RAM hit and vLLM's prefix-cache hit of one prompt in one engine (kvci
   attached, prefix caching on, vLLM's KV cache holding one prompt and two blocks more), round
   by round (``PairedHits``): two new prompts push the kept prompt out of vLLM's cache, its kvci
   RAM hit is timed, then at once the same prompt again, which vLLM's cache now serves. Engines
   started one after another differ here by 10-30 % in the same path from run to run; the two
   hits of a round share the engine, its threads and its memory, milliseconds apart, so the
   median of the rounds' ratios is the RAM bound's steady measure. Its floor has kvci attached,
-  whose hooks cost a step about what the decode table's "connector hooks per step" says.
+  whose hooks cost a step about what the decode table's "connector hooks per step" says. (It
+  runs before ``example_connector_hit``.)
+- ``paired_disk``: the disk bound measured alike, after ``kvci_disk_hit``: one engine with both
+  connectors (vLLM's ``MultiConnector``, kvci first; no prefix caching, so every hit loads),
+  on kvci's disk tier (its RAM tier empty) and ExampleConnector's folder, both holding the
+  prompt. Each round times kvci's disk hit (a request of kvci's tenant) and ExampleConnector's
+  hit of the same prompt (a request of no tenant, for which kvci finds nothing), which first
+  alternating from round to round. Both connectors' hooks run on every request of this engine.
 - ``chunked_*``: kvci again with ``max_num_batched_tokens`` below the prompt length, so prefill
   spans several chunks: a miss, a disk hit, then (after ``checkpoint: "now"``) a RAM hit; and
   vLLM's prefix cache on an engine chunked alike, the floor of a chunked engine's RAM hit.
@@ -92,7 +99,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvci_plugin.demo import DEMO_MODEL
 
-SCHEMA = "kvci-ttft/7"
+SCHEMA = "kvci-ttft/8"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "ttft.json"
 TRACE_MODULE = "benchmarks.ttft_trace"  # the connectors, timed at their hooks
@@ -263,28 +270,29 @@ class Floors(BaseModel):
 
 
 class PairedHits(BaseModel):
-    """The ``paired`` rounds: each a kvci RAM hit and, straight after, vLLM's prefix-cache hit of
-    the same prompt in the same engine (``engine_blocks``: its KV cache, ``num_gpu_blocks_override``)."""
+    """Rounds in one engine, each a kvci hit and its anchor's hit of the same prompt, milliseconds
+    apart: ``paired_ram`` (the anchor is vLLM's prefix cache; ``engine_blocks``: the engine's KV
+    cache, ``num_gpu_blocks_override``) and ``paired_disk`` (the anchor is ExampleConnector)."""
 
     model_config = _FROZEN
 
-    engine_blocks: PositiveInt
-    kvci_ram_s: tuple[float, ...] = Field(min_length=1)
-    prefix_cache_s: tuple[float, ...] = Field(min_length=1)
-    ratio_median: float  # over the rounds, kvci's hit over vLLM's
-    extra_median_s: float  # over the rounds, kvci's hit less vLLM's
+    engine_blocks: PositiveInt | None
+    kvci_s: tuple[float, ...] = Field(min_length=1)
+    anchor_s: tuple[float, ...] = Field(min_length=1)
+    ratio_median: float  # over the rounds, kvci's hit over the anchor's
+    extra_median_s: float  # over the rounds, kvci's hit less the anchor's
 
     @model_validator(mode="after")
     def _medians(self) -> PairedHits:
-        if self != PairedHits.of(self.engine_blocks, self.kvci_ram_s, self.prefix_cache_s):
+        if self != PairedHits.of(self.engine_blocks, self.kvci_s, self.anchor_s):
             raise ValueError("ratio_median and extra_median_s must be the rounds' medians")
         return self
 
     @classmethod
-    def of(cls, engine_blocks: int, kvci_ram_s: Sequence[float], prefix_cache_s: Sequence[float]) -> PairedHits:
-        pairs = list(zip(kvci_ram_s, prefix_cache_s, strict=True))
+    def of(cls, engine_blocks: int | None, kvci_s: Sequence[float], anchor_s: Sequence[float]) -> PairedHits:
+        pairs = list(zip(kvci_s, anchor_s, strict=True))
         return cls.model_construct(
-            engine_blocks=engine_blocks, kvci_ram_s=tuple(kvci_ram_s), prefix_cache_s=tuple(prefix_cache_s),
+            engine_blocks=engine_blocks, kvci_s=tuple(kvci_s), anchor_s=tuple(anchor_s),
             ratio_median=statistics.median(a / b for a, b in pairs),
             extra_median_s=statistics.median(a - b for a, b in pairs))
 
@@ -306,7 +314,7 @@ class TTFTReport(BaseModel):
 
     model_config = _FROZEN
 
-    report_format: Literal["kvci-ttft/7"] = SCHEMA
+    report_format: Literal["kvci-ttft/8"] = SCHEMA
     command: str
     runtime_s: float
     vllm_version: str
@@ -326,7 +334,8 @@ class TTFTReport(BaseModel):
     phases: dict[str, HitPhases]
     floors: Floors
     decode: dict[str, DecodeRate]
-    paired: PairedHits
+    paired_ram: PairedHits
+    paired_disk: PairedHits
     targets: tuple[TargetCheck, ...]
 
     @model_validator(mode="after")
@@ -339,15 +348,15 @@ class TTFTReport(BaseModel):
             raise ValueError("every decode engine must take the same prompts (paired by round)")
         if set(self.phases) != set(TRACED_PATHS):
             raise ValueError(f"phases must break down exactly the hits {sorted(TRACED_PATHS)}")
-        if len(self.paired.kvci_ram_s) != self.hit_samples:
-            raise ValueError("paired must hold one round per hit sample")
-        if self.targets != evaluate_targets(self.ttft, self.decode, self.floors, self.paired):
-            raise ValueError("targets must be the ones evaluate_targets derives from ttft, decode and paired")
+        if any(len(p.kvci_s) != self.hit_samples for p in (self.paired_ram, self.paired_disk)):
+            raise ValueError("paired_ram and paired_disk must hold one round per hit sample")
+        if self.targets != evaluate_targets(self.ttft, self.decode, self.floors, self.paired_ram, self.paired_disk):
+            raise ValueError("targets must be the ones evaluate_targets derives from ttft, decode and the pairs")
         return self
 
 
 def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
-                     floors: Floors, paired: PairedHits) -> tuple[TargetCheck, ...]:
+                     floors: Floors, paired_ram: PairedHits, paired_disk: PairedHits) -> tuple[TargetCheck, ...]:
     def med(path: str) -> float:
         return ttft[path].median_s
 
@@ -357,10 +366,13 @@ def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
              med("recompute") / med("kvci_ram_hit"), "ratio", TARGET_RAM_SPEEDUP, False),
             ("paired_ram_vs_prefix_cache",
              "one engine, paired by round: kvci RAM hit TTFT / vLLM prefix-cache hit TTFT",
-             paired.ratio_median, "ratio", TARGET_RAM_VS_PREFIX_CACHE, True),
+             paired_ram.ratio_median, "ratio", TARGET_RAM_VS_PREFIX_CACHE, True),
             ("paired_ram_extra_vs_copy",
              "one engine, paired by round: (kvci RAM hit - prefix-cache hit) / one plain all-thread copy",
-             paired.extra_median_s / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True)]
+             paired_ram.extra_median_s / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True),
+            ("paired_disk_vs_example_connector",
+             "one engine, paired by round: kvci disk hit TTFT / ExampleConnector disk hit TTFT",
+             paired_disk.ratio_median, "ratio", TARGET_DISK_VS_EXAMPLE, True)]
     for prefix, what in (("", ""), ("chunked_", "chunked prefill: ")):
         floor = med(f"{prefix}prefix_cache_hit")  # the same engine settings, vLLM's own cache
         rows += [
@@ -556,7 +568,7 @@ class Bench:
         self.ttft: dict[str, PathTiming] = {}
         self.phases: dict[str, HitPhases] = {}
         self.decode: dict[str, DecodeRate] = {}
-        self.paired: PairedHits | None = None
+        self.paired: dict[str, PairedHits] = {}
 
     # ---- engines -------------------------------------------------------------------------------
 
@@ -659,27 +671,69 @@ class Bench:
             self.decode[path] = DecodeRate.of(engine, rates[path], hooks)
             _say(f"{path}: median {self.decode[path].median_tokens_per_s:.1f} tokens/s")
 
-    def _paired(self, llm: Any, engine_blocks: int) -> PairedHits:
+    def _multi_config(self, engine: str) -> dict[str, Any]:
+        """kvci first, then ExampleConnector, in one engine (vLLM's MultiConnector): a request's
+        load is the first connector's that finds it; both connectors' hooks run on every request."""
+        return {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {"connectors": [
+                    self._kvci_config(f"{engine}_kvci"), self._example_config(f"{engine}_example")]}}
+
+    def _paired_hit(self, llm: Any, name: str, i: int, source: str, *, kvci: dict[str, Any] | None,
+                    cached: int, loaded: int, tier: str | None = None) -> float:
+        """One timed hit of a paired round, checked: ``cached`` tokens found, ``loaded`` by kvci."""
+        elapsed, out = self._request(llm, self.prompts.hit, kvci=kvci)
+        reply = (out.kv_transfer_params or {}).get("kvci", {})
+        got = reply.get("hit_tokens") or 0
+        if (out.num_cached_tokens or 0) != cached or got != loaded or (loaded and reply.get("hit_tier") != tier):
+            raise MissedHit(f"{name}: round {i}, {source}: {out.num_cached_tokens} tokens cached, {got} loaded by "
+                            f"kvci from {reply.get('hit_tier')!r}; expected {cached} cached, {loaded} loaded by kvci"
+                            + (f" from {tier!r}" if loaded else ""))
+        return elapsed
+
+    def _paired_ram(self, llm: Any, engine_blocks: int) -> PairedHits:
         """Round by round: the hit's prompt out of vLLM's cache, its kvci RAM hit, then its hit in
         vLLM's cache (which that load filled)."""
         kvci_s, prefix_s = [], []
-        expected = (self.args.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+        expected = self._hit_tokens()
         for i, (long_filler, short_filler) in enumerate(self.prompts.fillers):
             # The long one takes all of vLLM's cache but a block or two of the prompt's root;
             # freed tail first, those are the oldest, and the short one takes them.
             self._request(llm, long_filler)
             self._request(llm, short_filler)
-            for source, seconds in (("kvci", kvci_s), ("vllm", prefix_s)):
-                elapsed, out = self._request(llm, self.prompts.hit, kvci={"tenant": TENANT})
-                loaded = (out.kv_transfer_params or {}).get("kvci", {}).get("hit_tokens") or 0
-                want = expected if source == "kvci" else 0
-                if (out.num_cached_tokens or 0) != expected or loaded != want:
-                    raise MissedHit(f"paired: round {i}: {out.num_cached_tokens} tokens cached, {loaded} loaded "
-                                    f"by kvci; expected {expected} cached, {want} loaded by kvci")
-                seconds.append(elapsed)
-        paired = PairedHits.of(engine_blocks, kvci_s, prefix_s)
-        _say(f"paired: kvci RAM hit {statistics.median(kvci_s):.3f} s, vLLM prefix-cache hit "
-             f"{statistics.median(prefix_s):.3f} s, median ratio {paired.ratio_median:.3f}")
+            kvci_s.append(self._paired_hit(llm, "paired_ram", i, "kvci", kvci={"tenant": TENANT},
+                                           cached=expected, loaded=expected, tier="ram"))
+            prefix_s.append(self._paired_hit(llm, "paired_ram", i, "vLLM", kvci={"tenant": TENANT},
+                                             cached=expected, loaded=0))
+        return self._paired_report("paired_ram", PairedHits.of(engine_blocks, kvci_s, prefix_s),
+                                   "vLLM prefix-cache hit")
+
+    def _paired_disk(self, llm: Any) -> PairedHits:
+        """Round by round, which goes first alternating: kvci's disk hit (its tenant's request),
+        ExampleConnector's hit of the same prompt (a request of no tenant: kvci finds nothing)."""
+        kvci_s, example_s = [], []
+        expected = self._hit_tokens()
+        for i in range(self.args.hit_samples):
+            def kvci_hit(i: int = i) -> None:
+                kvci_s.append(self._paired_hit(llm, "paired_disk", i, "kvci", kvci={"tenant": TENANT},
+                                               cached=expected, loaded=expected, tier="disk"))
+
+            def example_hit(i: int = i) -> None:
+                example_s.append(self._paired_hit(llm, "paired_disk", i, "ExampleConnector", kvci=None,
+                                                  cached=expected, loaded=0))
+
+            for hit in (kvci_hit, example_hit) if i % 2 == 0 else (example_hit, kvci_hit):
+                hit()
+        return self._paired_report("paired_disk", PairedHits.of(None, kvci_s, example_s),
+                                   "ExampleConnector disk hit")
+
+    def _hit_tokens(self) -> int:
+        """What a hit of the prompt finds: its full blocks but the last token's."""
+        return (self.args.prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE
+
+    @staticmethod
+    def _paired_report(name: str, paired: PairedHits, anchor: str) -> PairedHits:
+        _say(f"{name}: kvci hit {statistics.median(paired.kvci_s):.3f} s, {anchor} "
+             f"{statistics.median(paired.anchor_s):.3f} s, median ratio {paired.ratio_median:.3f}")
         return paired
 
     def _persisted(self, checkpoint_id: str) -> bool:
@@ -733,14 +787,17 @@ class Bench:
         blocks = -(-self.max_model_len // BLOCK_SIZE) + 2
         with self.engine("kvci_paired", kv_transfer_config=self._kvci_config("kvci_paired"),
                          prefix_caching=True, gpu_blocks=blocks) as llm:
-            self._keep(llm, "paired", checkpoint="now")
-            self.paired = self._paired(llm, blocks)
+            self._keep(llm, "paired_ram", checkpoint="now")
+            self.paired["ram"] = self._paired_ram(llm, blocks)
         with self.engine("example_connector",
                          kv_transfer_config=self._example_config("example_connector")) as llm:
             self._request(llm, p.hit)  # writes the prompt's KV files
             self._hits(llm, "example_connector", "example_connector_hit")
         with self.engine("kvci_restarted", kv_transfer_config=self._kvci_config("kvci_restarted")) as llm:
             self._hits(llm, "kvci_restarted", "kvci_disk_hit", kvci=kvci, tier="disk")
+        # Both folders hold the prompt: kvci's disk tier (RAM empty again) and ExampleConnector's.
+        with self.engine("paired_disk", kv_transfer_config=self._multi_config("paired_disk")) as llm:
+            self.paired["disk"] = self._paired_disk(llm)
         chunked = "kvci_chunked"
         with self.engine(chunked, kv_transfer_config=self._kvci_config(chunked),
                          batched_tokens=self.args.chunk_tokens) as llm:
@@ -825,7 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {name: os.environ.get(name, "") for name in VLLM_CPU_ENV if name in os.environ}
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python -m benchmarks.ttft",
                         *map(shlex.quote, argv)])
-    assert bench.paired is not None
+    paired_ram, paired_disk = bench.paired["ram"], bench.paired["disk"]
     report = TTFTReport(
         command=command, runtime_s=round(time.perf_counter() - started, 1), vllm_version=vllm.__version__,
         vllm_cpu_env=env, cpus=os.cpu_count() or 1, load_average=(load_start, os.getloadavg()[0]),
@@ -833,8 +890,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         batched_tokens=bench.max_model_len, chunk_tokens=args.chunk_tokens, samples=args.samples,
         hit_samples=args.hit_samples, decode_tokens=args.decode_tokens,
         decode_prompt_tokens=DECODE_PROMPT_TOKENS,
-        ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode, paired=bench.paired,
-        targets=evaluate_targets(bench.ttft, bench.decode, floors, bench.paired))
+        ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode, paired_ram=paired_ram,
+        paired_disk=paired_disk, targets=evaluate_targets(bench.ttft, bench.decode, floors, paired_ram, paired_disk))
     print(summary(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -864,10 +921,11 @@ def summary(report: TTFTReport) -> str:
         hooks = "" if rate.hooks_per_step_s is None else f"  hooks {rate.hooks_per_step_s * 1e6:.0f} us/step"
         lines.append(f"  {path:24s} {rate.median_tokens_per_s:8.1f} tokens/s  "
                      f"{vs_no_connector(rate, off):.3f}x no connector{hooks}")
-    pr = report.paired
-    lines.append(f"Paired in one engine ({len(pr.kvci_ram_s)} rounds): kvci RAM hit "
-                 f"{statistics.median(pr.kvci_ram_s):.3f} s, vLLM prefix-cache hit "
-                 f"{statistics.median(pr.prefix_cache_s):.3f} s, median ratio {pr.ratio_median:.3f}")
+    for name, pr, anchor in (("RAM", report.paired_ram, "vLLM prefix-cache hit"),
+                             ("disk", report.paired_disk, "ExampleConnector hit")):
+        lines.append(f"Paired in one engine ({len(pr.kvci_s)} rounds): kvci {name} hit "
+                     f"{statistics.median(pr.kvci_s):.3f} s, {anchor} "
+                     f"{statistics.median(pr.anchor_s):.3f} s, median ratio {pr.ratio_median:.3f}")
     lines.append(f"  load average {report.load_average[0]:.2f} at the start, {report.load_average[1]:.2f} at the end")
     for t in report.targets:
         lines.append(f"  target {t.name}: {t.value:.3f} {'<=' if t.at_most else '>='} {t.bound} "
