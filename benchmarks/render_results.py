@@ -28,7 +28,14 @@ from benchmarks.policysim.report import (
 from benchmarks.replaysim.render import load_replays, replay_section
 from benchmarks.replaysim.report import SCHEMA as REPLAY_SCHEMA
 from benchmarks.replaysim.report import ReplayReport
-from benchmarks.ttft import DECODE_PATHS, PATHS, TTFTReport, vs_no_connector
+from benchmarks.ttft import (
+    DECODE_PATHS,
+    PATHS,
+    STEP_SHARE_REQUESTS,
+    TTFTReport,
+    pooled_vs_no_connector,
+    vs_no_connector,
+)
 from benchmarks.ttft import SCHEMA as TTFT_SCHEMA
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -85,7 +92,7 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         f"Command (from the repository root, {report.runtime_s:.0f} s): `{report.command}`",
         "",
         (f"- vLLM {report.vllm_version} on CPU: {report.cpus} CPUs, shared (1-minute load average "
-         f"{start_load:.1f} at the start, {end_load:.1f} at the end); {env}. Engines ran one after another, but for the decode's three, which ran at once; the paired rounds each share one engine."),
+         f"{start_load:.1f} at the start, {end_load:.1f} at the end); {env}. Engines ran one after another, but for the decode's five, which ran at once; the paired rounds each share one engine."),
         (f"- Random-weight Llama: {model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads, "
          f"{model.num_kv_heads} KV heads, intermediate {model.intermediate_size}, {model.dtype}: "
          f"{model.kv_bytes_per_token:,} B of KV per token, {prompt_mib:,.0f} MiB per prompt."),
@@ -129,7 +136,7 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
             f"| {min(timing.seconds):.3f} - {max(timing.seconds):.3f} "
             f"| {_times(report.ttft[baseline].median_s / timing.median_s)} |"
         )
-    ram, disk = report.paired_ram, report.paired_disk
+    ram, disk, chunked = report.paired_ram, report.paired_disk, report.paired_chunked_ram
     copy = report.floors.copy_all_threads_s
     lines += [
         "",
@@ -138,7 +145,8 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         (f"RAM: {len(ram.kvci_s)} rounds in one engine (kvci attached, prefix caching on, vLLM's KV cache "
          f"{ram.engine_blocks} blocks: a whole-context request and two blocks more). Each round two new prompts push the hit's "
          "prompt out of vLLM's cache, its kvci RAM hit is timed, then at once the same prompt again, which vLLM's "
-         "cache now serves: the two hits share the engine, its threads and its memory."),
+         "cache now serves: the two hits share the engine, its threads and its memory. Chunked RAM: the same, "
+         f"on an engine whose prefill is chunked ({report.chunk_tokens:,} tokens a step)."),
         "",
         (f"Disk: {len(disk.kvci_s)} rounds in one engine with both connectors (vLLM's MultiConnector, kvci first, "
          "no prefix caching), kvci's RAM tier empty: kvci's disk hit of the prompt (a request of its tenant) and "
@@ -149,14 +157,18 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         "|---|--:|--:|",
     ]
     for label, seconds in (("kvci RAM hit", ram.kvci_s), ("vLLM prefix-cache hit, kvci attached", ram.anchor_s),
-                           ("kvci disk hit", disk.kvci_s), ("ExampleConnector disk hit, kvci attached", disk.anchor_s)):
+                           ("kvci disk hit", disk.kvci_s), ("ExampleConnector disk hit, kvci attached", disk.anchor_s),
+                           ("chunked prefill: kvci RAM hit", chunked.kvci_s),
+                           ("chunked prefill: vLLM prefix-cache hit, kvci attached", chunked.anchor_s)):
         lines.append(f"| {label} | {statistics.median(seconds):.3f} | {min(seconds):.3f} - {max(seconds):.3f} |")
     lines += [
         "",
         (f"Medians over the rounds: kvci's RAM hit over vLLM's {_times(ram.ratio_median)}; kvci's hit less vLLM's "
          f"{ram.extra_median_s * 1e3:.2f} ms, {ram.extra_median_s / copy:.2f}x one plain all-thread copy of the hit's "
          f"bytes. kvci's disk hit over ExampleConnector's {_times(disk.ratio_median)}, "
-         f"{disk.extra_median_s * 1e3:.2f} ms more."),
+         f"{disk.extra_median_s * 1e3:.2f} ms more. Chunked prefill: kvci's RAM hit over vLLM's "
+         f"{_times(chunked.ratio_median)}, {chunked.extra_median_s * 1e3:.2f} ms more, "
+         f"{chunked.extra_median_s / copy:.2f}x the copy."),
     ]
     floors = report.floors
     lines += [
@@ -189,19 +201,30 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         "",
         "### Decode",
         "",
-        ("The three engines ran at once and took each prompt in turn. Vs no connector: the median over "
-         "the prompts of the engine's tokens/s over the plain engine's on the same prompt. Connector hooks: "
-         "the time a step spends in the connector's hooks (scheduler and worker side)."),
+        ("The five engines ran at once, each running its connector untimed, and took each prompt in turn. "
+         "Vs no connector: the median over the prompts of the engine's tokens/s over the plain engine's on "
+         "the same prompt; the target pools each kind's two engines. Connector hooks: in a traced twin "
+         "engine of the same connector (after its hits), the time a decode step spends in the connector's "
+         "hooks (scheduler and worker side) and its share of the step, medians over the steps of "
+         f"{STEP_SHARE_REQUESTS} requests."),
         "",
-        "| engine | median tokens/s | min - max | vs no connector | connector hooks per step |",
-        "|---|--:|--:|--:|--:|",
+        "| engine | median tokens/s | min - max | vs no connector | connector hooks per step | share of a step |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for name, rate in report.decode.items():
-        hooks = "-" if rate.hooks_per_step_s is None else f"{rate.hooks_per_step_s * 1e6:,.0f} us"
+        hooks = share = "-"
+        if rate.step is not None:
+            hooks, share = f"{rate.step.hooks_per_step_s * 1e6:,.0f} us", f"{rate.step.share:.2%}"
         lines.append(
             f"| {DECODE_PATHS[name]} | {rate.median_tokens_per_s:,.1f} | {min(rate.tokens_per_s):,.1f} - "
-            f"{max(rate.tokens_per_s):,.1f} | {_times(vs_no_connector(rate, off))} | {hooks} |"
+            f"{max(rate.tokens_per_s):,.1f} | {_times(vs_no_connector(rate, off))} | {hooks} | {share} |"
         )
+    alike = [vs_no_connector(report.decode[b], report.decode[a])
+             for a, b in (("decode_off", "decode_off_again"), ("decode_on", "decode_on_again"))]
+    lines += ["", (f"Noise: in this run two engines started alike differ by {abs(1 - alike[0]):.1%} (the two "
+                   f"without a connector) and {abs(1 - alike[1]):.1%} (the two kvci engines); kvci's pooled loss "
+                   f"({1 - pooled_vs_no_connector(report.decode):.1%}) is settled by the run only where it is "
+                   "further than that from its bound.")]
     return lines
 
 

@@ -40,17 +40,25 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
 - ``chunked_*``: kvci again with ``max_num_batched_tokens`` below the prompt length, so prefill
   spans several chunks: a miss, a disk hit, then (after ``checkpoint: "now"``) a RAM hit; and
   vLLM's prefix cache on an engine chunked alike, the floor of a chunked engine's RAM hit.
+  ``paired_chunked_ram`` pairs the two in one engine chunked alike, as ``paired_ram`` does.
   ExampleConnector cannot run like this (a prompt spanning several chunks kills the engine:
   shape mismatch, EngineDeadError), so every other engine takes the whole prompt in one step.
 
 Both disk paths read files written minutes earlier, so the page cache holds them for both.
 Decode speed is ``--decode-tokens`` greedy tokens after a short prompt, tokens per second of
-the whole request, without a connector (``decode_off``), on a kvci engine with kvci parameters
-on every request and no hit (``decode_on``), and with ExampleConnector, which does nothing per
-decode step: what vLLM's connector plumbing alone costs. The three engines run at once, idle
-but for the one request in flight, and take each prompt in turn (the order rotating from prompt
-to prompt), so the machine's drift falls on each alike; an engine's speed against no connector
-is the median over the prompts of its speed over the plain engine's on the same prompt. Every
+the whole request, on five engines running the connectors as a user does (untimed): two
+without a connector (``decode_off``, ``decode_off_again``), two kvci engines with kvci parameters
+on every request and no hit (``decode_on``, ``decode_on_again``; each on its own folders), and
+ExampleConnector, which does nothing per decode step: what vLLM's connector plumbing alone
+costs. They run at once, idle but for the one request in flight, and take each prompt in turn
+(the order rotating from prompt to prompt), so the machine's drift falls on each alike; an
+engine's speed against no connector is the median over the prompts of its speed over the plain
+engine's on the same prompt, and kvci's loss is its two engines' summed speed over the two plain
+engines' (``pooled_vs_no_connector``). Engines started alike differ here by up to 10 % in
+decode speed, whatever they run: the two plain engines' ratio is the run's noise, beside the loss.
+The one-engine measure of what kvci adds to a decode step is ``StepShare``: in the traced engine
+of each connector (``kvci`` after its hits, ``example_connector``), a few decode requests, and per
+step the time in the connector's hooks over the step's. Every
 timed hit is checked (cached tokens > 0, and kvci's reported tier): a hit that did not happen
 aborts the run.
 
@@ -99,7 +107,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvci_plugin.demo import DEMO_MODEL
 
-SCHEMA = "kvci-ttft/8"
+SCHEMA = "kvci-ttft/9"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "ttft.json"
 TRACE_MODULE = "benchmarks.ttft_trace"  # the connectors, timed at their hooks
@@ -119,6 +127,7 @@ TARGET_RAM_EXTRA_VS_COPY = 2.0  # (RAM hit - prefix-cache hit) / one all-thread 
 TARGET_RAM_SPEEDUP = 20.0  # recompute TTFT / kvci RAM hit TTFT, at least
 TARGET_DISK_VS_EXAMPLE = 1.1  # kvci disk hit TTFT / ExampleConnector hit TTFT, at most
 TARGET_DECODE_OVERHEAD = 0.01  # 1 - decode tokens/s with kvci / without, at most
+TARGET_DECODE_STEP_SHARE = 0.01  # kvci's hooks' time / a decode step's, in one engine, at most
 
 # path -> (what it is, the path its speed-up is measured against)
 PATHS: dict[str, tuple[str, str]] = {
@@ -138,8 +147,13 @@ PATHS: dict[str, tuple[str, str]] = {
 # vLLM's prefix-cache hit runs no connector: its TTFT is the floor, whole.
 TRACED_PATHS = ("kvci_ram_hit", "kvci_attached_prefix_cache_hit", "example_connector_hit", "kvci_disk_hit",
                 "chunked_kvci_disk_hit", "chunked_kvci_ram_hit")
-DECODE_PATHS = {"decode_off": "no connector", "decode_on": "kvci on, no hits",
+DECODE_PATHS = {"decode_off": "no connector", "decode_off_again": "no connector, a second engine",
+                "decode_on": "kvci on, no hits", "decode_on_again": "kvci on, no hits, a second engine",
                 "decode_example_connector": "ExampleConnector: vLLM's connector plumbing alone"}
+# The decode engines whose connector's share of a step is measured (in its traced twin engine).
+DECODE_TRACED = ("decode_on", "decode_example_connector")
+# Traced decode requests per connector (each of ``--decode-tokens`` steps).
+STEP_SHARE_REQUESTS = 2
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -192,15 +206,31 @@ class PathTiming(BaseModel):
                    median_s=statistics.median(seconds))
 
 
+class StepShare(BaseModel):
+    """What a connector's hooks take of a decode step, in one engine (its traced twin): per
+    engine step, from one ``build_connector_meta`` to the next, the time in every hook of both
+    roles over the step's time less the tracer's own writes (``trace_flush``); medians over the
+    steps of ``STEP_SHARE_REQUESTS`` decode requests. Both readings come from the same steps of
+    the same engine, so the engines' own speeds, which differ by up to 10 %, do not enter."""
+
+    model_config = _FROZEN
+
+    engine: str
+    steps: PositiveInt
+    hooks_per_step_s: float
+    step_s: float
+    share: float
+
+
 class DecodeRate(BaseModel):
     model_config = _FROZEN
 
     engine: str
     tokens_per_s: tuple[float, ...] = Field(min_length=1)
     median_tokens_per_s: float
-    # The connector's hooks, scheduler and worker side, per engine step (median over the
-    # requests); None without a connector.
-    hooks_per_step_s: float | None = None
+    # What the connector's hooks take of a decode step, measured in its traced twin engine;
+    # None for the engines of ``DECODE_PATHS`` outside ``DECODE_TRACED``.
+    step: StepShare | None = None
 
     @model_validator(mode="after")
     def _median(self) -> DecodeRate:
@@ -209,16 +239,26 @@ class DecodeRate(BaseModel):
         return self
 
     @classmethod
-    def of(cls, engine: str, tokens_per_s: Sequence[float],
-           hooks_per_step_s: float | None = None) -> DecodeRate:
+    def of(cls, engine: str, tokens_per_s: Sequence[float], step: StepShare | None = None) -> DecodeRate:
         return cls(engine=engine, tokens_per_s=tuple(tokens_per_s),
-                   median_tokens_per_s=statistics.median(tokens_per_s), hooks_per_step_s=hooks_per_step_s)
+                   median_tokens_per_s=statistics.median(tokens_per_s), step=step)
 
 
 def vs_no_connector(rate: DecodeRate, off: DecodeRate) -> float:
     """``rate``'s speed over the plain engine's: the median over the prompts, each taken by both
     in the same round."""
     return statistics.median(a / b for a, b in zip(rate.tokens_per_s, off.tokens_per_s, strict=True))
+
+
+def pooled_vs_no_connector(decode: dict[str, DecodeRate]) -> float:
+    """kvci's two engines' summed speed over the two plain engines', the median over the
+    prompts: an engine's own speed (up to 10 % apart between engines started alike here) weighs
+    half as much as in one pair."""
+    on = [a + b for a, b in zip(decode["decode_on"].tokens_per_s, decode["decode_on_again"].tokens_per_s,
+                                strict=True)]
+    off = [a + b for a, b in zip(decode["decode_off"].tokens_per_s, decode["decode_off_again"].tokens_per_s,
+                                 strict=True)]
+    return statistics.median(a / b for a, b in zip(on, off, strict=True))
 
 
 class HitPhases(BaseModel):
@@ -314,7 +354,7 @@ class TTFTReport(BaseModel):
 
     model_config = _FROZEN
 
-    report_format: Literal["kvci-ttft/8"] = SCHEMA
+    report_format: Literal["kvci-ttft/9"] = SCHEMA
     command: str
     runtime_s: float
     vllm_version: str
@@ -336,6 +376,7 @@ class TTFTReport(BaseModel):
     decode: dict[str, DecodeRate]
     paired_ram: PairedHits
     paired_disk: PairedHits
+    paired_chunked_ram: PairedHits
     targets: tuple[TargetCheck, ...]
 
     @model_validator(mode="after")
@@ -346,31 +387,41 @@ class TTFTReport(BaseModel):
             raise ValueError(f"decode must measure exactly {sorted(DECODE_PATHS)}")
         if len({len(rate.tokens_per_s) for rate in self.decode.values()}) != 1:
             raise ValueError("every decode engine must take the same prompts (paired by round)")
+        if {path for path, rate in self.decode.items() if rate.step is not None} != set(DECODE_TRACED):
+            raise ValueError(f"exactly the decode engines {sorted(DECODE_TRACED)} carry a step share")
         if set(self.phases) != set(TRACED_PATHS):
             raise ValueError(f"phases must break down exactly the hits {sorted(TRACED_PATHS)}")
-        if any(len(p.kvci_s) != self.hit_samples for p in (self.paired_ram, self.paired_disk)):
-            raise ValueError("paired_ram and paired_disk must hold one round per hit sample")
-        if self.targets != evaluate_targets(self.ttft, self.decode, self.floors, self.paired_ram, self.paired_disk):
+        if any(len(p.kvci_s) != self.hit_samples
+               for p in (self.paired_ram, self.paired_disk, self.paired_chunked_ram)):
+            raise ValueError("paired_ram, paired_disk and paired_chunked_ram must hold one round per hit sample")
+        if self.targets != evaluate_targets(self.ttft, self.decode, self.floors, self.paired_ram, self.paired_disk,
+                                            self.paired_chunked_ram):
             raise ValueError("targets must be the ones evaluate_targets derives from ttft, decode and the pairs")
         return self
 
 
-def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
-                     floors: Floors, paired_ram: PairedHits, paired_disk: PairedHits) -> tuple[TargetCheck, ...]:
+def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], floors: Floors,
+                     paired_ram: PairedHits, paired_disk: PairedHits,
+                     paired_chunked_ram: PairedHits) -> tuple[TargetCheck, ...]:
     def med(path: str) -> float:
         return ttft[path].median_s
 
-    overhead = 1.0 - vs_no_connector(decode["decode_on"], decode["decode_off"])
+    overhead = 1.0 - pooled_vs_no_connector(decode)
+    step = decode["decode_on"].step
+    if step is None:
+        raise ValueError("decode_on carries no step share")
     copy = floors.copy_all_threads_s
     rows = [("ram_speedup", "recompute TTFT / kvci RAM hit TTFT",
-             med("recompute") / med("kvci_ram_hit"), "ratio", TARGET_RAM_SPEEDUP, False),
-            ("paired_ram_vs_prefix_cache",
-             "one engine, paired by round: kvci RAM hit TTFT / vLLM prefix-cache hit TTFT",
-             paired_ram.ratio_median, "ratio", TARGET_RAM_VS_PREFIX_CACHE, True),
-            ("paired_ram_extra_vs_copy",
-             "one engine, paired by round: (kvci RAM hit - prefix-cache hit) / one plain all-thread copy",
-             paired_ram.extra_median_s / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True),
-            ("paired_disk_vs_example_connector",
+             med("recompute") / med("kvci_ram_hit"), "ratio", TARGET_RAM_SPEEDUP, False)]
+    for prefix, what, paired in (("", "", paired_ram), ("chunked_", "chunked prefill, ", paired_chunked_ram)):
+        rows += [
+            (f"paired_{prefix}ram_vs_prefix_cache",
+             f"{what}one engine, paired by round: kvci RAM hit TTFT / vLLM prefix-cache hit TTFT",
+             paired.ratio_median, "ratio", TARGET_RAM_VS_PREFIX_CACHE, True),
+            (f"paired_{prefix}ram_extra_vs_copy",
+             f"{what}one engine, paired by round: (kvci RAM hit - prefix-cache hit) / one plain all-thread copy",
+             paired.extra_median_s / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True)]
+    rows += [("paired_disk_vs_example_connector",
              "one engine, paired by round: kvci disk hit TTFT / ExampleConnector disk hit TTFT",
              paired_disk.ratio_median, "ratio", TARGET_DISK_VS_EXAMPLE, True)]
     for prefix, what in (("", ""), ("chunked_", "chunked prefill: ")):
@@ -386,8 +437,10 @@ def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
              med(f"{prefix}kvci_disk_hit") / med("example_connector_hit"), "ratio",
              TARGET_DISK_VS_EXAMPLE, True),
         ]
-    rows.append(("decode_overhead", "decode tokens/s lost with kvci on (no hits)", overhead,
-                 "fraction", TARGET_DECODE_OVERHEAD, True))
+    rows += [("decode_overhead", "decode tokens/s lost with kvci on (no hits), two engines each",
+              overhead, "fraction", TARGET_DECODE_OVERHEAD, True),
+             ("decode_step_share", "one engine: kvci's hooks' time / a decode step's", step.share,
+              "fraction", TARGET_DECODE_STEP_SHARE, True)]
     return tuple(
         TargetCheck(name=name, claim=claim, value=value, unit=unit, bound=bound, at_most=at_most,
                     met=value <= bound if at_most else value >= bound)
@@ -450,15 +503,24 @@ def quieter(a: Floors, b: Floors) -> Floors:
                                 for name in Floors.model_fields if name.endswith("_s")})
 
 
-def hooks_per_step(records: Sequence[tuple[str, str, float, float, Any]],
-                   windows: Sequence[tuple[float, float]]) -> float:
-    """The connector hooks' time per engine step in each window; the median over the windows."""
-    per_step = []
+def step_share(engine: str, records: Sequence[tuple[str, str, float, float, Any]],
+               windows: Sequence[tuple[float, float]]) -> StepShare:
+    """The hooks' share of each engine step in ``windows`` (``StepShare``)."""
+    hooks, steps, shares = [], [], []
     for t0, t1 in windows:
         mine = [r for r in records if t0 <= r[2] <= t1]
-        steps = sum(1 for r in mine if r[1] == "build_connector_meta")
-        per_step.append(sum(r[3] - r[2] for r in mine) / max(1, steps))
-    return statistics.median(per_step)
+        starts = [r[2] for r in mine if r[0] == "scheduler" and r[1] == "build_connector_meta"]
+        for begin, end in zip(starts, starts[1:]):
+            inside = [r for r in mine if begin <= r[2] < end]
+            spent = sum(r[3] - r[2] for r in inside if r[1] != "trace_flush")
+            step = end - begin - sum(r[3] - r[2] for r in inside if r[1] == "trace_flush")
+            hooks.append(spent)
+            steps.append(step)
+            shares.append(spent / step)
+    if not shares:
+        raise MissedHit(f"{engine}: no engine step was traced in the decode requests")
+    return StepShare(engine=engine, steps=len(shares), hooks_per_step_s=statistics.median(hooks),
+                     step_s=statistics.median(steps), share=statistics.median(shares))
 
 
 def hit_phases(records: Sequence[tuple[str, str, float, float, Any]],
@@ -568,6 +630,7 @@ class Bench:
         self.ttft: dict[str, PathTiming] = {}
         self.phases: dict[str, HitPhases] = {}
         self.decode: dict[str, DecodeRate] = {}
+        self.steps: dict[str, StepShare] = {}  # decode path -> its connector's share of a step
         self.paired: dict[str, PairedHits] = {}
 
     # ---- engines -------------------------------------------------------------------------------
@@ -587,6 +650,19 @@ class Bench:
                 "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": str(self.example_dir),
                                               TRACE_KEY: self._trace_dir(engine)}}
+
+    def _untraced_kvci_config(self, engine: str) -> dict[str, Any]:
+        """kvci as a user runs it, with the benchmark's settings on folders of its own (a disk
+        root serves one engine)."""
+        own = self.workdir / "decode" / engine
+        return {"kv_connector": "KVCheckpointConnector", "kv_connector_module_path": "kvci_plugin.connector",
+                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {**self.kvci_extra, "state_dir": str(own / "state"),
+                                              "disk_root": str(own / "disk")}}
+
+    def _untraced_example_config(self, engine: str) -> dict[str, Any]:
+        return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"shared_storage_path": str(self.workdir / "decode" / engine)}}
 
     @contextmanager
     def engine(self, name: str, *, kv_transfer_config: dict[str, Any] | None = None,
@@ -655,21 +731,30 @@ class Bench:
         name, engine, kvci parameters)."""
         order = list(engines)
         rates: dict[str, list[float]] = {path: [] for path in order}
-        windows: dict[str, list[tuple[float, float]]] = {path: [] for path in order}
         for i, tokens in enumerate(self.prompts.decode):
             for path in order[i % len(order):] + order[: i % len(order)]:
                 _, llm, kvci = engines[path]
-                start = time.perf_counter()
-                elapsed, out = self._request(llm, tokens, max_tokens=self.args.decode_tokens, kvci=kvci)
-                windows[path].append((start, time.perf_counter()))
-                if (out.num_cached_tokens or 0) > 0 or len(out.outputs[0].token_ids) != self.args.decode_tokens:
-                    raise MissedHit(f"{path}: expected {self.args.decode_tokens} tokens and no hit")
-                rates[path].append(self.args.decode_tokens / elapsed)
+                rates[path].append(self.args.decode_tokens / self._decode_request(llm, path, tokens, kvci)[0])
         for path, (engine, _, _) in engines.items():
-            trace = self.workdir / "trace" / engine
-            hooks = hooks_per_step(read_trace(trace), windows[path]) if trace.is_dir() else None
-            self.decode[path] = DecodeRate.of(engine, rates[path], hooks)
+            self.decode[path] = DecodeRate.of(engine, rates[path], self.steps.get(path))
             _say(f"{path}: median {self.decode[path].median_tokens_per_s:.1f} tokens/s")
+
+    def _decode_request(self, llm: Any, path: str, tokens: list[int],
+                        kvci: dict[str, Any] | None) -> tuple[float, tuple[float, float]]:
+        """One checked decode request: its seconds and its window."""
+        start = time.perf_counter()
+        elapsed, out = self._request(llm, tokens, max_tokens=self.args.decode_tokens, kvci=kvci)
+        if (out.num_cached_tokens or 0) > 0 or len(out.outputs[0].token_ids) != self.args.decode_tokens:
+            raise MissedHit(f"{path}: expected {self.args.decode_tokens} tokens and no hit")
+        return elapsed, (start, time.perf_counter())
+
+    def _step_share(self, llm: Any, engine: str, path: str, kvci: dict[str, Any] | None) -> None:
+        """``path``'s connector's share of a decode step, on its traced engine ``engine``."""
+        windows = [self._decode_request(llm, path, tokens, kvci)[1]
+                   for tokens in self.prompts.decode[:STEP_SHARE_REQUESTS]]
+        self.steps[path] = step_share(engine, read_trace(self.workdir / "trace" / engine), windows)
+        _say(f"{engine}: hooks {self.steps[path].hooks_per_step_s * 1e6:.0f} us of a "
+             f"{self.steps[path].step_s * 1e3:.2f} ms decode step ({self.steps[path].share:.2%})")
 
     def _multi_config(self, engine: str) -> dict[str, Any]:
         """kvci first, then ExampleConnector, in one engine (vLLM's MultiConnector): a request's
@@ -690,7 +775,7 @@ class Bench:
                             + (f" from {tier!r}" if loaded else ""))
         return elapsed
 
-    def _paired_ram(self, llm: Any, engine_blocks: int) -> PairedHits:
+    def _paired_ram(self, llm: Any, engine_blocks: int, name: str) -> PairedHits:
         """Round by round: the hit's prompt out of vLLM's cache, its kvci RAM hit, then its hit in
         vLLM's cache (which that load filled)."""
         kvci_s, prefix_s = [], []
@@ -700,11 +785,11 @@ class Bench:
             # freed tail first, those are the oldest, and the short one takes them.
             self._request(llm, long_filler)
             self._request(llm, short_filler)
-            kvci_s.append(self._paired_hit(llm, "paired_ram", i, "kvci", kvci={"tenant": TENANT},
+            kvci_s.append(self._paired_hit(llm, name, i, "kvci", kvci={"tenant": TENANT},
                                            cached=expected, loaded=expected, tier="ram"))
-            prefix_s.append(self._paired_hit(llm, "paired_ram", i, "vLLM", kvci={"tenant": TENANT},
+            prefix_s.append(self._paired_hit(llm, name, i, "vLLM", kvci={"tenant": TENANT},
                                              cached=expected, loaded=0))
-        return self._paired_report("paired_ram", PairedHits.of(engine_blocks, kvci_s, prefix_s),
+        return self._paired_report(name, PairedHits.of(engine_blocks, kvci_s, prefix_s),
                                    "vLLM prefix-cache hit")
 
     def _paired_disk(self, llm: Any) -> PairedHits:
@@ -776,6 +861,7 @@ class Bench:
                     raise MissedHit("kvci_disk_hit: the persisted checkpoint never reached the catalog")
                 self._request(llm, p.step)  # steps the engine so the persist job reaches the worker
             self._hits(llm, "kvci", "kvci_ram_hit", kvci=kvci, tier="ram")
+            self._step_share(llm, "kvci", "decode_on", kvci)
         with self.engine("prefix_cache", prefix_caching=True) as llm:
             self._request(llm, p.hit)
             self._hits(llm, "prefix_cache", "prefix_cache_hit")
@@ -788,11 +874,12 @@ class Bench:
         with self.engine("kvci_paired", kv_transfer_config=self._kvci_config("kvci_paired"),
                          prefix_caching=True, gpu_blocks=blocks) as llm:
             self._keep(llm, "paired_ram", checkpoint="now")
-            self.paired["ram"] = self._paired_ram(llm, blocks)
+            self.paired["ram"] = self._paired_ram(llm, blocks, "paired_ram")
         with self.engine("example_connector",
                          kv_transfer_config=self._example_config("example_connector")) as llm:
             self._request(llm, p.hit)  # writes the prompt's KV files
             self._hits(llm, "example_connector", "example_connector_hit")
+            self._step_share(llm, "example_connector", "decode_example_connector", None)
         with self.engine("kvci_restarted", kv_transfer_config=self._kvci_config("kvci_restarted")) as llm:
             self._hits(llm, "kvci_restarted", "kvci_disk_hit", kvci=kvci, tier="disk")
         # Both folders hold the prompt: kvci's disk tier (RAM empty again) and ExampleConnector's.
@@ -809,14 +896,19 @@ class Bench:
                          batched_tokens=self.args.chunk_tokens) as llm:
             self._request(llm, p.hit)
             self._hits(llm, "prefix_cache_chunked", "chunked_prefix_cache_hit")
+        with self.engine("kvci_paired_chunked", kv_transfer_config=self._kvci_config("kvci_paired_chunked"),
+                         prefix_caching=True, gpu_blocks=blocks, batched_tokens=self.args.chunk_tokens) as llm:
+            self._keep(llm, "paired_chunked_ram", checkpoint="now")
+            self.paired["chunked_ram"] = self._paired_ram(llm, blocks, "paired_chunked_ram")
         with ExitStack() as stack:
-            self._decode({
-                "decode_off": ("plain_decode", stack.enter_context(self.engine("plain_decode")), None),
-                "decode_on": ("kvci_decode", stack.enter_context(self.engine(
-                    "kvci_decode", kv_transfer_config=self._kvci_config("kvci_decode"))), kvci),
-                "decode_example_connector": ("example_decode", stack.enter_context(self.engine(
-                    "example_decode", kv_transfer_config=self._example_config("example_decode"))), None),
-            })
+            engines = {}
+            for path in DECODE_PATHS:
+                engine = path.removeprefix("decode_")
+                config = (None if path.startswith("decode_off") else self._untraced_example_config(engine)
+                          if path == "decode_example_connector" else self._untraced_kvci_config(engine))
+                llm = stack.enter_context(self.engine(engine, kv_transfer_config=config))
+                engines[path] = (engine, llm, kvci if path.startswith("decode_on") else None)
+            self._decode(engines)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -882,7 +974,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {name: os.environ.get(name, "") for name in VLLM_CPU_ENV if name in os.environ}
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python -m benchmarks.ttft",
                         *map(shlex.quote, argv)])
-    paired_ram, paired_disk = bench.paired["ram"], bench.paired["disk"]
+    paired_ram, paired_disk, chunked = bench.paired["ram"], bench.paired["disk"], bench.paired["chunked_ram"]
     report = TTFTReport(
         command=command, runtime_s=round(time.perf_counter() - started, 1), vllm_version=vllm.__version__,
         vllm_cpu_env=env, cpus=os.cpu_count() or 1, load_average=(load_start, os.getloadavg()[0]),
@@ -891,7 +983,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         hit_samples=args.hit_samples, decode_tokens=args.decode_tokens,
         decode_prompt_tokens=DECODE_PROMPT_TOKENS,
         ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode, paired_ram=paired_ram,
-        paired_disk=paired_disk, targets=evaluate_targets(bench.ttft, bench.decode, floors, paired_ram, paired_disk))
+        paired_disk=paired_disk, paired_chunked_ram=chunked,
+        targets=evaluate_targets(bench.ttft, bench.decode, floors, paired_ram, paired_disk, chunked))
     print(summary(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -918,11 +1011,13 @@ def summary(report: TTFTReport) -> str:
                  f"{f.read_page_cache_s * 1e3:.2f}; XXH3-128 {f.xxh3_s * 1e3:.2f}")
     off = report.decode["decode_off"]
     for path, rate in report.decode.items():
-        hooks = "" if rate.hooks_per_step_s is None else f"  hooks {rate.hooks_per_step_s * 1e6:.0f} us/step"
+        hooks = "" if rate.step is None else (f"  hooks {rate.step.hooks_per_step_s * 1e6:.0f} us/step "
+                                              f"({rate.step.share:.2%} of a step, traced twin)")
         lines.append(f"  {path:24s} {rate.median_tokens_per_s:8.1f} tokens/s  "
                      f"{vs_no_connector(rate, off):.3f}x no connector{hooks}")
     for name, pr, anchor in (("RAM", report.paired_ram, "vLLM prefix-cache hit"),
-                             ("disk", report.paired_disk, "ExampleConnector hit")):
+                             ("disk", report.paired_disk, "ExampleConnector hit"),
+                             ("chunked RAM", report.paired_chunked_ram, "vLLM prefix-cache hit")):
         lines.append(f"Paired in one engine ({len(pr.kvci_s)} rounds): kvci {name} hit "
                      f"{statistics.median(pr.kvci_s):.3f} s, {anchor} "
                      f"{statistics.median(pr.anchor_s):.3f} s, median ratio {pr.ratio_median:.3f}")
