@@ -535,7 +535,8 @@ def hit_phases(records: Sequence[tuple[str, str, float, float, Any]],
         forward = next(i for i, r in enumerate(metas) if r[4])  # the first step with tokens
         steps: list[dict[str, tuple[float, float]]] = []
         stats: list[dict[str, list[float]]] = []
-        for _, hook, start, end, extra in (r for r in mine if r[0] == "worker"):
+        # The tracer's own writes are not the step's (one is written with the next step's records).
+        for _, hook, start, end, extra in (r for r in mine if r[0] == "worker" and r[1] != "trace_flush"):
             if hook == "bind_connector_metadata":
                 steps.append({})
             if steps:
@@ -795,19 +796,17 @@ class Bench:
     def _paired_disk(self, llm: Any) -> PairedHits:
         """Round by round, which goes first alternating: kvci's disk hit (its tenant's request),
         ExampleConnector's hit of the same prompt (a request of no tenant: kvci finds nothing)."""
-        kvci_s, example_s = [], []
+        kvci_s: list[float] = []
+        example_s: list[float] = []
         expected = self._hit_tokens()
+        # (source, kvci parameters, tokens kvci loads, its tier, the samples), kvci's first.
+        hits: list[tuple[str, dict[str, Any] | None, int, str | None, list[float]]] = [
+            ("kvci", {"tenant": TENANT}, expected, "disk", kvci_s),
+            ("ExampleConnector", None, 0, None, example_s)]
         for i in range(self.args.hit_samples):
-            def kvci_hit(i: int = i) -> None:
-                kvci_s.append(self._paired_hit(llm, "paired_disk", i, "kvci", kvci={"tenant": TENANT},
-                                               cached=expected, loaded=expected, tier="disk"))
-
-            def example_hit(i: int = i) -> None:
-                example_s.append(self._paired_hit(llm, "paired_disk", i, "ExampleConnector", kvci=None,
-                                                  cached=expected, loaded=0))
-
-            for hit in (kvci_hit, example_hit) if i % 2 == 0 else (example_hit, kvci_hit):
-                hit()
+            for source, kvci, loaded, tier, samples in hits if i % 2 == 0 else hits[::-1]:
+                samples.append(self._paired_hit(llm, "paired_disk", i, source, kvci=kvci, cached=expected,
+                                                loaded=loaded, tier=tier))
         return self._paired_report("paired_disk", PairedHits.of(None, kvci_s, example_s),
                                    "ExampleConnector disk hit")
 

@@ -123,7 +123,8 @@ def test_targets_follow_the_issue_bounds(recompute: float, ram: float, floor: fl
 
 
 def test_phases_come_from_the_hook_records_in_each_samples_window() -> None:
-    # Two steps (an asynchronous disk load, then the forward), then a record after the window.
+    # Two steps (an asynchronous disk load, then the forward), then a record after the window;
+    # the tracer's write after the forward's step is not the hit's time.
     records = [
         ("scheduler", "get_num_new_matched_tokens", 1.000, 1.001, 4064),
         ("scheduler", "update_state_after_alloc", 1.001, 1.0015, None),
@@ -141,6 +142,7 @@ def test_phases_come_from_the_hook_records_in_each_samples_window() -> None:
         ("worker", "wait_for_save", 1.0432, 1.0433, None),
         ("worker", "get_finished", 1.0433, 1.0434, None),
         ("worker", "get_kv_connector_stats", 1.0434, 1.0435, None),
+        ("worker", "trace_flush", 1.0436, 1.049, None),
         ("worker", "bind_connector_metadata", 2.0, 2.1, None),
     ]
     ph = hit_phases(records, [(0.998, 1.050)])
