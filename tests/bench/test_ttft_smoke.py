@@ -62,6 +62,7 @@ def rates(off: float = 100.0, on: float = 100.0, step: float = 0.005) -> dict[st
 
 
 FLOORS = Floors(nbytes=32 << 20, threads=2, copy_one_thread_s=0.004, copy_all_threads_s=0.002,
+                copy_cold_one_thread_s=0.008, copy_cold_all_threads_s=0.005,
                 read_page_cache_s=0.003, xxh3_s=0.002)
 PAIRED = PairedHits.of(131, [0.05], [0.05])
 PAIRED_DISK = PairedHits.of(None, [0.05], [0.05])
@@ -106,7 +107,7 @@ def test_targets_follow_the_issue_bounds(recompute: float, ram: float, floor: fl
                 example_connector_hit=example, chunked_kvci_ram_hit=chunked_ram,
                 chunked_prefix_cache_hit=chunked_floor, chunked_kvci_disk_hit=chunked_disk),
         rates(off=off, on=on, step=step), FLOORS, PAIRED, PAIRED_DISK, PAIRED)}
-    copy = FLOORS.copy_all_threads_s
+    copy = FLOORS.copy_cold_all_threads_s
     assert checks["ram_vs_prefix_cache"].met == (ram / floor <= 1.1)
     assert checks["ram_extra_vs_copy"].met == ((ram - floor) / copy <= 2.0)
     assert checks["ram_speedup"].met == (recompute / ram >= 20.0)
@@ -238,7 +239,7 @@ def test_the_paired_bound_is_the_median_of_the_rounds_ratios_not_the_ratio_of_me
     assert paired.extra_median_s == pytest.approx(0.002)
     checks = {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, paired, PAIRED_DISK, PAIRED)}
     assert checks["paired_ram_vs_prefix_cache"].met
-    assert checks["paired_ram_extra_vs_copy"].value == pytest.approx(0.002 / FLOORS.copy_all_threads_s)
+    assert checks["paired_ram_extra_vs_copy"].value == pytest.approx(0.002 / FLOORS.copy_cold_all_threads_s)
     slower = PairedHits.of(131, [0.025, 0.050], [0.020, 0.040])
     assert not {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, slower, PAIRED_DISK, PAIRED)}[
         "paired_ram_vs_prefix_cache"].met
@@ -254,7 +255,7 @@ def test_the_paired_bound_is_the_median_of_the_rounds_ratios_not_the_ratio_of_me
     # Chunked prefill's pair is judged by the same bounds, on its own rounds.
     checks = {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, PAIRED, PAIRED_DISK, slower)}
     assert checks["paired_ram_vs_prefix_cache"].met and not checks["paired_chunked_ram_vs_prefix_cache"].met
-    assert checks["paired_chunked_ram_extra_vs_copy"].value == pytest.approx(0.0075 / FLOORS.copy_all_threads_s)
+    assert checks["paired_chunked_ram_extra_vs_copy"].value == pytest.approx(0.0075 / FLOORS.copy_cold_all_threads_s)
 
 
 def test_the_paired_disk_bound_is_kvci_over_example_connector_round_by_round() -> None:
@@ -306,7 +307,8 @@ def test_the_readme_table_is_rendered_from_the_json(tmp_path: Path) -> None:
     assert "| kvci RAM hit | 0.050 | 0.050 - 0.050 |" in readme
     assert ("| kvci RAM hit | 40.00 | 2.00 | 0.50 | 1 | 1.00 | 3.00 | 0.00 | 0.00 | 0.00 | 30.00 "
             "| 3.00 |") in readme
-    assert "one plain copy 4.00 ms on one thread, 2.00 ms on 2" in readme
+    assert "one plain copy 4.00 ms on one thread, 2.00 ms on 2; cold" in readme
+    assert "8.00 ms and 5.00 ms, the copy the targets' \"extra\" is measured against" in readme
     assert "their medians differ by 80%" in readme  # kvci_miss 1.0 s against recompute 5.0 s
 
 
