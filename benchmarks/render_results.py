@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.policysim.hindsight import NAME as HINDSIGHT
 from benchmarks.policysim.report import (
     OFFLINE_BOUND,
     SCHEMA,
@@ -245,7 +246,7 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
     oracles = ", ".join(
         f"`{result.name}`"
         for result in report.runs[0].policies
-        if result.reads_the_future and result.name != OFFLINE_BOUND
+        if result.reads_the_future and result.name not in (OFFLINE_BOUND, HINDSIGHT)
     )
     baselines = ", ".join(f"`{result.name}`" for result in report.runs[0].policies if result.role == "baseline")
     lines = [
@@ -285,7 +286,10 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         "Belady's MIN with bypass, prefix-closed; no policy replayed under these rules gets more RAM hit "
         "blocks (`benchmarks/policysim/belady_bound.py`)"
         + ("; it bounds the RAM tier only, so with a disk tier another policy may save more in all. " if settings.disk_fraction else ". ")
-        + "Bound gain: (saved - LRU saved) / (bound saved - LRU saved).",
+        + f"`{HINDSIGHT}` is `kvci` with each class's reuse hazard what `kvci` had learned by the trace's end, "
+        "learning nothing more: what kvci's evidence (the score's band, how often a context came back, its "
+        "idle age) buys when the learning is perfect (`benchmarks/policysim/hindsight.py`). "
+        "Bound gain: (saved - LRU saved) / (bound saved - LRU saved).",
         "",
         *_targets(report),
         "",
@@ -402,11 +406,13 @@ def _follow_up(report: SimulationReport) -> list[str]:
         (run, comparison)
         for run in report.runs
         for comparison in run.comparisons
-        if comparison.policy.startswith("oracle-later") and target_for(run.budget_fraction) is not None
+        if (comparison.policy.startswith("oracle-later") or comparison.policy == HINDSIGHT)
+        and target_for(run.budget_fraction) is not None
     ]
     lines += [
         "",
-        "Later turns known, first turns admitted all / none: the `oracle-later` bounds against the targets.",
+        "The bounds against the targets: later turns known, first turns admitted all / none (`oracle-later`), "
+        f"and kvci's own evidence learned in hindsight (`{HINDSIGHT}`).",
         "",
         "| budget | bound | saved vs LRU | LRU bytes written / these |",
         "|---|---|--:|--:|",

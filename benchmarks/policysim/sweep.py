@@ -17,6 +17,8 @@ from benchmarks.policysim.block_cache import BlockCache
 from benchmarks.policysim.engine_view import EngineView
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.follow_up import follow_up_table
+from benchmarks.policysim.hindsight import NAME as HINDSIGHT
+from benchmarks.policysim.hindsight import hindsight_policy
 from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
 from benchmarks.policysim.model_shape import model_shape
 from benchmarks.policysim.offer_threshold import StoreAfterNOffers
@@ -45,6 +47,7 @@ from benchmarks.policysim.sessions import (
 from benchmarks.policysim.tinylfu_cache import WTinyLFUBlockCache
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.policysim.worthiness_admission import WorthinessAdmission
+from kvci_plugin.policy import ValuePolicy
 from kvci_plugin.tiering.admission import PressureAwareAdmission
 from kvci_plugin.worthiness import DEFAULT_RAM_THRESHOLD, CheckpointAdvisor, RebuildCostModel
 
@@ -180,6 +183,11 @@ def _budget_run(
         tier.name, tier.policy.name, "kvci", replay_kvci(requests, contexts, tier), block_bytes, tier.stats())
     results.append(default)
     results.extend(kvci)
+    assert isinstance(tier.policy, ValuePolicy)
+    hindsight = KVCITier(ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second,
+                         policy=hindsight_policy(tier.policy, requests[-1].timestamp_ms / 1000.0),
+                         name=HINDSIGHT, engine=config.engine)
+    hindsight_tally = replay_kvci(requests, contexts, hindsight)
     # The same advisor with the bar that follows the RAM tier's pressure (it learns from evictions).
     advisor = CheckpointAdvisor(ram_threshold=config.kvci_ram_thresholds[0])
     pressure = WorthinessAdmission(
@@ -196,6 +204,8 @@ def _budget_run(
         run(ContinuationOracle(continued, first_turns=first_turns), LRUBlockCache, "lru", "bound")
         for first_turns in (None, True, False)
     )
+    results.append(PolicyResult.from_tally(HINDSIGHT, "kvci", "bound", hindsight_tally, block_bytes,
+                                           {**hindsight.stats(), "reads_the_future": True}))
     bound = BeladyBound(requests, ram_blocks)
     results.append(run(bound, lambda capacity: bound, "belady", "bound"))
     return budget_run(fraction, ram_blocks, disk_blocks, block_bytes, ceiling, results)

@@ -73,11 +73,13 @@ class _Anchor:
 class ValuePolicy:
     name = "kvci"
 
-    def __init__(self, *, max_ghosts: int = DEFAULT_MAX_GHOSTS) -> None:
+    def __init__(self, *, max_ghosts: int = DEFAULT_MAX_GHOSTS, hazard: ReuseHazard | None = None) -> None:
+        """``hazard``: what the policy weighs by and learns into (default: a fresh one, learned
+        online from what the tier sees)."""
         if isinstance(max_ghosts, bool) or not isinstance(max_ghosts, int) or max_ghosts < 0:
             raise ValueError(f"max_ghosts must be an int >= 0, not {max_ghosts!r}")
         self._max_ghosts = max_ghosts
-        self._hazard = ReuseHazard()
+        self._hazard = hazard if hazard is not None else ReuseHazard()
         # Anchors with no checkpoint held, least recently seen first; and those with one.
         self._ghosts: OrderedDict[Hashable, _Anchor] = OrderedDict()
         self._held: dict[Hashable, _Anchor] = {}
@@ -128,6 +130,11 @@ class ValuePolicy:
             # The same context finished again (a repeat): its class follows the latest score.
             anchor.band = offer.band
             anchor.cost = offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
+
+    def reuse_hazard(self, now: float) -> ReuseHazard:
+        """What the policy has learned, with the contexts still idle counted up to ``now``."""
+        self._refresh(now)
+        return self._hazard
 
     @property
     def tracked(self) -> int:
