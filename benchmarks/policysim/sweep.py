@@ -183,11 +183,6 @@ def _budget_run(
         tier.name, tier.policy.name, "kvci", replay_kvci(requests, contexts, tier), block_bytes, tier.stats())
     results.append(default)
     results.extend(kvci)
-    assert isinstance(tier.policy, ValuePolicy)
-    hindsight = KVCITier(ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second,
-                         policy=hindsight_policy(tier.policy, requests[-1].timestamp_ms / 1000.0),
-                         name=HINDSIGHT, engine=config.engine)
-    hindsight_tally = replay_kvci(requests, contexts, hindsight)
     # The same advisor with the bar that follows the RAM tier's pressure (it learns from evictions).
     advisor = CheckpointAdvisor(ram_threshold=config.kvci_ram_thresholds[0])
     pressure = WorthinessAdmission(
@@ -204,8 +199,12 @@ def _budget_run(
         run(ContinuationOracle(continued, first_turns=first_turns), LRUBlockCache, "lru", "bound")
         for first_turns in (None, True, False)
     )
-    results.append(PolicyResult.from_tally(HINDSIGHT, "kvci", "bound", hindsight_tally, block_bytes,
-                                           {**hindsight.stats(), "reads_the_future": True}))
+    assert isinstance(tier.policy, ValuePolicy)
+    hindsight = KVCITier(ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second,
+                         policy=hindsight_policy(tier.policy, requests[-1].timestamp_ms / 1000.0),
+                         name=HINDSIGHT, engine=config.engine)
+    results.append(PolicyResult.from_tally(HINDSIGHT, "kvci", "bound", replay_kvci(requests, contexts, hindsight),
+                                           block_bytes, {**hindsight.stats(), "reads_the_future": True}))
     bound = BeladyBound(requests, ram_blocks)
     results.append(run(bound, lambda capacity: bound, "belady", "bound"))
     return budget_run(fraction, ram_blocks, disk_blocks, block_bytes, ceiling, results)
