@@ -146,12 +146,14 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         (f"RAM: {len(ram.kvci_s)} rounds in one engine (kvci attached, prefix caching on, vLLM's KV cache "
          f"{ram.engine_blocks} blocks: a whole-context request and two blocks more). Each round two new prompts push the hit's "
          "prompt out of vLLM's cache, its kvci RAM hit is timed, then at once the same prompt again, which vLLM's "
-         "cache now serves: the two hits share the engine, its threads and its memory. Chunked RAM: the same, "
+         "cache now serves: the two hits share the engine, its threads and its memory. Before each timed hit the "
+         "last-level cache is emptied, so neither finds in cache the pages the other just wrote. Chunked RAM: the same, "
          f"on an engine whose prefill is chunked ({report.chunk_tokens:,} tokens a step)."),
         "",
         (f"Disk: {len(disk.kvci_s)} rounds in one engine with both connectors (vLLM's MultiConnector, kvci first, "
          "no prefix caching), kvci's RAM tier empty: kvci's disk hit of the prompt (a request of its tenant) and "
-         "ExampleConnector's hit of it (a request of no tenant, which kvci cannot serve), which first alternating. "
+         "ExampleConnector's hit of it (a request of no tenant, which kvci cannot serve), which first alternating, "
+         "each after the last-level cache is emptied. "
          "Both connectors' hooks run on every request of this engine."),
         "",
         "| hit | median TTFT (s) | min - max (s) |",

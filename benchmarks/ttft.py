@@ -29,14 +29,19 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
   started one after another differ here by 10-30 % in the same path from run to run; the two
   hits of a round share the engine, its threads and its memory, milliseconds apart, so the
   median of the rounds' ratios is the RAM bound's steady measure. Its floor has kvci attached,
-  whose hooks cost a step about what the decode table's "connector hooks per step" says. (It
-  runs before ``example_connector_hit``.)
+  whose hooks cost a step about what the decode table's "connector hooks per step" says. Before
+  each timed hit of a round the benchmark empties the last-level cache (it writes twice its
+  size), so both hits find their pages in memory, as the cold copy floor does: otherwise the
+  second hit reads pages the first wrote milliseconds before, still in cache, which no prefix
+  hit of a serving engine finds (vLLM's hit took 2-3 ms less so here, of ~28 ms).
+  (It runs before ``example_connector_hit``.)
 - ``paired_disk``: the disk bound measured alike, after ``kvci_disk_hit``: one engine with both
   connectors (vLLM's ``MultiConnector``, kvci first; no prefix caching, so every hit loads),
   on kvci's disk tier (its RAM tier empty) and ExampleConnector's folder, both holding the
   prompt. Each round times kvci's disk hit (a request of kvci's tenant) and ExampleConnector's
   hit of the same prompt (a request of no tenant, for which kvci finds nothing), which first
-  alternating from round to round. Both connectors' hooks run on every request of this engine.
+  alternating from round to round, each after the last-level cache is emptied. Both
+  connectors' hooks run on every request of this engine.
 - ``chunked_*``: kvci again with ``max_num_batched_tokens`` below the prompt length, so prefill
   spans several chunks: a miss, a disk hit, then (after ``checkpoint: "now"``) a RAM hit; and
   vLLM's prefix cache on an engine chunked alike, the floor of a chunked engine's RAM hit.
@@ -628,6 +633,8 @@ class Bench:
     """One run: the model, the prompts, the folders, and the engines in turn."""
 
     def __init__(self, args: argparse.Namespace, shape: ModelShape, workdir: Path) -> None:
+        import torch
+
         from kvci_plugin.governance import CredentialIssuer, write_hmac_key_file
         from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
 
@@ -659,6 +666,7 @@ class Bench:
         self.decode: dict[str, DecodeRate] = {}
         self.steps: dict[str, StepShare] = {}  # decode path -> its connector's share of a step
         self.paired: dict[str, PairedHits] = {}
+        self._llc = torch.empty(2 * cache_bytes(), dtype=torch.uint8)  # written before each paired hit
 
     # ---- engines -------------------------------------------------------------------------------
 
@@ -792,7 +800,10 @@ class Bench:
 
     def _paired_hit(self, llm: Any, name: str, i: int, source: str, *, kvci: dict[str, Any] | None,
                     cached: int, loaded: int, tier: str | None = None) -> float:
-        """One timed hit of a paired round, checked: ``cached`` tokens found, ``loaded`` by kvci."""
+        """One timed hit of a paired round, checked: ``cached`` tokens found, ``loaded`` by kvci;
+        the last-level cache emptied first, so that neither hit of a round finds the other's
+        pages there."""
+        self._llc.fill_(i % 256)
         elapsed, out = self._request(llm, self.prompts.hit, kvci=kvci)
         reply = (out.kv_transfer_params or {}).get("kvci", {})
         got = reply.get("hit_tokens") or 0

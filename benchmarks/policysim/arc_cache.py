@@ -36,8 +36,9 @@ class ARCBlockCache:
             self.t2.move_to_end(block)
 
     def refresh(self, block: int) -> None:
-        # Touched once already for this request, so it is in T2: only its recency moves.
-        self.t2.move_to_end(block)
+        # Only its recency moves, in the list it is in: touched for this request it went to T2,
+        # but this request's own writes may have evicted it and written it again, into T1.
+        (self.t2 if block in self.t2 else self.t1).move_to_end(block)
 
     def insert(self, block: int) -> bool:
         if block in self:

@@ -151,13 +151,21 @@ void copy_pages(at::TensorList layers, const at::Tensor& block_ids, const at::Te
                                  c10::cuda::getCurrentCUDAStream(device.index()).stream()));
 }
 
+// A CUDA copy is one launch whatever ``threads`` says (it bounds the CPU's copy threads); a bad
+// value is refused alike on both.
+void check_threads(int64_t threads, const char* op) {
+  TORCH_CHECK_VALUE(threads >= 0, op, ": threads must be >= 0 (0: chosen by size), got ", threads);
+}
+
 void gather_pages(at::TensorList layers, const at::Tensor& block_ids, const at::Tensor& pool,
-                  const at::Tensor& slot_ids) {
+                  const at::Tensor& slot_ids, int64_t threads) {
+  check_threads(threads, "kvci::gather_pages");
   copy_pages(layers, block_ids, pool, slot_ids, KVCI_PAGES_TO_POOL, "kvci::gather_pages");
 }
 
 void scatter_pages(const at::Tensor& pool, const at::Tensor& slot_ids, at::TensorList layers,
-                   const at::Tensor& block_ids) {
+                   const at::Tensor& block_ids, int64_t threads) {
+  check_threads(threads, "kvci::scatter_pages");
   copy_pages(layers, block_ids, pool, slot_ids, KVCI_PAGES_FROM_POOL, "kvci::scatter_pages");
 }
 

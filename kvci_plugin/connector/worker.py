@@ -5,8 +5,8 @@ persists in `wait_for_save`, after the forward that wrote the pages. With the KV
 the copies run on side CUDA streams (`PageCopyStream`; loads, stores and disk loads apart): the
 forward waits for a load on the GPU, a store overlaps the following steps and its request is
 reported finished (so vLLM frees its blocks) only once the copy has run. On the CPU a RAM load
-is copied a layer at a time, each as the forward reaches it (`LayerwiseLoads`), and every other
-copy is done before its call returns.
+is copied a layer at a time beside the forward, each in place by the time the forward reaches
+it (`LayerwiseLoads`), and every other copy is done before its call returns.
 Disk loads run on a background thread and are reported through `get_finished`, but for one the
 step's forward reads (the request is the only one) while that thread is idle: it is read in
 `start_load_kv` itself. A blob that fails verification becomes a load error so vLLM recomputes
@@ -201,7 +201,7 @@ class KVCIWorker:
                     # This step's forward reads the pages and the I/O thread is idle: read them
                     # here. Handed to the I/O thread and waited for, the same 32 MiB load took
                     # 12.8 ms instead of 8.7, and the forward after it 5 ms more (TTFT benchmark).
-                    # On the CPU the forward copies them in layer by layer, as a RAM load's,
+                    # On the CPU they are copied in layer by layer, as a RAM load's,
                     # from the staging buffer, which no other load uses before the step ends.
                     stage = (self._layer_loads is not None and len(meta.disk_loads) == 1
                              and len(djob.keys) <= len(self._staging_buffer()))

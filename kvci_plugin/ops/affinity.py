@@ -15,3 +15,20 @@ def on_any_core() -> None:
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
     except OSError:
         pass  # the inherited mask stays: slower, not wrong
+
+
+def cores_beside_this_thread() -> set[int]:
+    """The cores the calling thread is not pinned to: where a thread may work beside it without
+    taking its time (empty when it may run on every core). The process's cpuset may allow fewer:
+    ``pin_to`` says whether any of them is allowed."""
+    return set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
+
+
+def pin_to(cores: set[int]) -> bool:
+    """Pin the calling thread to ``cores`` (narrowed by the kernel to the cpuset); False, with
+    the thread's mask unchanged, when the cpuset allows none of them."""
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:
+        return False
+    return True

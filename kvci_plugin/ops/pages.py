@@ -24,13 +24,18 @@ def gather_pages(
     block_ids: torch.Tensor,
     pool: torch.Tensor,
     slot_ids: torch.Tensor,
+    *,
+    threads: int = 0,
 ) -> None:
-    """Copy block ``block_ids[i]`` of every layer into pool slot ``slot_ids[i]``."""
+    """Copy block ``block_ids[i]`` of every layer into pool slot ``slot_ids[i]``. ``threads``: on
+    the CPU, at most this many copy threads, the caller's included (0: chosen by the copy's size
+    and the host's cores)."""
     kvci_ops.gather_pages(
         _layer_list(layers),
         _tensor(block_ids, "block_ids"),
         _host_pool(pool),
         _tensor(slot_ids, "slot_ids"),
+        _threads(threads),
     )
 
 
@@ -39,13 +44,17 @@ def scatter_pages(
     slot_ids: torch.Tensor,
     layers: Sequence[torch.Tensor],
     block_ids: torch.Tensor,
+    *,
+    threads: int = 0,
 ) -> None:
-    """Copy pool slot ``slot_ids[i]`` back into block ``block_ids[i]`` of every layer."""
+    """Copy pool slot ``slot_ids[i]`` back into block ``block_ids[i]`` of every layer.
+    ``threads``: as for ``gather_pages``."""
     kvci_ops.scatter_pages(
         _host_pool(pool),
         _tensor(slot_ids, "slot_ids"),
         _layer_list(layers),
         _tensor(block_ids, "block_ids"),
+        _threads(threads),
     )
 
 
@@ -68,6 +77,12 @@ def _layer_list(layers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 def _tensor(value: object, name: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, not {type(value).__name__}")
+    return value
+
+
+def _threads(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"threads must be an int >= 0 (0: chosen by the copy's size), not {value!r}")
     return value
 
 

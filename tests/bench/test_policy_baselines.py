@@ -184,6 +184,15 @@ def test_every_cache_replays_a_trace_the_same_way_twice(chains: list[tuple[int, 
     assert replay(trace, contexts, bounds[0], bounds[0]) == replay(trace, contexts, bounds[1], bounds[1])
 
 
+def test_arc_replays_a_request_that_evicts_and_writes_again_a_block_it_was_served() -> None:
+    # Found by the property below: with one block of room, a request served from T2 evicts that
+    # block with its own writes and writes it again, into T1, where its refresh must find it.
+    trace = [request(chain, at_ms=i) for i, chain in enumerate([(0,), (0, 1), (0, 2, 1), (0, 2, 1, 3)])]
+    arc = replay(trace, contexts_of(trace), StoreEverything("arc"), ARCBlockCache(1))
+    assert arc.requests == len(trace)
+    assert arc == replay(trace, contexts_of(trace), StoreEverything("arc"), ARCBlockCache(1))
+
+
 # --- the offline bound ------------------------------------------------------------------------
 
 

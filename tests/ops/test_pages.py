@@ -107,19 +107,21 @@ def test_scatter_copies_slots_into_pages(case: dict, data: st.DataObject) -> Non
     assert torch.equal(pool, pool_before)
 
 
-def test_many_pages_round_trip() -> None:
-    # 12 MiB: split over copy threads (4 MiB each at least) on a host with more than one core.
+@pytest.mark.parametrize("threads", [0, 1, 2, 8])
+def test_many_pages_round_trip(threads: int) -> None:
+    # 12 MiB: split over copy threads (2 MiB each at least) on a host with more than one core,
+    # unless bounded by ``threads``.
     generator = torch.Generator().manual_seed(0)
     cache = torch.randint(0, 256, (2, 600, 2, 8192), generator=generator, dtype=torch.uint8)
     layers = [cache[0].reshape(600, -1), cache[1, :, 0, :]]  # dense pages, then strided rows
     pool = torch.zeros(500, ops.pool_slot_bytes(layers), dtype=torch.uint8)
     blocks = torch.randperm(600, generator=generator)[:500]
     slots = torch.randperm(500, generator=generator)
-    ops.gather_pages(layers, blocks, pool, slots)
+    ops.gather_pages(layers, blocks, pool, slots, threads=threads)
     assert torch.equal(pool[slots, :16384], layers[0][blocks])
     assert torch.equal(pool[slots, 16384:], layers[1][blocks])
     restored = [torch.zeros_like(layer) for layer in layers]
-    ops.scatter_pages(pool, slots, restored, blocks)
+    ops.scatter_pages(pool, slots, restored, blocks, threads=threads)
     for layer, copy in zip(layers, restored, strict=True):
         assert torch.equal(copy[blocks], layer[blocks])
 
@@ -214,6 +216,21 @@ def test_bad_input_is_refused(direction: str, change: dict, error: type, match: 
             ops.gather_pages(args["layers"], args["block_ids"], args["pool"], args["slot_ids"])
         else:
             ops.scatter_pages(args["pool"], args["slot_ids"], args["layers"], args["block_ids"])
+
+
+@pytest.mark.parametrize("direction", ["gather", "scatter"])
+@pytest.mark.parametrize("threads", [-1, True, 1.5])
+def test_a_bad_thread_bound_is_refused(direction: str, threads: object) -> None:
+    layers, pool = small_setup()
+    ids = torch.tensor([1])
+    with pytest.raises(ValueError, match="threads must be an int >= 0"):
+        if direction == "gather":
+            ops.gather_pages(layers, ids, pool, ids, threads=threads)  # type: ignore[arg-type]
+        else:
+            ops.scatter_pages(pool, ids, layers, ids, threads=threads)  # type: ignore[arg-type]
+    # The op itself refuses it too, for a caller of torch.ops.kvci directly.
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        torch.ops.kvci.scatter_pages(pool, ids, layers, ids, -1)
 
 
 def test_a_destination_is_written_once() -> None:
