@@ -101,7 +101,11 @@ class LayerwiseLoads:
             self._copying = beside.submit(self._copy_in_order, order, self._ready, self._copied)
 
     def wait(self, name: str) -> None:
-        """Before the forward reads layer ``name``: its pages are in."""
+        """Before the forward reads layer ``name``: its pages are in. Learned in the steps that
+        load (the first copies every layer in ``start``); a step without is a decode step's
+        hook, and returns at once."""
+        if not self._started:
+            return
         self._waited.setdefault(name, None)
         ready = self._ready.get(name)
         if ready is not None:

@@ -309,7 +309,9 @@ class KVCIScheduler:
         if st.resident is None:
             st.resident = resident  # the bar learns the first lookup, once the request runs
         disk = 0
-        if self.manager.disk is not None and ram < cap and not self._disk_suspended:
+        # The catalog is asked only when a disk hit could cover blocks that vLLM's cache and the
+        # RAM tier do not: a prefix-cache hit's lookup costs no query.
+        if self.manager.disk is not None and max(ram, local) < cap and not self._disk_suspended:
             store = self.manager.disk
             disk = (min(store.longest_prefix(st.keys, st.tenant), cap) if self._plain else
                     self.layout.longest_run(self._group_keys(st), local, cap,

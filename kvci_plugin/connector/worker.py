@@ -176,8 +176,9 @@ class KVCIWorker:
         """Start this step's loads (before the forward that reads them)."""
         meta = self._meta
         self._idle_step = meta is None or not meta.forward
-        if meta is None or self._pool is None or self._load_copies is None:
-            return
+        if (meta is None or self._pool is None or self._load_copies is None
+                or not (meta.loads or meta.disk_loads)):
+            return  # most steps: nothing to load
         pool, views = self._pool, self._views
         layered = [LayerSource(g, pool.pages, slots, blocks) for job in meta.loads
                    for g, slots, blocks in by_group(job.slots, job.block_ids, job.groups)]
@@ -330,6 +331,9 @@ class KVCIWorker:
         # A store job and its request's finished id arrive in the same step; keep the previous
         # step's ids too in case async scheduling splits them. A store is reported (and vLLM
         # frees the blocks it reads) only once its copy has run.
+        if not self._saves and not self._disk_loads:
+            self._prev_finished = set(finished_req_ids)
+            return None, None  # most steps: nothing in flight
         sending: set[str] = set()
         if self._saves:
             sending = {req_id for req_id in finished_req_ids | self._prev_finished

@@ -106,3 +106,21 @@ def test_a_disk_hit_is_read_in_its_own_step_only_while_no_other_request_is_known
     assert [(job.req_id, job.sync, job.block_ids) for job in meta.disk_loads] == [
         ("r1", True, [5, 6, 7, 8]), ("r2", False, [1, 2, 3, 4])]
     disk.close()
+
+
+def test_the_catalog_is_asked_only_when_a_disk_hit_could_add_blocks(tmp_path: Path) -> None:
+    disk, scheduler = disk_and_scheduler(tmp_path)
+    st = scheduler._state(request("seed"))
+    disk.persist("c1", st.tenant, st.keys, torch.zeros((4, SLOT), dtype=torch.uint8), "user",
+                 "{}", "{}", None)
+    asked: list[int] = []
+    catalog_lookup = disk.longest_prefix
+    disk.longest_prefix = lambda keys, tenant: asked.append(len(keys)) or catalog_lookup(keys, tenant)  # type: ignore[method-assign]
+
+    # vLLM's prefix cache holds every block a hit could cover: nothing to ask the catalog.
+    assert scheduler.get_num_new_matched_tokens(request("r1"), 4 * BS) == (0, False)
+    assert asked == []
+    # It holds two: the disk tier serves the other two.
+    assert scheduler.get_num_new_matched_tokens(request("r2"), 2 * BS) == (2 * BS, True)
+    assert asked == [4]
+    disk.close()
