@@ -190,15 +190,18 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
          "connector's lookup and bookkeeping; steps = engine steps up to the forward's; queue = the "
          "lookup's end to the forward's step (an asynchronous load's steps are in it); load = the load "
          "in the forward's step; disk load (read + verify, scatter) = a kvci disk load on its I/O "
-         "thread (in queue when asynchronous, in load when read in the forward's step); forward = the model; back = the forward's end to `LLM.generate` returning."),
+         "thread (in queue when asynchronous, in load when read in the forward's step); forward = the model; "
+         "layer waits = of the forward, the time in `wait_for_layer_load` (kvci: waiting for the layers "
+         "copied beside the forward); back = the forward's end to `LLM.generate` returning."),
         "",
         "| path | TTFT | front | lookup | steps | queue | load | disk load | read + verify | scatter "
-        "| forward | back |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| forward | layer waits | back |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for name, ph in report.phases.items():
         ms = [ph.total_s, ph.front_s, ph.lookup_s]
-        rest = [ph.queue_s, ph.load_s, ph.disk_load_s, ph.read_s, ph.scatter_s, ph.forward_s, ph.back_s]
+        rest = [ph.queue_s, ph.load_s, ph.disk_load_s, ph.read_s, ph.scatter_s, ph.forward_s, ph.layer_wait_s,
+                ph.back_s]
         lines.append(f"| {PATHS[name][0]} | " + " | ".join(f"{v * 1e3:.2f}" for v in ms)
                      + f" | {ph.steps:.0f} | " + " | ".join(f"{v * 1e3:.2f}" for v in rest) + " |")
     off = report.decode["decode_off"]

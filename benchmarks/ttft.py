@@ -282,8 +282,10 @@ class HitPhases(BaseModel):
     thread (within ``queue_s`` when asynchronous, within ``load_s`` when read in the forward's
     step), ``read_s`` of it reading and verifying the blobs and ``scatter_s`` copying them in (0 when the
     forward copies them in a layer at a time, within ``forward_s``, as on the CPU when the load is
-    read in the forward's step); ``forward_s``: the model's forward; ``back_s``: from
-    the forward's end to ``LLM.generate`` returning (sampling, output processing)."""
+    read in the forward's step); ``forward_s``: the model's forward; ``layer_wait_s``: of it, the
+    time in ``wait_for_layer_load`` (kvci on the CPU: waiting for layers copied beside the forward,
+    or copying them where no core is beside it; ExampleConnector's returns at once); ``back_s``:
+    from the forward's end to ``LLM.generate`` returning (sampling, output processing)."""
 
     model_config = _FROZEN
 
@@ -297,6 +299,7 @@ class HitPhases(BaseModel):
     read_s: float
     scatter_s: float
     forward_s: float
+    layer_wait_s: float
     back_s: float
 
 
@@ -565,17 +568,22 @@ def hit_phases(records: Sequence[tuple[str, str, float, float, Any]],
         metas = [r for r in sched if r[1] == "build_connector_meta"]
         forward = next(i for i, r in enumerate(metas) if r[4])  # the first step with tokens
         steps: list[dict[str, tuple[float, float]]] = []
+        waits: list[float] = []  # per step, the time in wait_for_layer_load (once per layer)
         stats: list[dict[str, list[float]]] = []
         # The tracer's own writes are not the step's (one is written with the next step's records).
         for _, hook, start, end, extra in (r for r in mine if r[0] == "worker" and r[1] != "trace_flush"):
             if hook == "bind_connector_metadata":
                 steps.append({})
+                waits.append(0.0)
             if steps:
                 steps[-1][hook] = (start, end)
+                if hook == "wait_for_layer_load":
+                    waits[-1] += end - start
             if hook == "get_kv_connector_stats" and extra:
                 stats.append(extra)
         # The worker runs the forward's step once the scheduler has built its metadata.
-        step = next(st for st in steps if st["bind_connector_metadata"][0] >= metas[forward][3])
+        at = next(i for i, st in enumerate(steps) if st["bind_connector_metadata"][0] >= metas[forward][3])
+        step = steps[at]
         bind, load, save = step["bind_connector_metadata"], step["start_load_kv"], step["wait_for_save"]
         # vLLM starts a step's loads before its forward when it has synchronous ones, else after:
         # either way the forward runs between the metadata's binding and wait_for_save.
@@ -592,7 +600,7 @@ def hit_phases(records: Sequence[tuple[str, str, float, float, Any]],
             total_s=t1 - t0, front_s=lookup_start - t0, lookup_s=sum(r[3] - r[2] for r in lookups),
             steps=forward + 1, queue_s=bind[0] - lookup_end, load_s=load_s,
             disk_load_s=stat("load_disk"), read_s=stat("phase_disk_read"),
-            scatter_s=stat("phase_disk_scatter"), forward_s=forward_s,
+            scatter_s=stat("phase_disk_scatter"), forward_s=forward_s, layer_wait_s=waits[at],
             back_s=t1 - max(end for _, end in step.values())))
     return HitPhases(**{name: statistics.median(getattr(r, name) for r in rows)
                         for name in HitPhases.model_fields})

@@ -67,7 +67,8 @@ FLOORS = Floors(nbytes=32 << 20, threads=2, copy_one_thread_s=0.004, copy_all_th
 PAIRED = PairedHits.of(131, [0.05], [0.05])
 PAIRED_DISK = PairedHits.of(None, [0.05], [0.05])
 PHASES = HitPhases(total_s=0.04, front_s=0.002, lookup_s=0.0005, steps=1, queue_s=0.001, load_s=0.003,
-                   disk_load_s=0.0, read_s=0.0, scatter_s=0.0, forward_s=0.03, back_s=0.003)
+                   disk_load_s=0.0, read_s=0.0, scatter_s=0.0, forward_s=0.03, layer_wait_s=0.001,
+                   back_s=0.003)
 
 
 def report(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], **overrides: object) -> TTFTReport:
@@ -132,6 +133,7 @@ def test_phases_come_from_the_hook_records_in_each_samples_window() -> None:
         ("scheduler", "build_connector_meta", 1.002, 1.0021, 0),
         ("worker", "bind_connector_metadata", 1.003, 1.0031, None),
         ("worker", "start_load_kv", 1.0031, 1.0035, None),
+        ("worker", "wait_for_layer_load", 1.0035, 1.0036, None),  # not the forward's step
         ("worker", "wait_for_save", 1.0036, 1.0037, None),
         ("worker", "get_finished", 1.0037, 1.010, None),
         ("worker", "get_kv_connector_stats", 1.010, 1.0101,
@@ -140,6 +142,8 @@ def test_phases_come_from_the_hook_records_in_each_samples_window() -> None:
         ("scheduler", "build_connector_meta", 1.012, 1.0121, 1),
         ("worker", "bind_connector_metadata", 1.013, 1.0131, None),
         ("worker", "start_load_kv", 1.0131, 1.0132, None),
+        ("worker", "wait_for_layer_load", 1.014, 1.0155, None),
+        ("worker", "wait_for_layer_load", 1.020, 1.0205, None),
         ("worker", "wait_for_save", 1.0432, 1.0433, None),
         ("worker", "get_finished", 1.0433, 1.0434, None),
         ("worker", "get_kv_connector_stats", 1.0434, 1.0435, None),
@@ -155,6 +159,7 @@ def test_phases_come_from_the_hook_records_in_each_samples_window() -> None:
     assert (ph.read_s, ph.scatter_s) == pytest.approx((0.004, 0.002))
     assert ph.load_s == pytest.approx(0.0001)
     assert ph.forward_s == pytest.approx(0.03)
+    assert ph.layer_wait_s == pytest.approx(0.002)  # the forward's step's two layers
     assert ph.back_s == pytest.approx(1.050 - 1.0435)
 
 
@@ -306,7 +311,7 @@ def test_the_readme_table_is_rendered_from_the_json(tmp_path: Path) -> None:
     assert "Met: 11 of 14." in readme  # the paired rounds meet both RAM bounds and the disk's (0.05 s each)
     assert "| kvci RAM hit | 0.050 | 0.050 - 0.050 |" in readme
     assert ("| kvci RAM hit | 40.00 | 2.00 | 0.50 | 1 | 1.00 | 3.00 | 0.00 | 0.00 | 0.00 | 30.00 "
-            "| 3.00 |") in readme
+            "| 1.00 | 3.00 |") in readme
     assert "one plain copy 4.00 ms on one thread, 2.00 ms on 2; cold" in readme
     assert "8.00 ms and 5.00 ms, the copy the targets' \"extra\" is measured against" in readme
     assert "their medians differ by 80%" in readme  # kvci_miss 1.0 s against recompute 5.0 s
