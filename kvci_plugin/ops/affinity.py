@@ -11,10 +11,7 @@ def on_any_core() -> None:
     inherits the pin, so kvci's copies and blob reads would queue behind the forward on those
     cores while the core vLLM reserves beside them sits idle (the native page copies' helper
     threads do the same)."""
-    try:
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
-    except OSError:
-        pass  # the inherited mask stays: slower, not wrong
+    pin_to(set(range(os.cpu_count() or 1)))  # refused: the inherited mask stays (slower, not wrong)
 
 
 def cores_beside_this_thread() -> set[int]:
