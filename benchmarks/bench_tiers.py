@@ -9,9 +9,9 @@ segments (``blob_codec``), so sealing and opening (decrypting straight into the 
 one thread and the read pool's threads) are measured page by page through the codec, beside the
 keyed MACs that would authenticate without encrypting (HMAC-SHA256, keyed BLAKE2b), XXH3-128
 (the unkeyed checksum of the first format) and SHA-256. A checkpoint's blobs are also read on
-one thread, on the read pool's threads and as a prefix load splits them: whether threads pay
-depends on the page size (``blob_backend.MIN_THREADED_PAGE_BYTES``; try ``--slot-kib 256`` and
-``--slot-kib 1024``).
+one thread, on the read pool's threads (each reading and opening a run of pages) and as a prefix
+load reads them (``read_ahead``: one thread reads the files a chunk ahead while the caller opens
+them; try ``--slot-kib 256`` and ``--slot-kib 1024``).
 
 Disk loads are measured twice: "warm" reads hit the page cache (a checkpoint loaded soon after
 it was written), "cold" ones follow ``posix_fadvise(DONTNEED)`` on every file, which drops clean
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import xxhash
 
-from kvci_plugin.tiering.blob_backend import _pool, read_threads
+from kvci_plugin.tiering.blob_backend import read_threads, thread_pool
 from kvci_plugin.tiering.blob_codec import encode, open_page
 from kvci_plugin.tiering.blob_store import BlobStore, blob_files
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
@@ -134,7 +134,7 @@ def main() -> None:
     record("aes-256-gcm open into buffer, 1 thread", median_seconds(
         lambda _: [open_one(i) for i in range(args.pages)], repeats))
     threads = read_threads()
-    pool = _pool("read", threads)
+    pool = thread_pool("read", threads)
     record(f"aes-256-gcm open into buffer, {threads} threads", median_seconds(
         lambda _: list(pool.map(open_one, range(args.pages))), repeats))
     assert torch.equal(dst, src)
@@ -190,8 +190,8 @@ def main() -> None:
                 "disk tier: load, cold",
                 median_seconds(load, repeats, lambda _: drop_cache(blobs)),
             )
-            # The blobs of one checkpoint read on one thread and on the read pool's, beside the
-            # split kvci's prefix read makes (``MIN_THREADED_PAGE_BYTES``: one run for small pages).
+            # The blobs of one checkpoint read on one thread and on the read pool's, beside a
+            # prefix load's read (``read_ahead``: files read a chunk ahead while this thread opens).
             blob_store, keys = BlobStore(root / "blobs", NAMESPACE), fresh_keys(repeats, args.pages)
             blob_store.write_many(keys, TENANT, src)
 

@@ -1,10 +1,13 @@
 // The Python module kvci_plugin._C. Importing it loads this library, which registers the
 // torch.ops.kvci operators; it also offers pack_token_ids, a fast path from a Python sequence of
 // ints to the key format's canonical int32 token ids (Python-level conversion costs about
-// 20 ns per id, more than keying them).
+// 20 ns per id, more than keying them), and read_files (read_files.cpp), which reads a batch of
+// files without the GIL.
 #include <Python.h>
 
 #include <cstdint>
+
+#include "read_files.h"
 
 namespace {
 
@@ -90,6 +93,8 @@ PyObject* pack_token_ids(PyObject* /*module*/, PyObject* args) {
 PyMethodDef methods[] = {
     {"pack_token_ids", pack_token_ids, METH_VARARGS,
      "pack_token_ids(token_ids, out, name): token ids as checked int32 into a writable buffer"},
+    {"read_files", kvci_read_files, METH_VARARGS,
+     "read_files(paths, out): file i into row i of a writable buffer; sizes, or -errno each"},
     {nullptr, nullptr, 0, nullptr},
 };
 

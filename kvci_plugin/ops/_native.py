@@ -48,3 +48,11 @@ kvci_ops = torch.ops.kvci
 def pack_token_ids(token_ids: Sequence[int], out: bytearray, name: str) -> None:
     """Write ``token_ids`` into ``out`` (4 bytes each) as int32, each checked in [0, 2^31)."""
     _C.pack_token_ids(token_ids, out, name)
+
+
+def read_files(paths: Sequence[str], out: bytearray | memoryview) -> list[int]:
+    """File ``i`` into row ``i`` of ``out`` (``len(out) // len(paths)`` bytes a row), all in one
+    call that releases the GIL. Per file: its size when it fitted its row and was read (the bytes
+    there were, should it shrink meanwhile), else ``-errno`` (``-EFBIG``: larger than its row;
+    ``-EISDIR``, ``-EINVAL``: not a regular file)."""
+    return _C.read_files(paths, out)

@@ -112,19 +112,16 @@ class BlobRoot(Protocol):
 def read_prefix(
     store: BlobBackend, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
 ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
-    """Read ``keys[i]`` into ``out[i]`` several at a time; (pages verified, first failure).
+    """Read ``keys[i]`` into ``out[i]`` several at a time; (pages verified, first failure): the
+    prefix read of a backend whose reads are a request each (Redis). A folder reads its files a
+    chunk ahead instead (``read_ahead``).
 
     Only the leading run of pages that verified counts: a page after a failed one is of no use
     (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful. The tenant's
     key material is read once for the prefix, not once a page: a tenant forgotten by then loads
     nothing.
     """
-    if out.dim() != 2 or out.shape[0] < len(keys):
-        raise ValueError(f"out must have a row for each of {len(keys)} keys, not {tuple(out.shape)}")
-    try:
-        seal: PageSeal | None = store.keys.for_read(tenant, store.namespace)
-    except TenantKeyUnavailableError:
-        seal = None  # each page then says why: another tenant's blob, or no key at all
+    seal = prefix_seal(store, keys, tenant, out)
 
     def run(start: int, end: int) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
         for i in range(start, end):
@@ -139,7 +136,7 @@ def read_prefix(
     runs = _runs(len(keys), out[0].numel() if len(keys) else 0)
     if len(runs) == 1:
         return run(*runs[0])  # on the caller's thread: a hand-off would only add its cost
-    futures = [_pool("read", read_threads()).submit(run, start, end) for start, end in runs]
+    futures = [thread_pool("read", read_threads()).submit(run, start, end) for start, end in runs]
     try:
         for future in futures:
             done, error = future.result()
@@ -151,6 +148,19 @@ def read_prefix(
         for future in futures:
             future.cancel()
         wait(futures)
+
+
+def prefix_seal(store: BlobBackend, keys: Sequence[PageKey], tenant: str,
+                out: torch.Tensor) -> PageSeal | None:
+    """The checks of a prefix read into ``out`` and the seal its pages open with: the tenant's
+    key material read once for the prefix, not once a page; None when the tenant has none."""
+    if out.dim() != 2 or out.dtype != torch.uint8 or out.shape[0] < len(keys):
+        raise ValueError(f"out must be a uint8 tensor with a row for each of {len(keys)} keys, "
+                         f"not {out.dtype} of shape {tuple(out.shape)}")
+    try:
+        return store.keys.for_read(tenant, store.namespace)
+    except TenantKeyUnavailableError:
+        return None  # each page then says why: another tenant's blob, or no key at all
 
 
 def read_threads() -> int:
@@ -178,7 +188,7 @@ def write_each(
     """
     if len(keys) != len(pages):
         raise ValueError(f"{len(keys)} keys for {len(pages)} pages")
-    futures = [_pool("write", WRITE_THREADS).submit(store.write, keys[i], tenant, pages[i])
+    futures = [thread_pool("write", WRITE_THREADS).submit(store.write, keys[i], tenant, pages[i])
                for i in range(len(keys))]
     wait(futures)
     return [future.result() for future in futures]
@@ -198,7 +208,7 @@ def _forget_pools_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
 
-def _pool(kind: str, threads: int) -> ThreadPoolExecutor:
+def thread_pool(kind: str, threads: int) -> ThreadPoolExecutor:
     """One pool per kind for the process, started on first use: a pool per call cost ~0.4 ms of
     thread starts, more than reading a small page."""
     with _POOLS_LOCK:

@@ -54,6 +54,9 @@ _METADATA_FIELDS = frozenset(
 )
 # A page blob's header is a few hundred bytes; a larger length prefix is corruption.
 _MAX_HEADER = 1 << 16
+HEADER_ROOM = 1 << 10
+"""Room for a header that a reader of many blobs sets aside per blob: more than ``encode``
+writes (its metadata's values are of fixed size, but the time's and the page size's digits)."""
 
 
 class BlobUnavailableError(Exception):
@@ -92,6 +95,13 @@ def check_page(data: object, field_name: str) -> torch.Tensor:
 def sealed_bytes(nbytes: int, segment: int = SEGMENT_BYTES) -> int:
     """The size of the sealed tensor of ``nbytes`` of page: the bytes and a tag per segment."""
     return nbytes + TAG_BYTES * -(-nbytes // segment)
+
+
+def blob_room(nbytes: int) -> int:
+    """The bytes a reader sets aside for the blob of an ``nbytes`` page: its sealed tensor, the
+    length prefix and ``HEADER_ROOM`` for the header. A larger file is not a blob this code wrote
+    (the reader that set the room aside then reads it the slow way, which says why)."""
+    return 8 + HEADER_ROOM + sealed_bytes(nbytes)
 
 
 def encode(seal: PageSeal, namespace: bytes, key: PageKey, page: torch.Tensor) -> bytearray:

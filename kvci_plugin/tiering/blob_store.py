@@ -31,17 +31,19 @@ from typing import Any, NoReturn
 
 import torch
 
-from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix, write_each
+from kvci_plugin.tiering.blob_backend import StoredBlob, prefix_seal, write_each
 from kvci_plugin.tiering.blob_codec import (
     NAMESPACE_BYTES,
     BlobIntegrityError,
     BlobMissingError,
     BlobUnavailableError,
+    blob_room,
     check_namespace,
     check_page,
     encode,
     open_page,
 )
+from kvci_plugin.tiering.read_ahead import read_ahead
 from kvci_plugin.tiering.secret import create_once
 from kvci_plugin.tiering.tenant_keys import (
     PageSeal,
@@ -408,8 +410,36 @@ class BlobStore:
     def read_many(
         self, keys: Sequence[PageKey], tenant: str, out: torch.Tensor
     ) -> tuple[int, BlobUnavailableError | TenantMismatchError | None]:
-        """``read`` of ``keys[i]`` into ``out[i]``, several at a time: see ``read_prefix``."""
-        return read_prefix(self, keys, tenant, out)
+        """``read`` of ``keys[i]`` into ``out[i]``; (pages verified, first failure). Only the
+        leading run of pages that verified counts (KV is a prefix): rows past it hold nothing
+        meaningful.
+
+        The files are read a chunk ahead on another thread (``read_ahead``) while this one opens
+        them. A blob that does not open from there is read again by ``read``, which quarantines
+        it or says why it cannot be served (and serves it, should a writer have replaced it).
+        """
+        check_tenant(tenant)
+        seal = prefix_seal(self, keys, tenant, out)
+        first_failure: list[tuple[int, BlobUnavailableError | TenantMismatchError]] = []
+
+        def open_one(i: int, blob: memoryview | None) -> bool:
+            try:
+                if blob is not None:
+                    open_page(blob, self._keys, tenant, self._namespace, keys[i], out[i],
+                              _not_here, seal)
+                    return True
+            except (BlobUnavailableError, TenantMismatchError):
+                pass
+            try:
+                self.read(keys[i], tenant, out[i], seal)
+            except (BlobUnavailableError, TenantMismatchError) as exc:
+                first_failure.append((i, exc))
+                return False
+            return True
+
+        if keys:
+            read_ahead([self._file_name(key) for key in keys], blob_room(out.shape[1]), open_one)
+        return first_failure[0] if first_failure else (len(keys), None)
 
     def quarantined(self) -> int:
         """How many quarantined blobs are kept."""
@@ -429,3 +459,8 @@ class BlobStore:
             kept = sorted(self._quarantine.glob(f"*{BLOB_SUFFIX}"))
             for old in kept[:-QUARANTINE_KEEP]:
                 old.unlink(missing_ok=True)
+
+
+def _not_here() -> None:
+    """A blob read ahead that fails is not quarantined from there: ``read`` reads it again and
+    quarantines the file it read, not a replacement written since."""

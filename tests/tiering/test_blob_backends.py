@@ -92,6 +92,31 @@ def test_read_many_counts_the_verified_leading_run(location: Location) -> None:
     assert loaded == 0 and isinstance(error, TenantMismatchError)
 
 
+def test_a_long_prefix_loads_up_to_its_first_bad_page(location: Location) -> None:
+    """Many pages of 256 KiB (a folder reads them a chunk ahead, the buffer wrapping several
+    times): the leading run loads, a flipped byte is quarantined, a missing page stops it."""
+    store = location.open().store(NS)
+    count, page = 40, 256 << 10
+    keys = [key_of(i) for i in range(count)]
+    pages = torch.randint(0, 256, (count, page), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    store.write_many(keys, "alice", pages)
+    out = torch.zeros((count, page), dtype=torch.uint8)
+    assert store.read_many(keys, "alice", out) == (count, None)
+    assert torch.equal(out, pages)
+    store.delete(keys[33])
+    blob = bytearray(location.raw(NS, keys[29]))
+    blob[-5] ^= 0x10
+    location.plant(NS, keys[29], bytes(blob))
+    out = torch.zeros((count, page), dtype=torch.uint8)
+    loaded, error = store.read_many(keys, "alice", out)
+    assert loaded == 29 and isinstance(error, BlobIntegrityError)
+    assert torch.equal(out[:29], pages[:29])
+    assert not out[29].any(), "bytes were written before they verified"
+    assert store.quarantined() == 1 and not store.exists(keys[29])
+    loaded, error = store.read_many(keys, "alice", out)
+    assert loaded == 29 and isinstance(error, BlobMissingError)
+
+
 def test_an_intact_blob_is_kept_and_a_bad_one_rewritten(location: Location) -> None:
     store = location.open().store(NS)
     key = key_of(1)

@@ -25,7 +25,7 @@ from kvci_plugin.tiering.blob_backend import (
     MIN_RUN_BYTES,
     MIN_THREADED_PAGE_BYTES,
     READ_THREADS,
-    _pool,
+    thread_pool,
     _runs,
     read_prefix,
     read_threads,
@@ -124,7 +124,7 @@ def test_read_runs_cover_the_pages_in_order(count: int, page_bytes: int) -> None
 
 def _affinity_of_a_read_thread(conn: Any) -> None:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # as vLLM's CPU worker pins itself
-    conn.send(_pool("read", READ_THREADS).submit(os.sched_getaffinity, 0).result())
+    conn.send(thread_pool("read", READ_THREADS).submit(os.sched_getaffinity, 0).result())
 
 
 def test_blob_threads_run_on_any_core_a_pinned_caller_may_not() -> None:

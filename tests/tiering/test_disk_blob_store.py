@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
+from kvci_plugin.tiering.blob_codec import blob_room
 from kvci_plugin.tiering.blob_store import (
     QUARANTINE_KEEP,
     BlobIntegrityError,
@@ -254,3 +255,17 @@ def test_write_many_writes_every_page(store: BlobStore) -> None:
     assert list(temp_files(store.root)) == []
     with pytest.raises(ValueError, match="13 keys for 12 pages"):
         store.write_many([*keys, key_of(400)], "alice", pages)
+
+
+def test_a_prefix_read_refuses_a_blob_grown_past_its_room(store: BlobStore) -> None:
+    """A file longer than any blob of its page size is not read ahead: ``read`` reads it,
+    refuses it and quarantines it; the pages before it load."""
+    keys = [key_of(i) for i in range(3)]
+    store.write_many(keys, "alice", torch.stack([page_of(k) for k in keys]))
+    path = store.path_for(keys[1])
+    path.write_bytes(path.read_bytes() + bytes(blob_room(SLOT)))
+    out = torch.zeros((3, SLOT), dtype=torch.uint8)
+    loaded, error = store.read_many(keys, "alice", out)
+    assert loaded == 1 and isinstance(error, BlobIntegrityError)
+    assert torch.equal(out[0], page_of(keys[0])) and not out[1].any()
+    assert store.quarantined() == 1 and not path.exists()
