@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 
 from kvci_plugin.ops._native import read_files
+from kvci_plugin.ops.affinity import cores_beside_this_thread, on_any_core, pin_to
 from kvci_plugin.tiering.blob_backend import read_threads, thread_pool
 
 CHUNK_BYTES = 2 << 20
@@ -29,6 +30,7 @@ CHUNKS_AHEAD = 4
 """Chunks read and not yet opened at most: the read buffer's size, in chunks."""
 
 _rings = threading.local()
+_pinned = threading.local()
 
 
 def read_ahead(paths: Sequence[str], row_bytes: int,
@@ -36,7 +38,8 @@ def read_ahead(paths: Sequence[str], row_bytes: int,
     """``use(i, data)`` for each file in order, on the calling thread, until it returns False:
     ``data`` is the file's bytes, valid only during the call, or None when the file could not be
     read whole into ``row_bytes`` (missing, unreadable, larger). Returns once no read is in
-    flight. With one core the chunks are read on the calling thread."""
+    flight. The reader runs on the cores the calling thread is not pinned to (any core when it
+    is not pinned); with one core the chunks are read on the calling thread."""
     if row_bytes <= 0:
         raise ValueError(f"row_bytes must be positive, not {row_bytes}")
     per = max(1, CHUNK_BYTES // row_bytes)
@@ -50,9 +53,18 @@ def read_ahead(paths: Sequence[str], row_bytes: int,
         view = ring[at : at + (end - start) * row_bytes]
         return view, read_files(paths[start:end], view)
 
-    submit = thread_pool("read-ahead", 1).submit if read_threads() > 1 else _now
-    pending: deque[Future[tuple[memoryview, list[int]]]] = deque(
-        submit(fetch, c) for c in range(depth))
+    if read_threads() > 1:
+        pool, beside = thread_pool("read-ahead", 1), frozenset(cores_beside_this_thread())
+
+        def submit(c: int) -> Future[tuple[memoryview, list[int]]]:
+            return pool.submit(_on_cores, beside, fetch, c)
+    else:
+        def submit(c: int) -> Future[tuple[memoryview, list[int]]]:
+            done: Future[tuple[memoryview, list[int]]] = Future()
+            done.set_result(fetch(c))
+            return done
+
+    pending = deque(submit(c) for c in range(depth))
     try:
         for c, (start, end) in enumerate(chunks):
             view, sizes = pending.popleft().result()
@@ -61,7 +73,7 @@ def read_ahead(paths: Sequence[str], row_bytes: int,
                 if not use(i, view[at : at + size] if size >= 0 else None):
                     return
             if c + depth < len(chunks):  # into the slot just opened
-                pending.append(submit(fetch, c + depth))
+                pending.append(submit(c + depth))
     finally:
         # No read may still be writing into the buffer once the caller has it back.
         for future in pending:
@@ -78,8 +90,15 @@ def _ring(nbytes: int) -> memoryview:
     return memoryview(ring)
 
 
-def _now(fn: Callable[[int], tuple[memoryview, list[int]]],
-         c: int) -> Future[tuple[memoryview, list[int]]]:
-    done: Future[tuple[memoryview, list[int]]] = Future()
-    done.set_result(fn(c))
-    return done
+def _on_cores(cores: frozenset[int], fetch: Callable[[int], tuple[memoryview, list[int]]],
+              c: int) -> tuple[memoryview, list[int]]:
+    """``fetch(c)`` on ``cores`` (every core when empty): the reader thread is pinned beside
+    the caller's pinned thread. Free to use any core, the kernel woke it on the caller's own,
+    where it ran in turn with the caller (engine probe: no gain at all)."""
+    if getattr(_pinned, "cores", None) != cores:
+        if cores:
+            pin_to(set(cores))
+        else:
+            on_any_core()
+        _pinned.cores = cores  # refused by the cpuset: the mask stays, and is not asked again
+    return fetch(c)

@@ -65,11 +65,11 @@ def test_it_stops_when_told_with_no_read_left_in_flight(tmp_path: Path, monkeypa
 def test_the_reads_run_beside_the_caller_unless_there_is_one_core(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
     paths, contents = _files(tmp_path, 4 * CHUNKS_AHEAD)
-    readers: set[str] = set()
+    readers: set[tuple[str, frozenset[int]]] = set()
     real = module.read_files
 
     def recorded(chunk: list[str], out: memoryview) -> list[int]:
-        readers.add(threading.current_thread().name)
+        readers.add((threading.current_thread().name, frozenset(os.sched_getaffinity(0))))
         return real(chunk, out)
 
     monkeypatch.setattr(module, "read_files", recorded)
@@ -77,10 +77,27 @@ def test_the_reads_run_beside_the_caller_unless_there_is_one_core(
     seen: list[bytes | None] = []
     read_ahead(paths, ROW, lambda i, data: seen.append(None if data is None else bytes(data)) or True)
     assert seen == contents
+    caller = threading.current_thread().name
     if cores == 1:
-        assert readers == {threading.current_thread().name}
-    else:
-        assert len(readers) == 1 and threading.current_thread().name not in readers
+        assert {name for name, _ in readers} == {caller}
+        return
+    assert len(readers) == 1 and caller not in {name for name, _ in readers}
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        return  # nowhere beside the caller to pin to
+    # A caller pinned to one core (as vLLM pins its CPU worker's forward): the reader runs on
+    # the others, not where the kernel would wake it (the caller's own core).
+    first = min(allowed)
+    os.sched_setaffinity(0, {first})
+    try:
+        readers.clear()
+        read_ahead(paths, ROW, lambda i, data: True)
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert {cores_of for _, cores_of in readers} == {frozenset(allowed - {first})}
+    readers.clear()
+    read_ahead(paths, ROW, lambda i, data: True)  # an unpinned caller: any core again
+    assert {cores_of for _, cores_of in readers} == {frozenset(allowed)}
 
 
 def test_a_row_must_hold_something() -> None:
