@@ -25,7 +25,10 @@ from kvci_plugin.connector.connector import KVCheckpointConnector
 
 class _Trace:
     def __init__(self, folder: str, role: str) -> None:
-        self._path = Path(folder) / f"{role}-{os.getpid()}.jsonl"
+        # Opened once, unbuffered: a flush is one write, not an open and a close (a step paid
+        # ~90 us for the worker's flush that way, ~3 % of a prefix hit over its two steps).
+        self._fd = os.open(Path(folder) / f"{role}-{os.getpid()}.jsonl",
+                           os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._records: list[list[Any]] = []
 
     def add(self, hook: str, start: float, end: float, extra: Any = None) -> None:
@@ -36,8 +39,7 @@ class _Trace:
         time can be counted without the tracer's (``benchmarks.ttft.step_share``)."""
         if self._records:
             start = time.perf_counter()
-            with self._path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(self._records) + "\n")
+            os.write(self._fd, (json.dumps(self._records) + "\n").encode())
             self._records = [["trace_flush", start, time.perf_counter(), None]]
 
 
