@@ -1,9 +1,10 @@
 // read_files(paths, out) -> list[int]: file i's bytes into row i of the writable C-contiguous
 // buffer `out` (len(out) / len(paths) bytes a row). Returns per file its size when it fitted its
 // row and was read (a file that shrank while read: the bytes there were), else -errno (-EFBIG:
-// larger than its row; -EISDIR, -EINVAL: not a regular file; each left unread). A prefix load reads a blob per page: per file, Python's
-// os.open/fstat/preadv/close hold the GIL between calls, and a thread reading beside the one
-// that decrypts then spent its time waiting for it; here the whole batch runs without it.
+// larger than its row; -EISDIR, -EINVAL: not a regular file; each left unread).
+// A prefix load reads a blob per page. With Python's os.open/fstat/preadv/close a reader needs the
+// GIL between every call, and a thread reading beside the one that decrypts spent its time
+// waiting for it; here the whole batch runs without the GIL.
 #include "read_files.h"
 
 #include <fcntl.h>

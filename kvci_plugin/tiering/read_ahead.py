@@ -2,13 +2,14 @@
 
 A prefix load from a folder is a blob per page (a 4,096-token hit of the TTFT benchmark: 127
 blobs of 256 KiB). On one thread each blob's read (a copy out of the page cache) and its
-decryption ran one after the other: 12-13 ms for 32 MiB with the last-level cache cold, where
-ExampleConnector's whole load took 9 ms. Here a thread reads the files of the next chunks while
-the caller opens those already read: 8.3-8.5 ms (2 cores). The reader reads a chunk in one
-native call (``read_files``): reading with ``os`` calls, it needed the GIL between every system
-call, and the two threads spent their time waiting for each other (8-13 ms, worse than one
-thread warm). Threads that each read and open whole runs of pages (``read_prefix``) are no
-better for small pages, for the same reason.
+decryption ran one after the other: 10.5 ms for 32 MiB with the last-level cache cold and the
+caller pinned to one of 2 cores (12.2-12.6 ms in the benchmark's paired engine), where
+ExampleConnector's whole load took 8-9 ms. Here a thread pinned beside the caller reads the files
+of the next chunks while the caller opens those already read: 8.4-9.1 ms (10.0-10.3 in the
+engine). The reader reads a chunk in one native call (``read_files``): reading with ``os``
+calls, it needed the GIL between every system call, and the two threads spent their time waiting
+for each other (11-13 ms, worse than one thread's 8-9 ms warm). Threads that each read and open
+whole runs of pages (``read_prefix``) are no better for small pages, for the same reason.
 """
 
 from __future__ import annotations
