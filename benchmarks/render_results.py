@@ -101,7 +101,10 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
          f"engine takes a whole prompt in one step (max_num_batched_tokens {report.batched_tokens:,}) except the "
          f"chunked one ({report.chunk_tokens:,})."),
         (f"- TTFT: wall time of `LLM.generate` with `max_tokens=1`; medians of {report.samples} misses (a new "
-         f"prompt each, the same prompts on every engine) and of {report.hit_samples} hits (one prompt). Decode: "
+         f"prompt each, the same prompts on every engine) and of {report.hit_samples} hits (one prompt), each "
+         f"hit after the engine idled {report.hit_rest_s:g} s, took one short request of another prompt and "
+         "had its last-level cache emptied, as a prefix that comes back to a serving engine finds it: not read "
+         "a moment before (read a tenth of a second before, pages read faster here even from memory). Decode: "
          f"medians of {report.samples} requests of {report.decode_tokens} tokens after a "
          f"{report.decode_prompt_tokens}-token prompt."),
         "",
@@ -145,15 +148,14 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         "",
         (f"RAM: {len(ram.kvci_s)} rounds in one engine (kvci attached, prefix caching on, vLLM's KV cache "
          f"{ram.engine_blocks} blocks: a whole-context request and two blocks more). Each round two new prompts push the hit's "
-         "prompt out of vLLM's cache, its kvci RAM hit is timed, then at once the same prompt again, which vLLM's "
-         "cache now serves: the two hits share the engine, its threads and its memory. Before each timed hit the "
-         "last-level cache is emptied, so neither finds in cache the pages the other just wrote. Chunked RAM: the same, "
+         "prompt out of vLLM's cache, its kvci RAM hit is timed, then the same prompt again, which vLLM's "
+         "cache now serves: the two hits share the engine, its threads and its memory. Each is taken as every "
+         "timed hit is, so the second does not find the pages the first just read or wrote. Chunked RAM: the same, "
          f"on an engine whose prefill is chunked ({report.chunk_tokens:,} tokens a step)."),
         "",
         (f"Disk: {len(disk.kvci_s)} rounds in one engine with both connectors (vLLM's MultiConnector, kvci first, "
          "no prefix caching), kvci's RAM tier empty: kvci's disk hit of the prompt (a request of its tenant) and "
-         "ExampleConnector's hit of it (a request of no tenant, which kvci cannot serve), which first alternating, "
-         "each after the last-level cache is emptied. "
+         "ExampleConnector's hit of it (a request of no tenant, which kvci cannot serve), which first alternating. "
          "Both connectors' hooks run on every request of this engine."),
         "",
         "| hit | median TTFT (s) | min - max (s) |",

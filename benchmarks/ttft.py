@@ -25,29 +25,37 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
 - ``paired_ram``: kvci's RAM hit and vLLM's prefix-cache hit of one prompt in one engine (kvci
   attached, prefix caching on, vLLM's KV cache holding one prompt and two blocks more), round
   by round (``PairedHits``): two new prompts push the kept prompt out of vLLM's cache, its kvci
-  RAM hit is timed, then at once the same prompt again, which vLLM's cache now serves. Engines
+  RAM hit is timed, then the same prompt again, which vLLM's cache now serves. Engines
   started one after another differ here by 10-30 % in the same path from run to run; the two
-  hits of a round share the engine, its threads and its memory, milliseconds apart, so the
+  hits of a round share the engine, its threads and its memory, a second apart, so the
   median of the rounds' ratios is the RAM bound's steady measure. Its floor has kvci attached,
-  whose hooks cost a step about what the decode table's "connector hooks per step" says. Before
-  each timed hit of a round the benchmark empties the last-level cache (it writes twice its
-  size), so both hits find their pages in memory, as the cold copy floor does: otherwise the
-  second hit reads pages the first wrote milliseconds before, still in cache, which no prefix
-  hit of a serving engine finds (vLLM's hit took 2-3 ms less so here, of ~28 ms).
-  (It runs before ``example_connector_hit``.)
+  whose hooks cost a step about what the decode table's "connector hooks per step" says. Each
+  hit of a round is taken as every timed hit is (``Bench._before_hit``, below), so the second
+  does not find the pages the first just read or wrote. (It runs before ``example_connector_hit``.)
 - ``paired_disk``: the disk bound measured alike, after ``kvci_disk_hit``: one engine with both
   connectors (vLLM's ``MultiConnector``, kvci first; no prefix caching, so every hit loads),
   on kvci's disk tier (its RAM tier empty) and ExampleConnector's folder, both holding the
   prompt. Each round times kvci's disk hit (a request of kvci's tenant) and ExampleConnector's
   hit of the same prompt (a request of no tenant, for which kvci finds nothing), which first
-  alternating from round to round, each after the last-level cache is emptied. Both
-  connectors' hooks run on every request of this engine.
+  alternating from round to round. Both connectors' hooks run on every request of this engine.
 - ``chunked_*``: kvci again with ``max_num_batched_tokens`` below the prompt length, so prefill
   spans several chunks: a miss, a disk hit, then (after ``checkpoint: "now"``) a RAM hit; and
   vLLM's prefix cache on an engine chunked alike, the floor of a chunked engine's RAM hit.
   ``paired_chunked_ram`` pairs the two in one engine chunked alike, as ``paired_ram`` does.
   ExampleConnector cannot run like this (a prompt spanning several chunks kills the engine:
   shape mismatch, EngineDeadError), so every other engine takes the whole prompt in one step.
+
+Every timed hit finds its prompt as a serving engine finds a prefix that comes back
+(``Bench._before_hit``): the engine idles ``--hit-rest`` seconds (default 1), takes one short
+request of another prompt (its weights and threads warm from other traffic), and the last-level
+cache is emptied (a buffer twice its size written). Without the rest, a hit taken right after
+another of the same prompt reads the pages the forward's core read a tenth of a second before,
+and on this machine such pages read faster than pages idle for a second, even once the cache is
+emptied (a 32 MiB read on one core, ``Bench``'s LLC buffer written in between: 7.1-7.4 ms read
+0.1 s before, 8.4-8.6 ms idle 1 s or just written by the other core). vLLM's paired hit, reading
+the pages kvci's hit had just loaded, gained 2-3 ms of ~28 from that: its attention ran 0.3-0.4
+ms faster in every layer (paired, with and without the rest: 1.12-1.13 vs 1.01-1.03). A prefix
+that comes back to a serving engine has not been read a tenth of a second before.
 
 Both disk paths read files written minutes earlier, so the page cache holds them for both.
 Decode speed is ``--decode-tokens`` greedy tokens after a short prompt, tokens per second of
@@ -81,8 +89,8 @@ reserves one more core for an engine with a connector than for one without; the 
 ``VLLM_CPU_NUM_OF_RESERVED_CPU=1`` (unless set) so that every engine computes on as many threads.
 
     .venv/bin/python -m benchmarks.ttft [--prompt-tokens N] [--samples S] [--hit-samples H]
-                                        [--decode-tokens D] [--chunk-tokens C] [--quick]
-                                        [--json PATH]
+                                        [--hit-rest SECONDS] [--decode-tokens D]
+                                        [--chunk-tokens C] [--quick] [--json PATH]
 
 The full run writes ``benchmarks/results/ttft.json``; ``python -m benchmarks.render_results``
 turns it into the results README. ``--quick`` runs every path on the smallest model with short
@@ -113,7 +121,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvci_plugin.demo import DEMO_MODEL
 
-SCHEMA = "kvci-ttft/10"
+SCHEMA = "kvci-ttft/11"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "ttft.json"
 TRACE_MODULE = "benchmarks.ttft_trace"  # the connectors, timed at their hooks
@@ -324,7 +332,7 @@ class Floors(BaseModel):
 
 
 class PairedHits(BaseModel):
-    """Rounds in one engine, each a kvci hit and its anchor's hit of the same prompt, milliseconds
+    """Rounds in one engine, each a kvci hit and its anchor's hit of the same prompt, a second
     apart: ``paired_ram`` (the anchor is vLLM's prefix cache; ``engine_blocks``: the engine's KV
     cache, ``num_gpu_blocks_override``) and ``paired_disk`` (the anchor is ExampleConnector)."""
 
@@ -368,7 +376,7 @@ class TTFTReport(BaseModel):
 
     model_config = _FROZEN
 
-    report_format: Literal["kvci-ttft/10"] = SCHEMA
+    report_format: Literal["kvci-ttft/11"] = SCHEMA
     command: str
     runtime_s: float
     vllm_version: str
@@ -382,6 +390,7 @@ class TTFTReport(BaseModel):
     chunk_tokens: PositiveInt
     samples: PositiveInt
     hit_samples: PositiveInt
+    hit_rest_s: Annotated[float, Field(ge=0)]  # the engine's idle time before each timed hit
     decode_tokens: PositiveInt
     decode_prompt_tokens: PositiveInt
     ttft: dict[str, PathTiming]
@@ -674,7 +683,7 @@ class Bench:
         self.decode: dict[str, DecodeRate] = {}
         self.steps: dict[str, StepShare] = {}  # decode path -> its connector's share of a step
         self.paired: dict[str, PairedHits] = {}
-        self._llc = torch.empty(2 * cache_bytes(), dtype=torch.uint8)  # written before each paired hit
+        self._llc = torch.empty(2 * cache_bytes(), dtype=torch.uint8)  # written before each timed hit
 
     # ---- engines -------------------------------------------------------------------------------
 
@@ -746,6 +755,8 @@ class Bench:
               kvci: dict[str, Any] | None = None, tier: str | None = None) -> None:
         seconds, cached, windows = [], set(), []
         for i, tokens in enumerate(prompts):
+            if hit:
+                self._before_hit(llm, i)
             start = time.perf_counter()
             elapsed, out = self._request(llm, tokens, kvci=kvci)
             windows.append((start, time.perf_counter()))
@@ -765,6 +776,13 @@ class Bench:
         _say(f"{path}: median {self.ttft[path].median_s:.3f} s over {len(seconds)} samples")
         if path in TRACED_PATHS:
             self.phases[path] = hit_phases(read_trace(self.workdir / "trace" / engine), windows)
+
+    def _before_hit(self, llm: Any, i: int) -> None:
+        """The engine as a prefix that comes back finds it (module docstring): idle a while, then
+        one short request of another prompt, then the last-level cache emptied."""
+        time.sleep(self.args.hit_rest)
+        self._request(llm, self.prompts.step)
+        self._llc.fill_(i % 256)
 
     def _hits(self, llm: Any, engine: str, path: str, **kw: Any) -> None:
         self._time(llm, engine, path, [self.prompts.hit] * self.args.hit_samples, hit=True, **kw)
@@ -809,9 +827,9 @@ class Bench:
     def _paired_hit(self, llm: Any, name: str, i: int, source: str, *, kvci: dict[str, Any] | None,
                     cached: int, loaded: int, tier: str | None = None) -> float:
         """One timed hit of a paired round, checked: ``cached`` tokens found, ``loaded`` by kvci;
-        the last-level cache emptied first, so that neither hit of a round finds the other's
-        pages there."""
-        self._llc.fill_(i % 256)
+        taken as every timed hit is (``_before_hit``), so that neither hit of a round finds the
+        pages the other just read or wrote."""
+        self._before_hit(llm, i)
         elapsed, out = self._request(llm, self.prompts.hit, kvci=kvci)
         reply = (out.kv_transfer_params or {}).get("kvci", {})
         got = reply.get("hit_tokens") or 0
@@ -961,6 +979,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-tokens", type=int, help="prompt length (default 4096; --quick 512)")
     parser.add_argument("--samples", type=int, help="recompute and decode samples per path (default 5; --quick 2)")
     parser.add_argument("--hit-samples", type=int, help="samples per hit path (default 15; --quick 3)")
+    parser.add_argument("--hit-rest", type=float,
+                        help="seconds the engine idles before each timed hit (default 1.0; --quick 0.2)")
     parser.add_argument("--decode-tokens", type=int, help="tokens per decode sample (default 256; --quick 32)")
     parser.add_argument("--chunk-tokens", type=int,
                         help="max_num_batched_tokens of the chunked-prefill engine (default 1024; --quick 128)")
@@ -977,6 +997,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(args, name, value)
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.hit_rest is None:
+        args.hit_rest = 0.2 if args.quick else 1.0
+    if not args.hit_rest >= 0 or args.hit_rest == float("inf"):
+        parser.error("--hit-rest must be a finite number of seconds >= 0")
     if args.prompt_tokens < 2 * BLOCK_SIZE:
         parser.error(f"--prompt-tokens must be >= {2 * BLOCK_SIZE} (two {BLOCK_SIZE}-token blocks)")
     if args.prompt_tokens > 8192 - BLOCK_SIZE:
@@ -1024,7 +1048,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         vllm_cpu_env=env, cpus=os.cpu_count() or 1, load_average=(load_start, os.getloadavg()[0]),
         model=shape, block_size=BLOCK_SIZE, prompt_tokens=args.prompt_tokens,
         batched_tokens=bench.max_model_len, chunk_tokens=args.chunk_tokens, samples=args.samples,
-        hit_samples=args.hit_samples, decode_tokens=args.decode_tokens,
+        hit_samples=args.hit_samples, hit_rest_s=args.hit_rest, decode_tokens=args.decode_tokens,
         decode_prompt_tokens=DECODE_PROMPT_TOKENS,
         ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode, paired_ram=paired_ram,
         paired_disk=paired_disk, paired_chunked_ram=chunked,

@@ -76,7 +76,7 @@ def report(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], **overrid
         "command": "python -m benchmarks.ttft", "runtime_s": 400.0, "vllm_version": "0.0",
         "vllm_cpu_env": {}, "cpus": 2, "load_average": (1.0, 2.0), "model": FULL_MODEL, "block_size": 32,
         "prompt_tokens": 4096, "batched_tokens": 4128, "chunk_tokens": 1024, "samples": 1,
-        "hit_samples": 1, "decode_tokens": 256, "decode_prompt_tokens": 64, "ttft": ttft, "decode": decode,
+        "hit_samples": 1, "hit_rest_s": 1.0, "decode_tokens": 256, "decode_prompt_tokens": 64, "ttft": ttft, "decode": decode,
         "phases": {name: PHASES for name in TRACED_PATHS}, "floors": FLOORS, "paired_ram": PAIRED,
         "paired_disk": PAIRED_DISK, "paired_chunked_ram": PAIRED,
     }
@@ -289,6 +289,13 @@ def test_the_cli_refuses_an_unchunked_chunk_size_before_starting_anything() -> N
     assert "--chunk-tokens must be below --prompt-tokens" in done.stderr
 
 
+@pytest.mark.parametrize("rest", ["-1", "nan", "inf"])
+def test_the_cli_refuses_a_rest_that_is_not_a_finite_wait(rest: str) -> None:
+    done = run_module("benchmarks.ttft", "--hit-rest", rest)
+    assert done.returncode == 2
+    assert "--hit-rest must be a finite number of seconds >= 0" in done.stderr
+
+
 def test_the_readme_table_is_rendered_from_the_json(tmp_path: Path) -> None:
     ttft = timings(recompute=5.0, kvci_ram_hit=0.093, prefix_cache_hit=0.09, kvci_disk_hit=0.3,
                    example_connector_hit=0.1, chunked_kvci_miss=6.0, chunked_kvci_ram_hit=0.093,
@@ -314,6 +321,7 @@ def test_the_readme_table_is_rendered_from_the_json(tmp_path: Path) -> None:
             "| 1.00 | 3.00 |") in readme
     assert "one plain copy 4.00 ms on one thread, 2.00 ms on 2; cold" in readme
     assert "8.00 ms and 5.00 ms, the copy the targets' \"extra\" is measured against" in readme
+    assert "each hit after the engine idled 1 s, took one short request of another prompt" in readme
     assert "their medians differ by 80%" in readme  # kvci_miss 1.0 s against recompute 5.0 s
 
 
