@@ -42,8 +42,12 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
   spans several chunks: a miss, a disk hit, then (after ``checkpoint: "now"``) a RAM hit; and
   vLLM's prefix cache on an engine chunked alike, the floor of a chunked engine's RAM hit.
   ``paired_chunked_ram`` pairs the two in one engine chunked alike, as ``paired_ram`` does.
-  ExampleConnector cannot run like this (a prompt spanning several chunks kills the engine:
-  shape mismatch, EngineDeadError), so every other engine takes the whole prompt in one step.
+- ``chunked_example_connector_hit`` and ``paired_chunked_disk``: ExampleConnector's hit on an
+  engine chunked alike, alone and paired with kvci's disk hit as ``paired_disk`` is, so the
+  chunked disk bound compares engines that differ only in the connector. ExampleConnector can
+  hit there (a hit's last block fits one chunk) but cannot write a prompt that spans several
+  chunks (shape mismatch, EngineDeadError): its files are the unchunked engine's. Every other
+  engine takes the whole prompt in one step.
 
 Every timed hit finds its prompt as a serving engine finds a prefix that comes back
 (``Bench._before_hit``): the engine idles ``--hit-rest`` seconds (default 1), takes one short
@@ -121,7 +125,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvci_plugin.demo import DEMO_MODEL
 
-SCHEMA = "kvci-ttft/11"
+SCHEMA = "kvci-ttft/12"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "ttft.json"
 TRACE_MODULE = "benchmarks.ttft_trace"  # the connectors, timed at their hooks
@@ -156,11 +160,12 @@ PATHS: dict[str, tuple[str, str]] = {
     "chunked_kvci_disk_hit": ("chunked prefill: kvci disk hit", "chunked_kvci_miss"),
     "chunked_kvci_ram_hit": ("chunked prefill: kvci RAM hit", "chunked_kvci_miss"),
     "chunked_prefix_cache_hit": ("chunked prefill: vLLM prefix-cache hit (floor)", "chunked_kvci_miss"),
+    "chunked_example_connector_hit": ("chunked prefill: ExampleConnector disk hit", "chunked_kvci_miss"),
 }
 # The hits whose phases the connector's hook timestamps break down (``benchmarks.ttft_trace``);
 # vLLM's prefix-cache hit runs no connector: its TTFT is the floor, whole.
 TRACED_PATHS = ("kvci_ram_hit", "kvci_attached_prefix_cache_hit", "example_connector_hit", "kvci_disk_hit",
-                "chunked_kvci_disk_hit", "chunked_kvci_ram_hit")
+                "chunked_kvci_disk_hit", "chunked_kvci_ram_hit", "chunked_example_connector_hit")
 DECODE_PATHS = {"decode_off": "no connector", "decode_off_again": "no connector, a second engine",
                 "decode_on": "kvci on, no hits", "decode_on_again": "kvci on, no hits, a second engine",
                 "decode_example_connector": "ExampleConnector: vLLM's connector plumbing alone"}
@@ -293,7 +298,9 @@ class HitPhases(BaseModel):
     read in the forward's step); ``forward_s``: the model's forward; ``layer_wait_s``: of it, the
     time in ``wait_for_layer_load`` (kvci on the CPU: waiting for layers copied beside the forward,
     or copying them where no core is beside it; ExampleConnector's returns at once); ``back_s``:
-    from the forward's end to ``LLM.generate`` returning (sampling, output processing)."""
+    from the forward's end to ``LLM.generate`` returning (sampling, output processing);
+    ``finish_s``: of it, the connector's ``request_finished`` (kvci: its recommendation, the
+    reply's advisory, the tier's offer), which the reply waits for."""
 
     model_config = _FROZEN
 
@@ -309,6 +316,7 @@ class HitPhases(BaseModel):
     forward_s: float
     layer_wait_s: float
     back_s: float
+    finish_s: float
 
 
 class Floors(BaseModel):
@@ -334,7 +342,8 @@ class Floors(BaseModel):
 class PairedHits(BaseModel):
     """Rounds in one engine, each a kvci hit and its anchor's hit of the same prompt, a second
     apart: ``paired_ram`` (the anchor is vLLM's prefix cache; ``engine_blocks``: the engine's KV
-    cache, ``num_gpu_blocks_override``) and ``paired_disk`` (the anchor is ExampleConnector)."""
+    cache, ``num_gpu_blocks_override``) and ``paired_disk`` (the anchor is ExampleConnector); the
+    same on a chunked engine."""
 
     model_config = _FROZEN
 
@@ -376,7 +385,7 @@ class TTFTReport(BaseModel):
 
     model_config = _FROZEN
 
-    report_format: Literal["kvci-ttft/11"] = SCHEMA
+    report_format: Literal["kvci-ttft/12"] = SCHEMA
     command: str
     runtime_s: float
     vllm_version: str
@@ -400,6 +409,7 @@ class TTFTReport(BaseModel):
     paired_ram: PairedHits
     paired_disk: PairedHits
     paired_chunked_ram: PairedHits
+    paired_chunked_disk: PairedHits
     targets: tuple[TargetCheck, ...]
 
     @model_validator(mode="after")
@@ -415,17 +425,18 @@ class TTFTReport(BaseModel):
         if set(self.phases) != set(TRACED_PATHS):
             raise ValueError(f"phases must break down exactly the hits {sorted(TRACED_PATHS)}")
         if any(len(p.kvci_s) != self.hit_samples
-               for p in (self.paired_ram, self.paired_disk, self.paired_chunked_ram)):
-            raise ValueError("paired_ram, paired_disk and paired_chunked_ram must hold one round per hit sample")
+               for p in (self.paired_ram, self.paired_disk, self.paired_chunked_ram, self.paired_chunked_disk)):
+            raise ValueError("every pair (paired_ram, paired_disk, paired_chunked_ram, paired_chunked_disk) "
+                             "must hold one round per hit sample")
         if self.targets != evaluate_targets(self.ttft, self.decode, self.floors, self.paired_ram, self.paired_disk,
-                                            self.paired_chunked_ram):
+                                            self.paired_chunked_ram, self.paired_chunked_disk):
             raise ValueError("targets must be the ones evaluate_targets derives from ttft, decode and the pairs")
         return self
 
 
 def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], floors: Floors,
                      paired_ram: PairedHits, paired_disk: PairedHits,
-                     paired_chunked_ram: PairedHits) -> tuple[TargetCheck, ...]:
+                     paired_chunked_ram: PairedHits, paired_chunked_disk: PairedHits) -> tuple[TargetCheck, ...]:
     def med(path: str) -> float:
         return ttft[path].median_s
 
@@ -444,9 +455,10 @@ def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
             (f"paired_{prefix}ram_extra_vs_copy",
              f"{what}one engine, paired by round: (kvci RAM hit - prefix-cache hit) / one plain cold all-thread copy",
              paired.extra_median_s / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True)]
-    rows += [("paired_disk_vs_example_connector",
-             "one engine, paired by round: kvci disk hit TTFT / ExampleConnector disk hit TTFT",
-             paired_disk.ratio_median, "ratio", TARGET_DISK_VS_EXAMPLE, True)]
+    rows += [(f"paired_{prefix}disk_vs_example_connector",
+              f"{what}one engine, paired by round: kvci disk hit TTFT / ExampleConnector disk hit TTFT",
+              paired.ratio_median, "ratio", TARGET_DISK_VS_EXAMPLE, True)
+             for prefix, what, paired in (("", "", paired_disk), ("chunked_", "chunked prefill, ", paired_chunked_disk))]
     for prefix, what in (("", ""), ("chunked_", "chunked prefill: ")):
         floor = med(f"{prefix}prefix_cache_hit")  # the same engine settings, vLLM's own cache
         rows += [
@@ -457,7 +469,7 @@ def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
              (med(f"{prefix}kvci_ram_hit") - floor) / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True),
             (f"{prefix}disk_vs_example_connector",
              f"{what}kvci disk hit TTFT / ExampleConnector disk hit TTFT",
-             med(f"{prefix}kvci_disk_hit") / med("example_connector_hit"), "ratio",
+             med(f"{prefix}kvci_disk_hit") / med(f"{prefix}example_connector_hit"), "ratio",
              TARGET_DISK_VS_EXAMPLE, True),
         ]
     rows += [("decode_overhead", "decode tokens/s lost with kvci on (no hits), two engines each",
@@ -605,12 +617,16 @@ def hit_phases(records: Sequence[tuple[str, str, float, float, Any]],
         # The first step's lookup: vLLM looks an asynchronous load up again once it has landed.
         lookup_start = lookups[0][2]
         lookup_end = max(r[3] for r in lookups if r[3] <= metas[0][2])
+        # kvci's request_finished calls its request_finished_all_groups: the outer call's time.
+        finishes = [r for r in sched if r[1] in ("request_finished", "request_finished_all_groups")]
+        finish_s = sum(r[3] - r[2] for r in finishes
+                       if not any(o is not r and o[2] <= r[2] and r[3] <= o[3] for o in finishes))
         rows.append(HitPhases(
             total_s=t1 - t0, front_s=lookup_start - t0, lookup_s=sum(r[3] - r[2] for r in lookups),
             steps=forward + 1, queue_s=bind[0] - lookup_end, load_s=load_s,
             disk_load_s=stat("load_disk"), read_s=stat("phase_disk_read"),
             scatter_s=stat("phase_disk_scatter"), forward_s=forward_s, layer_wait_s=waits[at],
-            back_s=t1 - max(end for _, end in step.values())))
+            back_s=t1 - max(end for _, end in step.values()), finish_s=finish_s))
     return HitPhases(**{name: statistics.median(getattr(r, name) for r in rows)
                         for name in HitPhases.model_fields})
 
@@ -856,7 +872,7 @@ class Bench:
         return self._paired_report(name, PairedHits.of(engine_blocks, kvci_s, prefix_s),
                                    "vLLM prefix-cache hit")
 
-    def _paired_disk(self, llm: Any) -> PairedHits:
+    def _paired_disk(self, llm: Any, name: str) -> PairedHits:
         """Round by round, which goes first alternating: kvci's disk hit (its tenant's request),
         ExampleConnector's hit of the same prompt (a request of no tenant: kvci finds nothing)."""
         kvci_s: list[float] = []
@@ -868,9 +884,9 @@ class Bench:
             ("ExampleConnector", None, 0, None, example_s)]
         for i in range(self.args.hit_samples):
             for source, kvci, loaded, tier, samples in hits if i % 2 == 0 else hits[::-1]:
-                samples.append(self._paired_hit(llm, "paired_disk", i, source, kvci=kvci, cached=expected,
+                samples.append(self._paired_hit(llm, name, i, source, kvci=kvci, cached=expected,
                                                 loaded=loaded, tier=tier))
-        return self._paired_report("paired_disk", PairedHits.of(None, kvci_s, example_s),
+        return self._paired_report(name, PairedHits.of(None, kvci_s, example_s),
                                    "ExampleConnector disk hit")
 
     def _hit_tokens(self) -> int:
@@ -946,7 +962,7 @@ class Bench:
             self._hits(llm, "kvci_restarted", "kvci_disk_hit", kvci=kvci, tier="disk")
         # Both folders hold the prompt: kvci's disk tier (RAM empty again) and ExampleConnector's.
         with self.engine("paired_disk", kv_transfer_config=self._multi_config("paired_disk")) as llm:
-            self.paired["disk"] = self._paired_disk(llm)
+            self.paired["disk"] = self._paired_disk(llm, "paired_disk")
         chunked = "kvci_chunked"
         with self.engine(chunked, kv_transfer_config=self._kvci_config(chunked),
                          batched_tokens=self.args.chunk_tokens) as llm:
@@ -962,6 +978,13 @@ class Bench:
                          prefix_caching=True, gpu_blocks=blocks, batched_tokens=self.args.chunk_tokens) as llm:
             self._keep(llm, "paired_chunked_ram", checkpoint="now")
             self.paired["chunked_ram"] = self._paired_ram(llm, blocks, "paired_chunked_ram")
+        # ExampleConnector's files are the unchunked engine's; kvci's disk tier is as above.
+        with self.engine("example_connector_chunked", batched_tokens=self.args.chunk_tokens,
+                         kv_transfer_config=self._example_config("example_connector_chunked")) as llm:
+            self._hits(llm, "example_connector_chunked", "chunked_example_connector_hit")
+        with self.engine("paired_chunked_disk", kv_transfer_config=self._multi_config("paired_chunked_disk"),
+                         batched_tokens=self.args.chunk_tokens) as llm:
+            self.paired["chunked_disk"] = self._paired_disk(llm, "paired_chunked_disk")
         with ExitStack() as stack:
             engines = {}
             for path in DECODE_PATHS:
@@ -1042,7 +1065,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {name: os.environ.get(name, "") for name in VLLM_CPU_ENV if name in os.environ}
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python -m benchmarks.ttft",
                         *map(shlex.quote, argv)])
-    paired_ram, paired_disk, chunked = bench.paired["ram"], bench.paired["disk"], bench.paired["chunked_ram"]
+    pairs = {f"paired_{name}": bench.paired[name] for name in ("ram", "disk", "chunked_ram", "chunked_disk")}
     report = TTFTReport(
         command=command, runtime_s=round(time.perf_counter() - started, 1), vllm_version=vllm.__version__,
         vllm_cpu_env=env, cpus=os.cpu_count() or 1, load_average=(load_start, os.getloadavg()[0]),
@@ -1050,9 +1073,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         batched_tokens=bench.max_model_len, chunk_tokens=args.chunk_tokens, samples=args.samples,
         hit_samples=args.hit_samples, hit_rest_s=args.hit_rest, decode_tokens=args.decode_tokens,
         decode_prompt_tokens=DECODE_PROMPT_TOKENS,
-        ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode, paired_ram=paired_ram,
-        paired_disk=paired_disk, paired_chunked_ram=chunked,
-        targets=evaluate_targets(bench.ttft, bench.decode, floors, paired_ram, paired_disk, chunked))
+        ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode, **pairs,
+        targets=evaluate_targets(bench.ttft, bench.decode, floors, *pairs.values()))
     print(summary(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -1065,13 +1087,13 @@ def summary(report: TTFTReport) -> str:
     lines = [f"TTFT, {report.prompt_tokens}-token prompts (median):"]
     for path, timing in report.ttft.items():
         base = report.ttft[PATHS[path][1]].median_s
-        lines.append(f"  {path:24s} {timing.median_s:8.3f} s  {base / timing.median_s:7.1f}x  "
+        lines.append(f"  {path:30s} {timing.median_s:8.3f} s  {base / timing.median_s:7.1f}x  "
                      f"cached {timing.cached_tokens}")
     lines.append("Phases of a hit (ms, medians; steps: engine steps up to the forward's):")
     names = [n for n in HitPhases.model_fields if n != "steps"]
-    lines.append(f"  {'path':24s} {'steps':>5s} " + " ".join(f"{n.removesuffix('_s'):>8s}" for n in names))
+    lines.append(f"  {'path':30s} {'steps':>5s} " + " ".join(f"{n.removesuffix('_s'):>8s}" for n in names))
     for path, ph in report.phases.items():
-        lines.append(f"  {path:24s} {ph.steps:5.0f} "
+        lines.append(f"  {path:30s} {ph.steps:5.0f} "
                      + " ".join(f"{getattr(ph, n) * 1e3:8.2f}" for n in names))
     f = report.floors
     lines.append(f"Floors for the hit's {f.nbytes / (1 << 20):.1f} MiB (ms): copy {f.copy_one_thread_s * 1e3:.2f} "
@@ -1082,11 +1104,12 @@ def summary(report: TTFTReport) -> str:
     for path, rate in report.decode.items():
         hooks = "" if rate.step is None else (f"  hooks {rate.step.hooks_per_step_s * 1e6:.0f} us/step "
                                               f"({rate.step.share:.2%} of a step, traced twin)")
-        lines.append(f"  {path:24s} {rate.median_tokens_per_s:8.1f} tokens/s  "
+        lines.append(f"  {path:30s} {rate.median_tokens_per_s:8.1f} tokens/s  "
                      f"{vs_no_connector(rate, off):.3f}x no connector{hooks}")
     for name, pr, anchor in (("RAM", report.paired_ram, "vLLM prefix-cache hit"),
                              ("disk", report.paired_disk, "ExampleConnector hit"),
-                             ("chunked RAM", report.paired_chunked_ram, "vLLM prefix-cache hit")):
+                             ("chunked RAM", report.paired_chunked_ram, "vLLM prefix-cache hit"),
+                             ("chunked disk", report.paired_chunked_disk, "ExampleConnector hit")):
         lines.append(f"Paired in one engine ({len(pr.kvci_s)} rounds): kvci {name} hit "
                      f"{statistics.median(pr.kvci_s):.3f} s, {anchor} "
                      f"{statistics.median(pr.anchor_s):.3f} s, median ratio {pr.ratio_median:.3f}")

@@ -90,10 +90,16 @@ class _Traced:
     clear_connector_metadata = _timed("clear_connector_metadata")
     # The worker's last hook of a step; kvci's stats carry the disk load's phases.
     get_kv_connector_stats = _timed("get_kv_connector_stats", flush=True)
+    # The scheduler's, per request: a finished request's reply waits for them. Written at once,
+    # as the engine may take no further step.
+    get_external_cache_hit_sources = _timed("get_external_cache_hit_sources")
+    request_finished = _timed("request_finished", flush=True)
 
 
 class TracedKVCheckpointConnector(_Traced, KVCheckpointConnector):
-    pass
+    # vLLM calls this in place of ``request_finished`` for a connector that supports the hybrid
+    # allocator (ExampleConnector does not).
+    request_finished_all_groups = _timed("request_finished_all_groups", flush=True)
 
 
 class TracedExampleConnector(_Traced, ExampleConnector):

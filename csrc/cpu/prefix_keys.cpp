@@ -22,14 +22,6 @@ constexpr int64_t kMaxTokenId = 0x7fffffff;
 // take tens of microseconds, less than waking another thread may cost.
 constexpr int64_t kTokensPerThread = 65536;
 
-uint64_t read_le64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) {
-    v = (v << 8) | p[i];
-  }
-  return v;
-}
-
 void check_cpu(const at::Tensor& t, const char* op, const std::string& name) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be on the CPU, got device ",
                     t.device());
@@ -136,7 +128,7 @@ void key_requests(const std::vector<Request>& requests, int64_t block_size) {
                                  base + 5 * n_blocks + b};
     const uint8_t* k = request.subkeys;
     keys::prefix_keys(request.tokens, request.n_blocks, block_size,
-                      {read_le64(k), read_le64(k + 8)}, {read_le64(k + 16), read_le64(k + 24)},
+                      sip::read_key(k), sip::read_key(k + 16),
                       buf, request.keys);
   };
   const int64_t parts = std::max<int64_t>(

@@ -18,6 +18,20 @@ struct Key {
   uint64_t k1;
 };
 
+// A little-endian 64-bit word, whatever the host's order.
+KVCI_HD uint64_t read_le64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) {
+    v = (v << 8) | p[i];
+  }
+  return v;
+}
+
+// A key from its 16 bytes, LE64(k0) || LE64(k1): the form kvci's subkeys travel in.
+KVCI_HD Key read_key(const uint8_t* p) {
+  return {read_le64(p), read_le64(p + 8)};
+}
+
 struct State {
   uint64_t v0, v1, v2, v3;
 };

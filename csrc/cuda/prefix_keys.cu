@@ -32,18 +32,6 @@ __device__ __forceinline__ int64_t index_stride() {
   return int64_t(gridDim.x) * blockDim.x;
 }
 
-__device__ __forceinline__ uint64_t read_le64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) {
-    v = (v << 8) | p[i];
-  }
-  return v;
-}
-
-__device__ __forceinline__ sip::Key read_key(const uint8_t* p) {
-  return {read_le64(p), read_le64(p + 8)};
-}
-
 // The request r that owns global block g: block_offsets[r] <= g < block_offsets[r + 1].
 __device__ __forceinline__ int64_t request_of(const int64_t* __restrict__ block_offsets,
                                               int64_t n_requests, int64_t g) {
@@ -82,7 +70,7 @@ __global__ void block_digests(const Token* __restrict__ tokens,
   for (int64_t g = first_index(); g < n_blocks; g += index_stride()) {
     const int64_t r = request_of(block_offsets, n_requests, g);
     const Token* block = tokens + token_offsets[r] + (g - block_offsets[r]) * block_size;
-    sip::State s = sip::init128(read_key(subkeys + r * kSubkeyBytes));
+    sip::State s = sip::init128(sip::read_key(subkeys + r * kSubkeyBytes));
     for (int64_t i = 0; i + 1 < block_size; i += 2) {
       sip::absorb(s, uint64_t(uint32_t(block[i])) | (uint64_t(uint32_t(block[i + 1])) << 32));
     }
@@ -101,7 +89,7 @@ __global__ void chain_states(const int64_t* __restrict__ block_offsets, int64_t 
                              uint64_t* __restrict__ s0, uint64_t* __restrict__ s1,
                              uint64_t* __restrict__ s2, uint64_t* __restrict__ s3) {
   for (int64_t r = first_index(); r < n_requests; r += index_stride()) {
-    sip::State s = sip::init128(read_key(subkeys + r * kSubkeyBytes + 16));
+    sip::State s = sip::init128(sip::read_key(subkeys + r * kSubkeyBytes + 16));
     const int64_t end = block_offsets[r + 1];
     int64_t g = block_offsets[r];
     // The next digest is loaded while this one is absorbed: the chain is latency-bound.

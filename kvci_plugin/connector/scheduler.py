@@ -22,7 +22,7 @@ from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_r
 from kvci_plugin.connector.retain import report_retentions, retain_ask, retain_reply
 from kvci_plugin.connector.stats import KVCIStats
 from kvci_plugin.connector.tenancy import TenantResolver
-from kvci_plugin.ops import key_bytes, prefix_block_keys
+from kvci_plugin.ops import prefix_key_list
 from kvci_plugin.policy import (
     LRUPolicy,
     ValuePolicy,
@@ -282,12 +282,10 @@ class KVCIScheduler:
                 and request.prompt_token_ids is not None)
 
     def keys_for(self, token_ids: Sequence[int], key_tenant: str) -> list[PageKey]:
-        n = len(token_ids) // self.block_size
-        if n == 0:
+        """The keys of the full blocks of ``token_ids`` (the kernel leaves a partial one out)."""
+        if len(token_ids) < self.block_size:
             return []
-        return key_bytes(prefix_block_keys(list(token_ids[: n * self.block_size]),
-                                           self.block_size, self.namespace, key_tenant,
-                                           self._secret))
+        return prefix_key_list(token_ids, self.block_size, self.namespace, key_tenant, self._secret)
 
     # ---- lookups ------------------------------------------------------------------------------
 

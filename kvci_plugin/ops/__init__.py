@@ -12,6 +12,7 @@ from kvci_plugin.ops.prefix_keys import (
     key_bytes,
     prefix_block_keys,
     prefix_block_keys_batched,
+    prefix_key_list,
 )
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "pool_slot_bytes",
     "prefix_block_keys",
     "prefix_block_keys_batched",
+    "prefix_key_list",
     "scatter_pages",
 ]

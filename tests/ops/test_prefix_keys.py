@@ -30,7 +30,11 @@ secrets_ = st.binary(min_size=16, max_size=48)
 
 
 def native_hex(*args: object) -> list[str]:
-    return [key.hex() for key in ops.key_bytes(ops.prefix_block_keys(*args))]
+    keys = ops.key_bytes(ops.prefix_block_keys(*args))
+    if isinstance(args[0], list) and all(type(t) is int for t in args[0]):
+        # The scheduler's path, straight from a list to the 16-byte keys, gives the same keys.
+        assert ops.prefix_key_list(*args) == keys  # type: ignore[arg-type]
+    return [key.hex() for key in keys]
 
 
 def random_tokens(n: int, seed: int) -> list[int]:
@@ -160,11 +164,28 @@ class ClearsItsList:
 
 
 def test_a_list_changed_while_read_is_read_as_it_was() -> None:
-    tokens: list[object] = [1, 2, 3]
-    tokens += [ClearsItsList(tokens, 7)] + list(range(100, 112))
     expected = native_hex([1, 2, 3, 7, *range(100, 112)], 4, NAMESPACE, "t", SECRET)
-    assert native_hex(tokens, 4, NAMESPACE, "t", SECRET) == expected
-    assert tokens == []
+    for key_list in (False, True):
+        tokens: list[object] = [1, 2, 3]
+        tokens += [ClearsItsList(tokens, 7)] + list(range(100, 112))
+        keys = (ops.prefix_key_list(tokens, 4, NAMESPACE, "t", SECRET) if key_list  # type: ignore[arg-type]
+                else ops.key_bytes(ops.prefix_block_keys(tokens, 4, NAMESPACE, "t", SECRET)))  # type: ignore[arg-type]
+        assert [k.hex() for k in keys] == expected
+        assert tokens == []
+
+
+def test_the_key_list_reads_any_integers_as_the_tensor_path_does() -> None:
+    tokens = random_tokens(40, seed=8)
+    expected = native_hex(tokens, 8, NAMESPACE, "t", SECRET)
+    for same in (tuple(tokens), [np.int64(t) for t in tokens], [np.int32(t) for t in tokens]):
+        assert [k.hex() for k in ops.prefix_key_list(same, 8, NAMESPACE, "t", SECRET)] == expected  # type: ignore[arg-type]
+    assert ops.prefix_key_list(tokens[:7], 8, NAMESPACE, "t", SECRET) == []
+
+
+@pytest.mark.parametrize("token_ids", [torch.arange(32), "0123", b"0123", 5, iter(range(32))])
+def test_the_key_list_takes_a_sequence_of_int_only(token_ids: object) -> None:
+    with pytest.raises(TypeError, match="token_ids must be a sequence of int"):
+        ops.prefix_key_list(token_ids, 16, NAMESPACE, "t", SECRET)  # type: ignore[arg-type]
 
 
 def test_non_contiguous_tensor() -> None:
@@ -315,8 +336,12 @@ def valid_args() -> dict[str, object]:
     ],
 )
 def test_bad_input_is_refused(change: dict[str, object], error: type, match: str) -> None:
+    args = {**valid_args(), **change}
     with pytest.raises(error, match=match):
-        ops.prefix_block_keys(**{**valid_args(), **change})
+        ops.prefix_block_keys(**args)
+    if isinstance(args["token_ids"], list) or "token_ids" not in change:
+        with pytest.raises(error, match=match):  # the key list refuses it alike
+            ops.prefix_key_list(**args)
 
 
 def test_raw_op_checks_its_tensors() -> None:
