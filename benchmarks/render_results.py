@@ -149,7 +149,8 @@ def _ttft_section(path: Path, report: TTFTReport) -> list[str]:
         "",
         (f"RAM: {len(ram.kvci_s)} rounds in one engine (kvci attached, prefix caching on, vLLM's KV cache "
          f"{ram.engine_blocks} blocks: a whole-context request and two blocks more). Each round two new prompts push the hit's "
-         "prompt out of vLLM's cache, its kvci RAM hit is timed, then the same prompt again, which vLLM's "
+         "prompt out of vLLM's cache, a kvci hit of another kept prompt follows (the first hit after a prefill runs "
+         "slower whoever serves it, and the second hit of the round comes after a hit too), its kvci RAM hit is timed, then the same prompt again, which vLLM's "
          "cache now serves: the two hits share the engine, its threads and its memory. Each is taken as every "
          "timed hit is, so the second does not find the pages the first just read or wrote. Chunked RAM: the same, "
          f"on an engine whose prefill is chunked ({report.chunk_tokens:,} tokens a step)."),

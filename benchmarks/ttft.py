@@ -24,8 +24,10 @@ either too long for a run of a few minutes). TTFT is the wall time of ``LLM.gene
   request is the only one, so its pages are read in its first step, before its forward.
 - ``paired_ram``: kvci's RAM hit and vLLM's prefix-cache hit of one prompt in one engine (kvci
   attached, prefix caching on, vLLM's KV cache holding one prompt and two blocks more), round
-  by round (``PairedHits``): two new prompts push the kept prompt out of vLLM's cache, its kvci
-  RAM hit is timed, then the same prompt again, which vLLM's cache now serves. Engines
+  by round (``PairedHits``): two new prompts push the kept prompt out of vLLM's cache, a kvci
+  hit of another kept prompt follows (so that each timed hit comes after a hit, as the second
+  does: the first hit after a prefill runs slower, whoever serves it), its kvci RAM hit is
+  timed, then the same prompt again, which vLLM's cache now serves. Engines
   started one after another differ here by 10-30 % in the same path from run to run; the two
   hits of a round share the engine, its threads and its memory, a second apart, so the
   median of the rounds' ratios is the RAM bound's steady measure. Its floor has kvci attached,
@@ -644,6 +646,7 @@ class Prompts:
     step: list[int]  # a one-token-output request that steps the engine while a persist drains
     # Per paired round, a prompt-long and a short new prompt that push the hit out of vLLM's cache.
     fillers: list[tuple[list[int], list[int]]]
+    prelude: list[int]  # kept in kvci's RAM tier by the paired engines: its hit leads each round's
 
 
 def make_prompts(prompt_tokens: int, samples: int, vocab_size: int, rounds: int, seed: int = 2026) -> Prompts:
@@ -655,7 +658,8 @@ def make_prompts(prompt_tokens: int, samples: int, vocab_size: int, rounds: int,
     return Prompts(hit=toks(prompt_tokens), cold=[toks(prompt_tokens) for _ in range(samples)],
                    decode=[toks(DECODE_PROMPT_TOKENS) for _ in range(samples)],
                    warmup=toks(BLOCK_SIZE + 3), step=toks(3),
-                   fillers=[(toks(prompt_tokens), toks(2 * BLOCK_SIZE)) for _ in range(rounds)])
+                   fillers=[(toks(prompt_tokens), toks(2 * BLOCK_SIZE)) for _ in range(rounds)],
+                   prelude=toks(prompt_tokens))
 
 
 def _say(message: str) -> None:
@@ -841,12 +845,12 @@ class Bench:
                     self._kvci_config(f"{engine}_kvci"), self._example_config(f"{engine}_example")]}}
 
     def _paired_hit(self, llm: Any, name: str, i: int, source: str, *, kvci: dict[str, Any] | None,
-                    cached: int, loaded: int, tier: str | None = None) -> float:
-        """One timed hit of a paired round, checked: ``cached`` tokens found, ``loaded`` by kvci;
-        taken as every timed hit is (``_before_hit``), so that neither hit of a round finds the
-        pages the other just read or wrote."""
+                    cached: int, loaded: int, tier: str | None = None, prompt: list[int] | None = None) -> float:
+        """One timed hit of a paired round (of ``prompt``, by default the hit's), checked:
+        ``cached`` tokens found, ``loaded`` by kvci; taken as every timed hit is (``_before_hit``),
+        so that neither hit of a round finds the pages the other just read or wrote."""
         self._before_hit(llm, i)
-        elapsed, out = self._request(llm, self.prompts.hit, kvci=kvci)
+        elapsed, out = self._request(llm, self.prompts.hit if prompt is None else prompt, kvci=kvci)
         reply = (out.kv_transfer_params or {}).get("kvci", {})
         got = reply.get("hit_tokens") or 0
         if (out.num_cached_tokens or 0) != cached or got != loaded or (loaded and reply.get("hit_tier") != tier):
@@ -857,14 +861,21 @@ class Bench:
 
     def _paired_ram(self, llm: Any, engine_blocks: int, name: str) -> PairedHits:
         """Round by round: the hit's prompt out of vLLM's cache, its kvci RAM hit, then its hit in
-        vLLM's cache (which that load filled)."""
+        vLLM's cache (which that load filled). Each of the two follows a hit of a long context,
+        the first a kvci hit of ``prompts.prelude``: the first such forward after a prefill runs
+        slower whichever hit it is (vLLM's prefix cache alone, here: the first hit after a
+        4,096-token prefill 1.043x the next, 29.7 vs 28.4 ms), and without the prelude that was
+        always kvci's (paired 1.11-1.13x without a prelude, 1.05x with one, a probe each)."""
         kvci_s, prefix_s = [], []
         expected = self._hit_tokens()
+        self._keep(llm, name, self.prompts.prelude, checkpoint="now")
         for i, (long_filler, short_filler) in enumerate(self.prompts.fillers):
             # The long one takes all of vLLM's cache but a block or two of the prompt's root;
             # freed tail first, those are the oldest, and the short one takes them.
             self._request(llm, long_filler)
             self._request(llm, short_filler)
+            self._paired_hit(llm, name, i, "kvci prelude", kvci={"tenant": TENANT}, cached=expected,
+                             loaded=expected, tier="ram", prompt=self.prompts.prelude)
             kvci_s.append(self._paired_hit(llm, name, i, "kvci", kvci={"tenant": TENANT},
                                            cached=expected, loaded=expected, tier="ram"))
             prefix_s.append(self._paired_hit(llm, name, i, "vLLM", kvci={"tenant": TENANT},
@@ -911,8 +922,8 @@ class Bench:
             conn.close()
         return row is not None
 
-    def _keep(self, llm: Any, path: str, **kvci: Any) -> dict[str, Any]:
-        _, out = self._request(llm, self.prompts.hit, kvci={"tenant": TENANT, **kvci})
+    def _keep(self, llm: Any, path: str, prompt: list[int] | None = None, **kvci: Any) -> dict[str, Any]:
+        _, out = self._request(llm, self.prompts.hit if prompt is None else prompt, kvci={"tenant": TENANT, **kvci})
         reply = (out.kv_transfer_params or {}).get("kvci", {})
         if reply.get("tier") != "ram":
             raise MissedHit(f"{path}: the prompt was not kept in RAM: {reply.get('not_kept')!r}")
