@@ -53,6 +53,12 @@ def run_load(worker: KVCIWorker, job: DiskLoadJob, generation: int = 0) -> set[i
     return _step_until_reported(worker, job.req_id, generation)
 
 
+def test_the_staging_buffer_is_faulted_in_when_the_caches_register(setup) -> None:
+    # A disk tier's first hit would otherwise fault the whole buffer in while it reads.
+    worker, _, _, _ = setup
+    assert worker._staging is not None and worker._staging.shape == (3, SLOT)
+
+
 def test_a_prefix_longer_than_the_staging_buffer_lands_whole(setup) -> None:
     worker, kv, keys, _ = setup
     blocks = [11, 2, 7, 0, 15, 4, 9, 13]  # scattered anywhere in the cache
@@ -119,6 +125,7 @@ def test_on_the_cpu_a_sync_load_is_copied_in_as_the_forward_reaches_each_layer(s
     if kv["layer.0"].device.type != "cpu":
         pytest.skip("a CUDA disk load is scattered on its stream before the forward")
     monkeypatch.setattr(worker_module, "STAGING_BYTES", PAGES * SLOT)  # the prefix fits it
+    worker._staging = None  # made at registration with the fixture's size: made again
 
     def sync_step(blocks: list[int], waits: list[str]) -> dict[str, torch.Tensor]:
         """One forward's step reading ``keys`` into ``blocks``: layer 0's bytes there after
