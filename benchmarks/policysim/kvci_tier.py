@@ -7,7 +7,8 @@ request finishes, the observation is what the connector measures (its prompt and
 tokens it found cached, the whole prompt's prefill at the measured prefill rate: here the
 prompt over the configured rate) with what the real ``RequestHistory`` measures (the session's
 turn, the context's observed reuse), the real ``CheckpointAdvisor`` scores it, the real ``CacheGate`` may
-pause the system trigger, ``system_may_offer`` decides whether the request is offered, and
+pause the system trigger (a churn pause still offers what the session's rewrites kept:
+``churn_keeps``), ``system_may_offer`` decides whether the request is offered, and
 ``offer_for`` builds the offer the index's policy weighs in ``reserve``. Only full blocks are
 offered, as the engine keeps them. The policy is the connector's default (``ValuePolicy``, no
 settings) unless another is passed.
@@ -49,6 +50,8 @@ from kvci_plugin.worthiness import (
     CheckpointTier,
     RebuildCostModel,
     RequestHistory,
+    SessionTurn,
+    churn_keeps,
 )
 
 TENANT = "trace"
@@ -100,7 +103,7 @@ class KVCITier:
         account_lookup(tally, request, loaded, 0, local)
         if self._kept_any:
             self.gate.record_lookup(loaded > 0)
-        observation = self._observation(request, context, keys, local + loaded, loaded > 0)
+        observation, turn = self._observation(request, context, keys, local + loaded, loaded > 0)
         rec = self.advisor.recommend(observation)
         self._recommended[rec.tier.value] += 1
         if self._engine_cache is not None:
@@ -116,9 +119,16 @@ class KVCITier:
             return
         decision = self.gate.decide(context.session_id)
         if not decision.allow:
-            self._outcomes["cache_gate_paused"] += 1
             self._gate_refusals[decision.rule.value] += 1
-            return
+            keep = churn_keeps(decision, turn)
+            if not keep:
+                self._outcomes["cache_gate_paused"] += 1
+                return
+            self._outcomes["cache_gate_kept_prefix"] += 1
+            if keep < len(keys):
+                keys = keys[:keep]
+                offer = dataclasses.replace(offer, anchor=keys[-1])
+                self.index.sight(offer)
         cid = uuid.uuid4().hex
         try:
             reservation = self.index.reserve(cid, TENANT, keys, offer=offer)
@@ -135,8 +145,9 @@ class KVCITier:
         tally.ram_blocks_written += len(reservation.new)
 
     def _observation(self, request: TraceRequest, context: RequestContext, keys: list[bytes],
-                     cached_blocks: int, loaded: bool) -> CheckpointObservation:
-        """What the connector's scheduler measures when the request finishes."""
+                     cached_blocks: int, loaded: bool) -> tuple[CheckpointObservation, SessionTurn | None]:
+        """What the connector's scheduler measures when the request finishes, and the session's
+        turn it measured."""
         if self.engine is None:
             prompt, output, block_tokens = request.input_length, request.output_length, BLOCK_TOKENS
         else:
@@ -154,7 +165,7 @@ class KVCITier:
                 self.gate.record_context_change(context.session_id)
             fields.update(context_rewrites=turn.context_rewrites, turns_since_change=turn.turns_since_change,
                           retrieved_items=turn.retrieved_items, novel_items=turn.novel_items)
-        return CheckpointObservation(**fields)
+        return CheckpointObservation(**fields), turn
 
     def stats(self) -> dict[str, JsonValue]:
         return {

@@ -21,6 +21,7 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_gate_refusals_total{check}        persists the eligibility gate refused, by check
     vllm:kvci_recommendations_total{tier}       recommendations by recommended tier
     vllm:kvci_cache_gate_pauses_total           worthy keeps the cache gate paused
+    vllm:kvci_cache_gate_prefix_keeps_total     churn pauses that still kept the prefix every rewrite re-sent
     vllm:kvci_params_errors_total               requests whose kvci params were refused
     vllm:kvci_ram_refused_under_pressure_total  offers the RAM tier's policy found worth less than what they would evict
     vllm:kvci_ram_evicted_unread_total          RAM checkpoints evicted before any load read them
@@ -83,6 +84,8 @@ _PLAIN = {
     "persisted_checkpoints": ("vllm:kvci_persisted_checkpoints", "Checkpoints made durable on disk."),
     "persist_failures": ("vllm:kvci_persist_failures", "Persists whose blob writes failed."),
     "cache_gate_pauses": ("vllm:kvci_cache_gate_pauses", "Worthy keeps the cache gate paused."),
+    "cache_gate_prefix_keeps": ("vllm:kvci_cache_gate_prefix_keeps",
+                                "Churn pauses that still kept the prefix the session's rewrites re-sent."),
     "params_errors": ("vllm:kvci_params_errors", "Requests whose kvci params were refused."),
     "ram_wasted_writes": ("vllm:kvci_ram_wasted_writes",
                           "System-trigger RAM checkpoints evicted before any hit; each raised the RAM bar."),

@@ -7,6 +7,7 @@ once per finished request.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -55,6 +56,8 @@ from kvci_plugin.worthiness import (
     MAX_TRACKED,
     RebuildCostModel,
     RequestHistory,
+    SessionTurn,
+    churn_keeps,
     render_advisory,
     retain_advice,
 )
@@ -66,6 +69,17 @@ logger = logging.getLogger(__name__)
 
 _FINISHED_OK = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 NULL_BLOCK_ID = 0  # vLLM's BlockPool hands out block 0 as its null block (never holds KV)
+
+
+def _gate_reply(gate: Any, offered_prefix_tokens: int | None) -> dict[str, Any] | None:
+    """The cache gate's decision as the reply shows it; a churn pause that still offered the prefix
+    the session's rewrites kept says how many tokens of it."""
+    if gate is None:
+        return None
+    reply = gate.model_dump(mode="json")
+    if offered_prefix_tokens is not None:
+        reply["offered_prefix_tokens"] = offered_prefix_tokens
+    return reply
 
 
 def _session_key(tenant: str, session_id: str) -> str:
@@ -109,6 +123,7 @@ class _Req:
     disk_declined: bool = False  # counted once a request, however often vLLM asks
     retain: RetainAsk | None = None
     ends_retention: bool = False  # its session's retentions end once it is scheduled
+    turn: SessionTurn | None = None  # its session's turn, measured when it finishes
 
 
 class _ConnectorMover:
@@ -495,15 +510,17 @@ class KVCIScheduler:
             if trigger is None and armed is not None:
                 trigger = armed.trigger
         gate = None
+        keep = 0  # > 0: a churn pause still offers this many leading blocks
         if opted_out:
             self._stats.count("store_opted_out")
         elif trigger is None and self.config.system_trigger and self._system_offers(rec):
             gate = self.cache_gate.decide(
                 _session_key(st.tenant, params.session_id) if params and params.session_id else None)
-            if gate.allow:
+            keep = churn_keeps(gate, st.turn)
+            if gate.allow or keep:
                 trigger = "system"
-            else:
-                self._stats.count("cache_gate_pauses")
+            if not gate.allow:
+                self._stats.count("cache_gate_prefix_keeps" if keep else "cache_gate_pauses")
 
         outcome = None
         delay = False
@@ -521,6 +538,11 @@ class KVCIScheduler:
                               explicit=trigger not in (None, "system"),
                               pages=n_full, rebuild_s=offer_rebuild_s(self._rebuild, obs))
             self.manager.index.sight(offer)
+            if keep and keep < n_full:
+                # The prefix the session's rewrites kept, weighed per page as the whole prompt.
+                n_full = keep
+                offer = dataclasses.replace(offer, anchor=prompt_keys[n_full - 1])
+                self.manager.index.sight(offer)
         if trigger is not None and prompt_keys is not None:
             chain = (prompt_keys[:n_full] if n_full <= len(prompt_keys)
                      else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
@@ -565,7 +587,7 @@ class KVCIScheduler:
             "checkpoint_id": outcome.checkpoint_id if outcome else None,
             "hit_tokens": st.ext_tokens,
             "hit_tier": st.hit_tier if st.ext_tokens else None,
-            "cache_gate": gate.model_dump(mode="json") if gate else None,
+            "cache_gate": _gate_reply(gate, n_full * self.block_size if keep else None),
             "persist": outcome.persist.model_dump(mode="json") if outcome and outcome.persist else None,
         }
         if outcome is not None and outcome.tier == "none":
@@ -635,6 +657,7 @@ class KVCIScheduler:
             session = (_session_key(st.tenant, p.session_id)
                        if p is not None and p.session_id is not None else None)
             m = self._history.measure(session, st.keys, st.hit_key)
+            st.turn = m.turn
             if m.observed_reuse is not None:
                 measured["observed_reuse"] = m.observed_reuse
             if m.turn is not None:

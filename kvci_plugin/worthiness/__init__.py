@@ -24,7 +24,13 @@ from kvci_plugin.worthiness.bundles import (
     EvidenceBundle,
     derive_observation_fields,
 )
-from kvci_plugin.worthiness.cache_gate import CacheGate, CacheGateDecision, CacheGateRule, RuleEvaluation
+from kvci_plugin.worthiness.cache_gate import (
+    CacheGate,
+    CacheGateDecision,
+    CacheGateRule,
+    RuleEvaluation,
+    churn_keeps,
+)
 from kvci_plugin.worthiness.disk_rule import DiskPromotionRule
 from kvci_plugin.worthiness.observation import CheckpointObservation, ModelSelfReport
 from kvci_plugin.worthiness.rebuild_cost import RebuildCostEstimate, RebuildCostModel
@@ -67,6 +73,7 @@ __all__ = [
     "ScorerError",
     "SessionTurn",
     "SignalKind",
+    "churn_keeps",
     "current_recommendation",
     "default_registry",
     "derive_observation_fields",

@@ -36,6 +36,11 @@ class SessionTurn:
     retrieved_items: int  # the prompt's blocks
     novel_items: int  # of those, the ones the previous prompt did not hold
 
+    @property
+    def kept_items(self) -> int:
+        """The prompt's leading blocks that the previous prompt began with too."""
+        return self.retrieved_items - self.novel_items
+
 
 @dataclass(slots=True)
 class _Session:

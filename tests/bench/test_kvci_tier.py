@@ -8,6 +8,7 @@ from benchmarks.policysim.engine_view import EngineCache, EngineView
 from benchmarks.policysim.kvci_tier import KVCITier, page_key, replay_kvci
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.replay import replay
+from benchmarks.policysim.sessions import SessionTracker, session_contexts
 from benchmarks.policysim.trace import BLOCK_TOKENS
 from bench.sim_traces import contexts_of, request
 
@@ -58,3 +59,18 @@ def test_a_block_tier_behind_vllms_cache_serves_only_past_it() -> None:
     assert tally.engine_saved_tokens == 8 * BLOCK_TOKENS  # 4 blocks for each repeat
     assert tally.ram_saved_tokens == 2 * BLOCK_TOKENS  # block 5 from RAM, twice
     assert tally.ram_blocks_written == 5  # each last block is partial: never kept
+
+
+def test_a_churning_session_keeps_only_the_prefix_its_rewrites_kept() -> None:
+    """As the connector does (``churn_keeps``): sessions keyed by their first blocks, every turn a
+    rewrite past the shared three-block prefix; the third rewrite is paused by the churn rule but
+    its prefix is still kept, and no more."""
+    requests = [request((1, 2, 3, 10 * n, 10 * n + 1), short_by=10, at_ms=1000 * n) for n in range(1, 5)]
+    tier = KVCITier(100, prefill_tokens_per_second=8192.0)
+    replay_kvci(requests, session_contexts(requests, SessionTracker(threads=False)), tier)
+    outcomes = tier.stats()["outcomes"]
+    assert (outcomes["kept"], outcomes["cache_gate_kept_prefix"]) == (4, 1)
+    assert tier.stats()["gate_refusals"] == {"churn": 1}
+    kept = sorted(tuple(entry.keys) for entry in tier.index.entries())
+    assert tuple(page_key(b) for b in (1, 2, 3)) in kept
+    assert tuple(page_key(b) for b in (1, 2, 3, 40)) not in kept

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from kvci_plugin.worthiness import CacheGate, CacheGateDecision, CacheGateRule
+from kvci_plugin.worthiness import CacheGate, CacheGateDecision, CacheGateRule, RequestHistory, churn_keeps
 
 
 class Clock:
@@ -115,6 +115,30 @@ def test_churn_pauses_a_session_whose_context_keeps_changing() -> None:
     assert target.decide(None).allow
     clock.now += 41  # the first change leaves the window
     assert target.decide("busy").allow
+
+
+def test_a_churn_pause_still_offers_the_prefix_the_rewrite_kept_and_nothing_else_does() -> None:
+    target, _ = gate(churn_threshold=2)
+    history = RequestHistory()
+    first = history.turn("s", ("sys", "tools", "a1", "a2"))
+    rewrite = history.turn("s", ("sys", "tools", "b1"))  # kept the system prompt and tools
+    assert (first.kept_items, rewrite.rewrote, rewrite.kept_items) == (0, True, 2)
+    target.record_context_change("s")
+    assert churn_keeps(target.decide("s"), rewrite) == 0  # allowed: nothing to narrow
+    target.record_context_change("s")
+    churned = target.decide("s")
+    assert churned.rule is CacheGateRule.CHURN
+    assert churn_keeps(churned, rewrite) == 2
+    assert churn_keeps(churned, None) == 0  # no session turn measured
+    # A turn that only extended its previous prompt is paused whole in a churning session.
+    grown = history.turn("s", ("sys", "tools", "b1", "b2"))
+    assert (grown.rewrote, grown.kept_items) == (False, 3)
+    assert churn_keeps(churned, grown) == 0
+    # A turn that kept nothing, and the other rules, pause everything.
+    fresh = history.turn("s", ("new",))
+    assert (fresh.rewrote, churn_keeps(churned, fresh)) == (True, 0)
+    target.set_kill_switch(True)
+    assert churn_keeps(target.decide("s"), rewrite) == 0
 
 
 def test_the_floor_is_evaluated_before_churn() -> None:
