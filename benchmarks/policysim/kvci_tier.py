@@ -139,6 +139,8 @@ class KVCITier:
             self._outcomes["does_not_fit"] += 1
             return
         self.index.commit(cid)
+        if self.index.keep_resent_prefix(cid, uuid.uuid4().hex):
+            self._outcomes["kept_resent_prefix"] += 1
         self._kept_any = True
         self._outcomes["kept"] += 1
         tally.admitted_requests += 1

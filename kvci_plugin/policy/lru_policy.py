@@ -68,6 +68,9 @@ class LRUPolicy:
             self._admitted_explicit += 1
             self._explicit.add(checkpoint_id)
 
+    def resent_prefix(self, chain: Sequence[Hashable]) -> tuple[int, Offer] | None:
+        return None  # the baseline keeps what it is offered and nothing more
+
     def touched(self, checkpoint_ids: Sequence[str], now: float) -> None:
         self._unread.difference_update(checkpoint_ids)
         for cid in checkpoint_ids:

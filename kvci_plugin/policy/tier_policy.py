@@ -53,6 +53,12 @@ class TierPolicy(Protocol):
 
     def admitted(self, checkpoint_id: str, offer: Offer, now: float) -> None: ...
 
+    def resent_prefix(self, chain: Sequence[Hashable]) -> tuple[int, Offer] | None:
+        """For a checkpoint of ``chain`` just kept by the system: how many leading keys the
+        index also keeps as a checkpoint of their own (their pages are already held: no copy),
+        and its offer; None: none."""
+        ...
+
     def touched(self, checkpoint_ids: Sequence[str], now: float) -> None:
         """A load read these checkpoints' pages."""
         ...

@@ -173,7 +173,9 @@ def _runs(count: int, page_bytes: int) -> list[tuple[int, int]]:
     ``MIN_RUN_BYTES`` each (a smaller run costs more to hand off than it saves); one run for
     pages under ``MIN_THREADED_PAGE_BYTES``."""
     threads = read_threads() if page_bytes >= MIN_THREADED_PAGE_BYTES else 1
-    parts = max(1, min(threads, count, (count * page_bytes) // MIN_RUN_BYTES))
+    # Counted in whole pages, so that even the shortest run holds MIN_RUN_BYTES.
+    pages_per_run = -(-MIN_RUN_BYTES // page_bytes)
+    parts = max(1, min(threads, count // pages_per_run))
     bounds = [count * k // parts for k in range(parts + 1)]
     return [(bounds[k], bounds[k + 1]) for k in range(parts)]
 

@@ -171,9 +171,10 @@ class TieredCheckpointManager:
         # Checkpoints a forget erased from RAM: (tenant, when), for explain (the disk tier's
         # are in its catalog).
         self._forgotten: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        # Only with a listener (kv events on): which pages each tier can load, and the tenant of
-        # each store still being copied (its pages become loadable when it commits).
+        # Only with a listener (kv events on): which pages each tier can load.
         self._loadable: LoadablePages | None = None
+        # The tenant of each store still being copied: its pages become loadable when it
+        # commits, and a system checkpoint then keeps the prefix its prompt re-sent.
         self._copying: dict[str, str] = {}
         self.retentions = Retentions(index, index.stats().tenant_quota_bytes)
 
@@ -288,9 +289,10 @@ class TieredCheckpointManager:
                 self.index.commit(cid)
                 self.retentions.committed()
                 self._tell_ram_stored(cid, tenant)
+                self._keep_resent_prefix(cid, tenant)
                 if res.new:
                     self._start_ready_persists()
-            elif self._loadable is not None:
+            else:
                 self._copying[cid] = tenant
             persist_outcome = None
             if persist:
@@ -319,14 +321,15 @@ class TieredCheckpointManager:
         Returns the outcome of this checkpoint's own persist when one started now.
         """
         with self.lock:
+            tenant = self._copying.pop(checkpoint_id, None)
             if checkpoint_id in self._fenced or checkpoint_id in self._forgotten:
                 return None  # a copy of KV from before a reset or a forget: never loadable
-            tenant = self._copying.pop(checkpoint_id, None)
             if ok:
                 self.index.commit(checkpoint_id)
                 self.retentions.committed()
                 if tenant is not None:
                     self._tell_ram_stored(checkpoint_id, tenant)
+                    self._keep_resent_prefix(checkpoint_id, tenant)
             else:
                 keys = self.index.get(checkpoint_id, tenant).keys if tenant is not None else ()
                 self.index.abort(checkpoint_id)
@@ -648,6 +651,12 @@ class TieredCheckpointManager:
         held = self._loadable.held("ram")
         self._loadable.stored("ram", [k for k in keys if k not in held
                                       and self.index.longest_prefix((k,), tenant)])
+
+    def _keep_resent_prefix(self, checkpoint_id: str, tenant: str) -> None:
+        """A checkpoint the system kept committed: the prefix its prompt re-sent keeps a value of
+        its own (``RAMIndex.keep_resent_prefix``). An explicit one needs none: it leaves last."""
+        if self.index.get(checkpoint_id, tenant).meta.get("trigger") == "system":
+            self.index.keep_resent_prefix(checkpoint_id, uuid.uuid4().hex)
 
     def _ram_entry(self, checkpoint_id: str, tenant: str | None) -> CheckpointEntry | None:
         """The RAM record, None when RAM does not hold it; another tenant's raises."""

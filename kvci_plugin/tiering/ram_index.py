@@ -394,6 +394,25 @@ class RAMIndex:
                     page.writer = None
             entry.pending = False
 
+    def keep_resent_prefix(self, checkpoint_id: str, prefix_id: str) -> bool:
+        """After the system's checkpoint ``checkpoint_id`` committed: keep the leading pages the
+        policy names (``TierPolicy.resent_prefix``) as checkpoint ``prefix_id`` too, with the
+        same meta. Its pages are held already, so nothing is copied; and it never displaces
+        anything: with no entry left under the bound, nothing is kept. Whether it was kept."""
+        with self._lock:
+            entry = self._entry(checkpoint_id)
+            if entry.pending:
+                raise CheckpointBusyError(f"checkpoint {checkpoint_id!r} is pending: commit it first")
+            if len(self._entries) >= self._max_entries:
+                return False
+            found = self._policy.resent_prefix(entry.keys)
+            if found is None:
+                return False
+            n, offer = found
+            self.reserve(prefix_id, entry.tenant, entry.keys[:n], entry.meta, offer=offer)
+            self.commit(prefix_id)
+            return True
+
     def abort(self, checkpoint_id: str) -> None:
         """The store failed: drop the checkpoint and free the pages only it referenced."""
         with self._lock:

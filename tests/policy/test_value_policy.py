@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kvci_plugin.policy import LRUPolicy, Offer, ValuePolicy, offer_rebuild_s
 from kvci_plugin.policy.reuse_hazard import EDGES, ReuseHazard, bucket
 from kvci_plugin.tiering.ram_index import RAMIndex
-from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
+from kvci_plugin.tiering.types import CheckpointBusyError, DoesNotFitError, NotWorthDisplacingError
 from kvci_plugin.worthiness import CheckpointObservation, RebuildCostModel
 
 
@@ -148,6 +148,59 @@ def test_an_explicit_checkpoint_is_kept_whatever_its_value_and_leaves_last() -> 
     assert {e.checkpoint_id for e in res.evicted} <= {"x", "hot"}
 
 
+def resent_after_drop(ix: RAMIndex) -> None:
+    """A context kept, then gone (removed here; refused or evicted alike), then re-sent by a
+    longer prompt's lookup: the policy remembers it without a checkpoint."""
+    keep(ix, "a", chain(1, 2))
+    ix.remove("a", "t")
+    ix.observe_lookup(chain(1, 2, 3, 4))
+
+
+def test_a_re_sent_prefix_is_kept_as_its_own_checkpoint_and_outlives_the_tail() -> None:
+    ix = index(10)
+    resent_after_drop(ix)
+    keep(ix, "b", chain(1, 2, 3, 4))
+    assert ix.keep_resent_prefix("b", "b-prefix")
+    prefix = ix.get("b-prefix", "t")
+    assert prefix.keys == tuple(chain(1, 2)) and ix.stats().pages == 4  # no page copied
+    assert prefix.meta == ix.get("b", "t").meta
+    ix.remove("b", "t")  # as if evicted: the tail leaves, the re-sent prefix stays loadable
+    assert ix.longest_prefix(chain(1, 2, 3, 4), "t") == 2
+
+
+def test_no_prefix_is_kept_when_its_context_holds_a_checkpoint_or_was_never_re_sent() -> None:
+    ix = index(10)
+    keep(ix, "a", chain(1, 2))
+    ix.observe_lookup(chain(1, 2, 3))
+    keep(ix, "b", chain(1, 2, 3))
+    assert not ix.keep_resent_prefix("b", "b-prefix")  # "a" still holds it
+    # Remembered but never re-sent (the lookup came before it was seen): nothing proven.
+    ix.observe_lookup(chain(7, 8, 9))
+    ix.sight(Offer(anchor=key(8)))
+    keep(ix, "c", chain(7, 8, 9))
+    assert not ix.keep_resent_prefix("c", "c-prefix")
+    assert held(ix) == {"a", "b", "c"}
+
+
+def test_a_re_sent_prefix_never_displaces_anything_and_waits_for_the_commit() -> None:
+    ix = RAMIndex(10, 1, 2, policy=ValuePolicy(), clock=Clock())  # two entries at most
+    resent_after_drop(ix)
+    keep(ix, "x", chain(50))
+    ix.reserve("b", "t", chain(1, 2, 3, 4), offer=Offer(anchor=key(4)))
+    with pytest.raises(CheckpointBusyError):
+        ix.keep_resent_prefix("b", "b-prefix")
+    ix.commit("b")
+    assert not ix.keep_resent_prefix("b", "b-prefix")
+    assert held(ix) == {"x", "b"}
+
+
+def test_the_lru_baseline_keeps_no_prefix_of_its_own() -> None:
+    ix = index(10, policy=LRUPolicy())
+    resent_after_drop(ix)
+    keep(ix, "b", chain(1, 2, 3, 4))
+    assert not ix.keep_resent_prefix("b", "b-prefix")
+
+
 def test_plain_reservations_without_offers_still_work() -> None:
     ix = index(2)
     ix.reserve("a", "t", chain(1))
@@ -172,7 +225,7 @@ def test_a_reset_forgets_anchors_but_keeps_what_it_learned() -> None:
 
 ops = st.lists(
     st.tuples(st.sampled_from(["offer", "explicit", "lookup", "tick", "pin"]),
-              st.integers(0, 5), st.integers(1, 4)),
+              st.integers(0, 2), st.integers(1, 4)),
     min_size=1, max_size=60)
 
 
@@ -207,6 +260,7 @@ def test_invariants_against_a_reference_model(ops, pages) -> None:
         free = pages - ix.stats().pages
         new = len(ix.absent(keys))
         before = held(ix)
+        ix.observe_lookup(keys)  # as in the engine: a request's lookup comes before its finish
         ix.sight(offer)
         try:
             res = ix.reserve(cid, "t", keys, offer=offer)
@@ -219,6 +273,12 @@ def test_invariants_against_a_reference_model(ops, pages) -> None:
             assert len(keys) > pages
             continue
         ix.commit(cid)
+        if not offer.explicit:
+            committed = held(ix)
+            if ix.keep_resent_prefix(cid, f"{cid}p"):
+                prefix = ix.get(f"{cid}p", "t").keys
+                assert len(prefix) < len(keys) and tuple(keys[: len(prefix)]) == prefix
+                assert held(ix) == committed | {f"{cid}p"}, "a re-sent prefix displaced a checkpoint"
         gone = {e.checkpoint_id for e in res.evicted}
         if gone & explicit:
             # Only when every non-explicit checkpoint left (or is the newcomer's own pages) too.

@@ -33,6 +33,7 @@ from kvci_plugin.governance import (
     set_persistence_eligibility_gate,
     write_hmac_key_file,
 )
+from kvci_plugin.policy import Offer, ValuePolicy
 from kvci_plugin.tiering.blob_store import BlobStore
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
 from kvci_plugin.tiering.local_mover import LocalPageMover
@@ -41,6 +42,7 @@ from kvci_plugin.tiering.manager import (
     PromotionOutcome,
     TieredCheckpointManager,
 )
+from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.ram_store import RAMCheckpointStore
 from kvci_plugin.tiering.types import (
     CheckpointFencedError,
@@ -745,3 +747,37 @@ def test_a_forget_erases_one_tenant_copies_in_flight_included(queued: World) -> 
             queued.manager.explain(cid, OTHER)
         assert not isinstance(other.value, CheckpointForgottenError)
     assert queued.ram.index.longest_prefix(other_keys, OTHER) == len(other_keys)
+
+
+@pytest.mark.parametrize("copy", ["at once", "queued"])
+@pytest.mark.parametrize("trigger", ["system", "user"])
+def test_a_system_checkpoint_keeps_the_prefix_its_prompt_re_sent(
+        make: Callable[..., World], copy: str, trigger: Trigger) -> None:
+    """The connector's path: the earlier turn was not kept (the policy only remembers it), the
+    next re-sends it. Once the copy commits, the system's checkpoint leaves its re-sent prefix
+    a checkpoint of its own; an explicit one needs none (it leaves last)."""
+    w = make(queued=copy == "queued")
+    ram = RAMCheckpointStore(SLOTS * SLOT, SLOT, max_entries=8, pin_memory=False)
+    index = RAMIndex(SLOTS, SLOT, 8, policy=ValuePolicy())
+    local = LocalPageMover(ram.pool, None)
+    mover: Any = QueuedMover(local) if copy == "queued" else local
+    manager = TieredCheckpointManager(index=index, mover=mover, disk=None, gate=w.gate)
+    turn1, turn2 = keys_for("turn1", 2), keys_for("turn1", 2) + keys_for("turn2", 2)
+    index.sight(Offer(anchor=turn1[-1]))
+    index.observe_lookup(turn2)
+    outcome = manager.checkpoint_now(tenant=TENANT, keys=turn2, trigger=trigger, recommendation=None,
+                                     source=pages_for(turn2), offer=Offer(anchor=turn2[-1],
+                                                                         explicit=trigger != "system"))
+    assert outcome.checkpoint_id is not None and outcome.new_pages == 4
+    if copy == "queued":
+        assert len(index.entries(TENANT)) == 1  # nothing before the pages are in RAM
+        mover.finish_store(manager, outcome.checkpoint_id)
+    entries = {e.checkpoint_id: e for e in index.entries(TENANT)}
+    if trigger != "system":
+        assert list(entries) == [outcome.checkpoint_id]
+        return
+    (prefix,) = (e for cid, e in entries.items() if cid != outcome.checkpoint_id)
+    assert prefix.keys == tuple(turn1) and prefix.meta["trigger"] == "system"
+    assert index.stats().pages == 4
+    index.remove(outcome.checkpoint_id, TENANT)
+    assert index.longest_prefix(turn2, TENANT) == 2
