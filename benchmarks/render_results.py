@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.policysim.hindsight import NAME as HINDSIGHT
+from benchmarks.policysim.restart import LRU_NAME as LRU_RESTARTED
+from benchmarks.policysim.restart import NAME as RESTARTED
+from benchmarks.policysim.restart import WARM_NAME as RESTARTED_WARM
 from benchmarks.policysim.report import (
     OFFLINE_BOUND,
     SCHEMA,
@@ -294,7 +297,10 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         + ("sessions inferred as threads (a request continues the one it extends)."
            if settings.session_threads else
            f"sessions keyed by the first {settings.session_key_blocks} hash ids.") + f" `random` admits as often as `kvci` (seed "
-        f"{settings.seed}).",
+        f"{settings.seed}). `kvci-restarted` is `kvci` restarted at the trace's middle request, its RAM "
+        "empty and its policy learning afresh; `kvci-restarted-warm` the same restart with "
+        "`policy_state_file` set, starting from what the first half learned (read back from a real "
+        "file). LRU is not restarted, so both read low against it.",
         f"- Bounds, not policies: {oracles} read the future (whether the session continues). `oracle` knows it "
         "for every request; `oracle-later-first-all` / `-none` only for later turns, and admit every / no "
         f"session's first request. `{OFFLINE_BOUND}`, the offline bound, reads every block's next use: "
@@ -312,6 +318,7 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         "",
         *_follow_up(report),
         "",
+        *_restart(report),
         "### Every policy",
         "",
         "| budget | policy | saved tokens | token hit rate | RAM written (GiB) | disk written (GiB) "
@@ -438,6 +445,39 @@ def _follow_up(report: SimulationReport) -> list[str]:
             f"| {_times(comparison.write_reduction)} |"
         )
     return lines
+
+
+def _restart(report: SimulationReport) -> list[str]:
+    """What an engine restart costs and what the policy state file buys back, read against LRU
+    restarted alike (the whole-trace columns read them against an LRU that never restarts)."""
+    names = (RESTARTED, RESTARTED_WARM, LRU_RESTARTED)
+    rows = []
+    for run in report.runs:
+        by_name = {result.name: result for result in run.policies}
+        after = {name: by_name[name].stats.get("saved_tokens_after_restart") for name in names if name in by_name}
+        lru = after.get(LRU_RESTARTED)
+        if len(after) < len(names) or not isinstance(lru, int) or lru <= 0:
+            continue
+        cold, warm = after[RESTARTED], after[RESTARTED_WARM]
+        assert isinstance(cold, int) and isinstance(warm, int)
+        gain = f"{warm / cold:.3f}x" if cold else "-"
+        rows.append(f"| {_budget(run)} | {cold / lru:.3f}x | {warm / lru:.3f}x | {gain} |")
+    if not rows:
+        return []
+    at = report.runs[0].policies[0].requests // 2
+    return [
+        "### After a restart",
+        "",
+        f"The engine restarted at request {at:,} (the trace's middle): tokens saved after it, against LRU "
+        f"restarted alike (`{LRU_RESTARTED}`), with the policy learning afresh (`{RESTARTED}`) and with "
+        f"`policy_state_file` (`{RESTARTED_WARM}`)."
+        + (" LRU's disk tier outlives the restart; kvci's tier here is RAM only." if report.settings.disk_fraction else ""),
+        "",
+        "| budget | learning afresh vs LRU | from the state file vs LRU | state file / afresh |",
+        "|---|--:|--:|--:|",
+        *rows,
+        "",
+    ]
 
 
 def _kvci_decisions(report: SimulationReport) -> list[str]:

@@ -19,6 +19,10 @@ from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.follow_up import follow_up_table
 from benchmarks.policysim.hindsight import NAME as HINDSIGHT
 from benchmarks.policysim.hindsight import hindsight_policy
+from benchmarks.policysim.restart import LRU_NAME as LRU_RESTARTED
+from benchmarks.policysim.restart import NAME as RESTARTED
+from benchmarks.policysim.restart import WARM_NAME as RESTARTED_WARM
+from benchmarks.policysim.restart import replay_lru_restarted, replay_restarted
 from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
 from benchmarks.policysim.model_shape import model_shape
 from benchmarks.policysim.offer_threshold import StoreAfterNOffers
@@ -182,6 +186,15 @@ def _budget_run(
     default = PolicyResult.from_tally(
         tier.name, tier.policy.name, "kvci", replay_kvci(requests, contexts, tier), block_bytes, tier.stats())
     results.append(default)
+    for name, warm in ((RESTARTED, False), (RESTARTED_WARM, True)):
+        tally, stats = replay_restarted(
+            requests, contexts, lambda policy, name=name: KVCITier(
+                ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second, policy=policy,
+                name=name, engine=config.engine), warm=warm)
+        results.append(PolicyResult.from_tally(name, "kvci", "kvci", tally, block_bytes, stats))
+    tally, stats = replay_lru_restarted(requests, contexts, ram_blocks,
+                                        LRUBlockCache(disk_blocks) if disk_blocks else None, config.engine)
+    results.append(PolicyResult.from_tally(LRU_RESTARTED, "lru", "control", tally, block_bytes, stats))
     results.extend(kvci)
     # The same advisor with the bar that follows the RAM tier's pressure (it learns from evictions).
     advisor = CheckpointAdvisor(ram_threshold=config.kvci_ram_thresholds[0])

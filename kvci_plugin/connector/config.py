@@ -66,6 +66,11 @@ class KVCIConfig(BaseModel):
         "bar (ram_threshold, ram_admission), LRU eviction. `threshold` when ram_threshold or "
         "ram_admission or ram_threshold_min is set and this is not. Explicit checkpoints are kept whatever the policy "
         "and evicted last")
+    policy_state_file: Path | None = Field(
+        None, description="where ram_policy `value` keeps what it learned about the workload "
+        "(how soon contexts of each class come back: counts only, no context, no tenant) across "
+        "restarts: read at start, written every minute and at shutdown; one file per engine; "
+        "none = learned afresh at each start")
     ram_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description=f"score for tier RAM; none = {DEFAULT_RAM_THRESHOLD}. "
         "Setting it fixes the system trigger's bar there unless ram_admission is set to `pressure`")
@@ -145,6 +150,9 @@ class KVCIConfig(BaseModel):
         if self.ram_policy != "threshold" and bar:
             raise ValueError(f"{', '.join(sorted(bar))} set the worthiness bar, which applies only "
                              f"with ram_policy 'threshold' (ram_policy is {self.ram_policy!r})")
+        if self.policy_state_file is not None and self.ram_policy != "value":
+            raise ValueError(f"policy_state_file keeps what ram_policy 'value' learns; ram_policy "
+                             f"{self.ram_policy!r} learns nothing")
         if self.ram_admission == "pressure":
             start = DEFAULT_RAM_THRESHOLD if self.ram_threshold is None else self.ram_threshold
             if self.ram_threshold_min > start:

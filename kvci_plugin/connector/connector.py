@@ -277,6 +277,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
         if self._control is not None:
             self._control.stop()
 

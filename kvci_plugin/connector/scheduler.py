@@ -26,6 +26,8 @@ from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import prefix_key_list
 from kvci_plugin.policy import (
     LRUPolicy,
+    PolicyStateFile,
+    PolicyStateSaver,
     ValuePolicy,
     default_hit_rate_floor,
     offer_for,
@@ -179,9 +181,12 @@ class KVCIScheduler:
         if num_slots < 1:
             raise ValueError(
                 f"kvci: ram_bytes ({int(config.ram_bytes)}) holds no page of {slot_bytes} bytes")
+        state = PolicyStateFile(config.policy_state_file) if config.policy_state_file else None
         index = RAMIndex(num_slots, slot_bytes, config.ram_max_entries,
                          tenant_quota_bytes=config.tenant_quota_bytes,
-                         policy=ValuePolicy() if config.ram_policy == "value" else LRUPolicy())
+                         policy=(ValuePolicy(hazard=state.restore() if state else None)
+                                 if config.ram_policy == "value" else LRUPolicy()))
+        self._policy_saver = PolicyStateSaver(state, index.policy_learned) if state else None
         advisor_kwargs: dict[str, Any] = {}
         if config.ram_threshold is not None:
             advisor_kwargs["ram_threshold"] = config.ram_threshold
@@ -677,6 +682,8 @@ class KVCIScheduler:
         if self._bar is not None:
             self._report_bar(self._bar.stats())
         self._report_policy()
+        if self._policy_saver is not None:
+            self._policy_saver.tick()
         self._report_retentions()
         if self._stats.is_empty():
             return None
@@ -721,6 +728,11 @@ class KVCIScheduler:
         if now.threshold != last.threshold:
             self._stats.gauge("ram_threshold", now.threshold)
         self._bar_reported = now
+
+    def shutdown(self) -> None:
+        """The engine stops: what the policy learned is kept for the next start."""
+        if self._policy_saver is not None:
+            self._policy_saver.save()
 
     def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
         """Control surface: the caller's tenant (a verified session wins); ParamsError if refused."""

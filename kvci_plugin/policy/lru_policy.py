@@ -18,6 +18,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kvci_plugin.policy.offer import Offer
+from kvci_plugin.policy.reuse_hazard import HazardCounts
 from kvci_plugin.policy.tier_policy import PolicyStats
 
 
@@ -97,6 +98,9 @@ class LRUPolicy:
         self._anchor_of.clear()
         self._explicit.clear()
         self._unread.clear()
+
+    def learned(self, now: float) -> HazardCounts | None:
+        return None  # recency alone: nothing to carry over a restart
 
     def stats(self) -> PolicyStats:
         return PolicyStats(

@@ -16,13 +16,20 @@ exposure). A class with little evidence leans on all classes pooled: each bucket
 blended with the pooled hazard, weighted as one context's stay in that bucket; the pooled
 hazard's own prior is one re-send per stay (optimistic until evidence says otherwise, so a fresh
 tier keeps what it is offered).
+
+``counts(live)`` is what was learned as plain counts, with the contexts still idle counted as
+idle so far and not re-sent (censored, as a survival model counts a subject still at risk): a
+tier restarted from them (``from_counts``) weighs as this one would, where a restart that kept
+only the ended periods would keep every re-send and lose the idle time of all that never came
+back, and would overrate every class.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
 
 # Bucket edges in seconds: [0, 1), [1, 2), [2, 4) ... [2^16, inf): from one engine step to most of
 # a day, each twice the last, so short pauses are told apart and long ones cost few buckets.
@@ -49,12 +56,40 @@ def _add_exposure(row: list[float], age_s: float) -> None:
         row[j] += min(age_s, hi) - lo
 
 
+@dataclass(frozen=True, slots=True)
+class HazardCounts:
+    """Per class and idle-age bucket (``EDGES``): re-sends seen, and seconds of idle exposure."""
+
+    reuses: Mapping[Hashable, tuple[float, ...]]
+    exposure: Mapping[Hashable, tuple[float, ...]]
+
+
 class ReuseHazard:
     def __init__(self) -> None:
         self._reuses: dict[Hashable, list[float]] = {}
         self._exposure: dict[Hashable, list[float]] = {}
         self._pooled: list[float] = [1.0 / _width(j) for j in range(_BUCKETS)]
         self._hazards: dict[Hashable, list[float]] = {}
+
+    @classmethod
+    def from_counts(cls, counts: HazardCounts) -> ReuseHazard:
+        """A hazard that has learned ``counts`` (``counts()`` of another) and learns on."""
+        for table in (counts.reuses, counts.exposure):
+            for key, row in table.items():
+                if len(row) != _BUCKETS or not all(math.isfinite(v) and v >= 0.0 for v in row):
+                    raise ValueError(f"class {key!r}: want {_BUCKETS} finite counts >= 0, not {row!r}")
+        hazard = cls()
+        hazard._reuses = {key: list(row) for key, row in counts.reuses.items()}
+        hazard._exposure = {key: list(row) for key, row in counts.exposure.items()}
+        hazard.refresh(())
+        return hazard
+
+    def counts(self, live: Iterable[tuple[Hashable, float]]) -> HazardCounts:
+        """What was learned, with the ``live`` contexts' idle periods so far ended unreused."""
+        exposure = self._with_live(live)
+        return HazardCounts(
+            reuses={key: tuple(row) for key, row in self._reuses.items()},
+            exposure={key: tuple(row) for key, row in exposure.items()})
 
     def ended(self, cls: Hashable, age_s: float, *, reused: bool) -> None:
         """An idle period of a ``cls`` context ended after ``age_s`` s: re-sent, or forgotten."""
@@ -65,9 +100,7 @@ class ReuseHazard:
 
     def refresh(self, live: Iterable[tuple[Hashable, float]]) -> None:
         """Recompute every hazard, counting the idle time so far of the contexts still idle."""
-        exposure = {cls: list(row) for cls, row in self._exposure.items()}
-        for cls, age_s in live:
-            _add_exposure(exposure.setdefault(cls, [0.0] * _BUCKETS), age_s)
+        exposure = self._with_live(live)
         classes = set(exposure) | set(self._reuses)
         zero = [0.0] * _BUCKETS
         self._pooled = [
@@ -80,6 +113,12 @@ class ReuseHazard:
                   / (exposure.get(cls, zero)[j] + _width(j)) for j in range(_BUCKETS)]
             for cls in classes
         }
+
+    def _with_live(self, live: Iterable[tuple[Hashable, float]]) -> dict[Hashable, list[float]]:
+        exposure = {cls: list(row) for cls, row in self._exposure.items()}
+        for cls, age_s in live:
+            _add_exposure(exposure.setdefault(cls, [0.0] * _BUCKETS), age_s)
+        return exposure
 
     def resend_probability(self, cls: Hashable, age_s: float, horizon_s: float) -> float:
         """How likely a ``cls`` context idle for ``age_s`` is re-sent within ``horizon_s`` more."""

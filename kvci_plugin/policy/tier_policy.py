@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvci_plugin.policy.offer import Offer
+from kvci_plugin.policy.reuse_hazard import HazardCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,11 @@ class TierPolicy(Protocol):
 
     def cleared(self) -> None:
         """A cache reset: every checkpoint and every remembered anchor is gone."""
+        ...
+
+    def learned(self, now: float) -> HazardCounts | None:
+        """What the policy learned about the workload, for a restarted tier to start from
+        (``kvci_plugin.policy.policy_state``); None: it learns nothing."""
         ...
 
     def stats(self) -> PolicyStats: ...

@@ -41,6 +41,9 @@ Rules, each with the anchor it comes from:
   ``never``, vetoes and the self-report rule never reach the policy (nothing is offered);
   pins, in-flight copies, tenant quotas and the bounds are the index's and hold whatever the
   policy orders.
+- **What it learned can outlive the process.** ``learned`` is the hazard's counts with every
+  context still idle counted as idle so far; with ``policy_state_file`` a restarted engine starts
+  from them instead of the prior (``policy_state``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvci_plugin.policy.offer import COUNT_CAP, Offer
-from kvci_plugin.policy.reuse_hazard import EDGES, ReuseHazard
+from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
 from kvci_plugin.policy.tier_policy import PolicyStats
 
 # Anchors remembered without their data. One costs ~200 B, so the default bound costs ~13 MB,
@@ -144,6 +147,11 @@ class ValuePolicy:
         """What the policy has learned, with the contexts still idle counted up to ``now``."""
         self._refresh(now)
         return self._hazard
+
+    def learned(self, now: float) -> HazardCounts:
+        """What the policy has learned, as counts a restarted tier can start from
+        (``ReuseHazard.from_counts``): the contexts still idle count as idle up to ``now``."""
+        return self._hazard.counts(self._live(now))
 
     @property
     def tracked(self) -> int:
@@ -315,6 +323,8 @@ class ValuePolicy:
 
     def _refresh(self, now: float) -> None:
         self._lookups_since_refresh = 0
-        self._hazard.refresh(
-            (a.cls, max(0.0, now - a.last_seen))
-            for table in (self._ghosts, self._held) for a in table.values())
+        self._hazard.refresh(self._live(now))
+
+    def _live(self, now: float) -> Iterator[tuple[tuple[int, int], float]]:
+        return ((a.cls, max(0.0, now - a.last_seen))
+                for table in (self._ghosts, self._held) for a in table.values())

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable
 
-from kvci_plugin.policy import LRUPolicy, Offer, PolicyStats, TierPolicy
+from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
 from kvci_plugin.tiering.types import (
     CheckpointBusyError,
     CheckpointEntry,
@@ -168,6 +168,11 @@ class RAMIndex:
         """What the policy did, without the occupancy walk of ``stats``."""
         with self._lock:
             return self._policy.stats()
+
+    def policy_learned(self) -> HazardCounts | None:
+        """What the policy learned about the workload, for a restarted tier to start from."""
+        with self._lock:
+            return self._policy.learned(self._clock())
 
     @property
     def policy_changes(self) -> int:

@@ -522,8 +522,9 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     for run in report.runs:
         names = [result.name for result in run.policies]
         assert names == [
-            "lru", "arc", "s3-fifo", "w-tinylfu", "store-after-2", "kvci", "kvci-threshold",
-            "kvci-threshold@0.4", "kvci-pressure", "random",
+            "lru", "arc", "s3-fifo", "w-tinylfu", "store-after-2", "kvci", "kvci-restarted",
+            "kvci-restarted-warm", "lru-restarted", "kvci-threshold", "kvci-threshold@0.4", "kvci-pressure",
+            "random",
             "oracle", "oracle-later-first-all", "oracle-later-first-none", "kvci-hindsight", "belady",
         ]  # fmt: skip
         assert [result.name for result in run.policies if result.reads_the_future] == names[-5:]
@@ -559,6 +560,15 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     readme = (results / "README.md").read_text()
     assert report.command in readme and "synthetic.jsonl" in readme and "## policy_sim_synthetic" in readme
     assert "| kvci-hindsight |" in readme  # beside the oracle-later bounds, against the targets
+    # After the restart, each restarted tier against LRU restarted alike, from the reports' own counts.
+    assert "### After a restart" in readme
+    for run in report.runs:
+        after = {name: run.policy(name).stats["saved_tokens_after_restart"]
+                 for name in ("kvci-restarted", "kvci-restarted-warm", "lru-restarted")}
+        if after["lru-restarted"]:
+            cold, warm, lru_after = after.values()
+            gain = f"{warm / cold:.3f}x" if cold else "-"
+            assert f"| {cold / lru_after:.3f}x | {warm / lru_after:.3f}x | {gain} |" in readme
     for run in report.runs:
         for comparison in run.comparisons:
             if comparison.target_applies:

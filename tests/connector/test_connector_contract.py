@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -255,10 +256,10 @@ def kvci_gate():
     set_persistence_eligibility_gate(previous)
 
 
-def _transfer_config(tmp_path: Path) -> dict[str, Any]:
+def _transfer_config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return {"kv_connector": "KVCheckpointConnector", "kv_connector_module_path": "kvci_plugin.connector",
             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"ram_bytes": "4MiB", "state_dir": str(tmp_path / "state")}}
+            "kv_connector_extra_config": {"ram_bytes": "4MiB", "state_dir": str(tmp_path / "state"), **extra}}
 
 
 def test_the_factory_finds_the_class_by_module_path(tmp_path: Path) -> None:
@@ -294,6 +295,14 @@ def test_the_factory_builds_the_scheduler_role(tiny_model: Path, tmp_path: Path,
         assert connector.requires_kv_delivery is False
     finally:
         connector.shutdown()
+    # The engine's shutdown reaches the scheduler side: what the policy learned is kept.
+    state = tmp_path / "policy_state.json"
+    vllm_config = EngineArgs(model=str(tiny_model), block_size=16, max_model_len=1024, enforce_eager=True,
+                             kv_transfer_config=_transfer_config(tmp_path, policy_state_file=str(state)),
+                             ).create_engine_config()
+    connector = KVConnectorFactory.create_connector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    connector.shutdown()
+    assert json.loads(state.read_text())["format"] == "kvci-policy-state/1"
 
 
 def test_the_request_attributes_kvci_reads_exist() -> None:

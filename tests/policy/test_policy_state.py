@@ -1,0 +1,217 @@
+"""What the value policy learned, kept across restarts: the counts a restarted tier starts from,
+the file they live in (real files), its refusals of what it did not write, and the saver's
+cadence; the scheduler side saves at shutdown and a new one starts from it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import stat
+from pathlib import Path
+
+import pytest
+
+from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.scheduler import KVCIScheduler
+from kvci_plugin.connector.tenancy import TenantResolver
+from kvci_plugin.policy import LRUPolicy, Offer, PolicyStateFile, PolicyStateSaver, ValuePolicy
+from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
+from kvci_plugin.tiering.ram_index import RAMIndex
+
+ONE_OFF = (-1, 0)  # an unscored context never re-sent
+RESENT = (-1, 2)  # one re-sent more than once
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(n: int) -> bytes:
+    return n.to_bytes(16, "big")
+
+
+def taught(clock: Clock, policy: ValuePolicy | None = None) -> RAMIndex:
+    """An index whose policy saw one context re-sent every 10 s and 100 one-offs never re-sent."""
+    ix = RAMIndex(8, 1, 100, policy=policy or ValuePolicy(), clock=clock)
+    hot = [key(1), key(2)]
+    ix.sight(Offer(anchor=hot[-1]))
+    ix.reserve("hot", "t", hot, offer=Offer(anchor=hot[-1]))
+    ix.commit("hot")
+    for n in range(100):
+        clock.now += 10.0
+        ix.observe_lookup(hot)
+        ix.observe_lookup([key(1000 + n)])
+        ix.sight(Offer(anchor=key(1000 + n)))
+    return ix
+
+
+def probabilities(hazard: ReuseHazard) -> list[float]:
+    return [hazard.resend_probability(cls, age, horizon)
+            for cls in (ONE_OFF, RESENT) for age in (0.0, 5.0, 300.0) for horizon in (10.0, 600.0)]
+
+
+def test_a_tier_restarted_from_the_file_weighs_as_the_one_that_learned(tmp_path: Path) -> None:
+    clock = Clock()
+    policy = ValuePolicy()
+    ix = taught(clock, policy)
+    state = PolicyStateFile(tmp_path / "policy.json")
+    state.save(ix.policy_learned())
+    restored = state.load()
+    assert restored is not None
+    assert probabilities(restored) == pytest.approx(probabilities(policy.reuse_hazard(clock.now)))
+    # What it learned is not the prior a fresh tier starts from.
+    assert restored.resend_probability(ONE_OFF, 0.0, 600.0) < ReuseHazard().resend_probability(ONE_OFF, 0.0, 600.0) / 2
+    assert restored.resend_probability(RESENT, 0.0, 600.0) > 5 * restored.resend_probability(ONE_OFF, 0.0, 600.0)
+    # And it learns on from there: a second run's re-sends add to the first's.
+    again = taught(Clock(clock.now), ValuePolicy(hazard=restored)).policy_learned()
+    assert sum(again.reuses[RESENT]) == 2 * sum(ix.policy_learned().reuses[RESENT]) > 0
+
+
+def test_contexts_still_idle_are_kept_as_idle_time_not_dropped() -> None:
+    """The one-offs never ended an idle period: without their idle time so far, the restarted
+    tier would know nothing against them and weigh them by the optimistic prior."""
+    clock = Clock()
+    policy = ValuePolicy()
+    taught(clock, policy)
+    ended_only = ReuseHazard.from_counts(policy._hazard.counts(()))
+    censored = ReuseHazard.from_counts(policy.learned(clock.now))
+    assert censored.resend_probability(ONE_OFF, 0.0, 600.0) < ended_only.resend_probability(ONE_OFF, 0.0, 600.0) / 2
+
+
+def test_the_lru_baseline_has_nothing_to_keep() -> None:
+    assert RAMIndex(4, 1, 10, policy=LRUPolicy()).policy_learned() is None
+
+
+def test_the_file_is_owner_only_and_replaced_whole(tmp_path: Path) -> None:
+    clock = Clock()
+    ix = taught(clock)
+    path = tmp_path / "policy.json"
+    path.write_text("an older file")
+    PolicyStateFile(path).save(ix.policy_learned())
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["policy.json"]  # no temporary left behind
+    data = json.loads(path.read_text())
+    assert data["format"] == "kvci-policy-state/1" and data["edges_s"] == list(EDGES)
+    # Counts only: no key, no tenant.
+    assert key(1).hex() not in path.read_text() and '"t"' not in path.read_text()
+
+
+def valid(tmp_path: Path) -> dict:
+    path = tmp_path / "source.json"
+    PolicyStateFile(path).save(taught(Clock()).policy_learned())
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("spoil, says", [
+    (lambda d: "not json", "is not a kvci policy state"),
+    (lambda d: {**d, "format": "kvci-policy-state/9"}, "is not a kvci policy state"),
+    (lambda d: {**d, "edges_s": [0.0, 1.0, 3.0] + d["edges_s"][3:]}, "other buckets"),
+    (lambda d: {**d, "classes": [{**d["classes"][0], "reuses": [-1.0] * len(EDGES)}]}, "greater than or equal to 0"),
+    (lambda d: {**d, "classes": [{**d["classes"][0], "exposure_s": [1.0]}]}, "at least"),
+    (lambda d: {**d, "classes": [d["classes"][0], d["classes"][0]]}, "twice"),
+])
+def test_a_file_this_version_did_not_write_is_refused_saying_why(tmp_path: Path, spoil, says: str) -> None:
+    path = tmp_path / "policy.json"
+    spoilt = spoil(valid(tmp_path))
+    path.write_text(spoilt if isinstance(spoilt, str) else json.dumps(spoilt))
+    with pytest.raises(ValueError, match=says):
+        PolicyStateFile(path).load()
+
+
+def test_restore_learns_afresh_from_a_file_it_cannot_read(tmp_path: Path, caplog) -> None:
+    path = tmp_path / "policy.json"
+    assert PolicyStateFile(path).restore() is None  # no file yet: nothing to report
+    assert not caplog.records
+    path.write_text("{}")
+    with caplog.at_level(logging.WARNING):
+        assert PolicyStateFile(path).restore() is None
+    assert "learning the workload afresh" in caplog.text and str(path) in caplog.text
+
+
+def test_counts_of_another_shape_are_refused() -> None:
+    with pytest.raises(ValueError, match="finite counts"):
+        ReuseHazard.from_counts(HazardCounts(reuses={ONE_OFF: (1.0,)}, exposure={}))
+    with pytest.raises(ValueError, match="finite counts"):
+        ReuseHazard.from_counts(HazardCounts(reuses={}, exposure={ONE_OFF: (float("nan"),) * len(EDGES)}))
+
+
+def test_a_path_that_cannot_hold_the_file_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        PolicyStateFile(tmp_path / "missing" / "policy.json")
+    with pytest.raises(ValueError, match="is a folder"):
+        PolicyStateFile(tmp_path)
+
+
+def test_the_saver_writes_when_due_off_the_callers_thread_and_reports_a_failed_write(tmp_path: Path, caplog) -> None:
+    clock = Clock(0.0)
+    learned = taught(Clock()).policy_learned()
+    folder = tmp_path / "state"
+    folder.mkdir()
+    saver = PolicyStateSaver(PolicyStateFile(folder / "policy.json"), lambda: learned, every_s=60.0, clock=clock)
+
+    def settled() -> None:
+        if saver._writing is not None:
+            saver._writing.join()
+
+    clock.now = 59.0
+    saver.tick()
+    settled()
+    assert saver.saves == 0 and not (folder / "policy.json").exists()
+    clock.now = 60.0
+    saver.tick()
+    assert saver._writing is not None and saver._writing.name == "kvci-policy-state"
+    settled()
+    assert saver.saves == 1 and PolicyStateFile(folder / "policy.json").load() is not None
+    clock.now = 100.0
+    saver.tick()
+    settled()
+    assert saver.saves == 1  # not due again until 120
+    (folder / "policy.json").unlink()
+    folder.rmdir()
+    clock.now = 120.0
+    with caplog.at_level(logging.WARNING):
+        saver.tick()  # the folder is gone: reported, not raised
+        settled()
+    assert saver.saves == 1 and "could not save the policy state" in caplog.text
+    folder.mkdir()
+    saver.save()  # at shutdown: on this thread, whenever asked
+    assert saver.saves == 2 and (folder / "policy.json").exists()
+    with pytest.raises(ValueError, match="every_s"):
+        PolicyStateSaver(PolicyStateFile(tmp_path / "p.json"), lambda: learned, every_s=0.0)
+
+
+def test_only_the_value_policy_takes_a_state_file(tmp_path: Path) -> None:
+    assert KVCIConfig(policy_state_file=tmp_path / "p.json").policy_state_file == tmp_path / "p.json"
+    with pytest.raises(ValueError, match="learns nothing"):
+        KVCIConfig(policy_state_file=tmp_path / "p.json", ram_policy="lru")
+
+
+def scheduler(path: Path) -> KVCIScheduler:
+    return KVCIScheduler(config=KVCIConfig(ram_bytes=1 << 20, policy_state_file=path), block_size=32,
+                         slot_bytes=1 << 16, namespace=hashlib.sha256(b"state").digest(),
+                         secret=b"s" * 32, tp_size=1, tenants=TenantResolver(None), disk=None)
+
+
+def test_the_scheduler_saves_at_shutdown_and_the_next_one_starts_from_it(tmp_path: Path) -> None:
+    path = tmp_path / "policy.json"
+    first = scheduler(path)
+    index = first.manager.index
+    for n in range(50):  # one context re-sent again and again, and one-offs
+        index.observe_lookup([key(1), key(2)])
+        index.sight(Offer(anchor=key(2)))
+        index.observe_lookup([key(100 + n)])
+        index.sight(Offer(anchor=key(100 + n)))
+    assert not path.exists()
+    first.shutdown()
+    learned = PolicyStateFile(path).load()
+    assert learned is not None
+    second = scheduler(path)
+    policy = second.manager.index._policy
+    assert isinstance(policy, ValuePolicy)
+    assert probabilities(policy.reuse_hazard(0.0)) == pytest.approx(probabilities(learned))
+    assert probabilities(learned) != pytest.approx(probabilities(ReuseHazard()))
