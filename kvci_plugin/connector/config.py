@@ -69,8 +69,10 @@ class KVCIConfig(BaseModel):
     policy_state_file: Path | None = Field(
         None, description="where ram_policy `value` keeps what it learned about the workload "
         "(how soon contexts of each class come back: counts only, no context, no tenant) across "
-        "restarts: read at start, written every minute and at shutdown; one file per engine; "
-        "none = learned afresh at each start")
+        "restarts: read at start, written every minute and when the engine shuts down "
+        "gracefully (vLLM's --shutdown-timeout above 0; at 0 the engine is killed at once and "
+        "the last minute's save stands); one file per engine; none = learned afresh at each "
+        "start")
     ram_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description=f"score for tier RAM; none = {DEFAULT_RAM_THRESHOLD}. "
         "Setting it fixes the system trigger's bar there unless ram_admission is set to `pressure`")

@@ -163,6 +163,10 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         self._control = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = self._build_scheduler(vllm_config, kv_cache_config, slot_bytes)
+            if cfg.policy_state_file is not None:
+                logger.info("kvci: RAM tier policy state %s: %s", cfg.policy_state_file,
+                            "what it learned before the restart" if self._scheduler.policy_restored
+                            else "learning afresh")
             if cfg.control_port is not None:
                 from kvci_plugin.api.server import start_control_server
 

@@ -182,10 +182,11 @@ class KVCIScheduler:
             raise ValueError(
                 f"kvci: ram_bytes ({int(config.ram_bytes)}) holds no page of {slot_bytes} bytes")
         state = PolicyStateFile(config.policy_state_file) if config.policy_state_file else None
+        learned = state.restore() if state else None
+        self.policy_restored = learned is not None  # what the policy learned before a restart
         index = RAMIndex(num_slots, slot_bytes, config.ram_max_entries,
                          tenant_quota_bytes=config.tenant_quota_bytes,
-                         policy=(ValuePolicy(hazard=state.restore() if state else None)
-                                 if config.ram_policy == "value" else LRUPolicy()))
+                         policy=ValuePolicy(hazard=learned) if config.ram_policy == "value" else LRUPolicy())
         self._policy_saver = PolicyStateSaver(state, index.policy_learned) if state else None
         advisor_kwargs: dict[str, Any] = {}
         if config.ram_threshold is not None:

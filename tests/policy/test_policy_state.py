@@ -131,6 +131,8 @@ def test_restore_learns_afresh_from_a_file_it_cannot_read(tmp_path: Path, caplog
     with caplog.at_level(logging.WARNING):
         assert PolicyStateFile(path).restore() is None
     assert "learning the workload afresh" in caplog.text and str(path) in caplog.text
+    PolicyStateFile(path).save(taught(Clock()).policy_learned())
+    assert PolicyStateFile(path).restore() is not None
 
 
 def test_counts_of_another_shape_are_refused() -> None:
@@ -206,11 +208,12 @@ def test_the_scheduler_saves_at_shutdown_and_the_next_one_starts_from_it(tmp_pat
         index.sight(Offer(anchor=key(2)))
         index.observe_lookup([key(100 + n)])
         index.sight(Offer(anchor=key(100 + n)))
-    assert not path.exists()
+    assert not path.exists() and not first.policy_restored
     first.shutdown()
     learned = PolicyStateFile(path).load()
     assert learned is not None
     second = scheduler(path)
+    assert second.policy_restored
     policy = second.manager.index._policy
     assert isinstance(policy, ValuePolicy)
     assert probabilities(policy.reuse_hazard(0.0)) == pytest.approx(probabilities(learned))
