@@ -69,10 +69,10 @@ class KVCIConfig(BaseModel):
     policy_state_file: Path | None = Field(
         None, description="where ram_policy `value` keeps what it learned about the workload "
         "(how soon contexts of each class come back: counts only, no context, no tenant) across "
-        "restarts: read at start, written every minute and when the engine shuts down "
-        "gracefully (vLLM's --shutdown-timeout above 0; at 0 the engine is killed at once and "
-        "the last minute's save stands); one file per engine; none = learned afresh at each "
-        "start")
+        "restarts: read at start, written every minute of serving and when the engine shuts "
+        "down gracefully (vLLM's --shutdown-timeout above 0; at 0 the engine is killed at once "
+        "and the last periodic save stands); with data parallelism each rank keeps its own "
+        "(`name.dpN.ext`); none = learned afresh at each start")
     ram_threshold: float | None = Field(
         None, ge=0.0, le=1.0, description=f"score for tier RAM; none = {DEFAULT_RAM_THRESHOLD}. "
         "Setting it fixes the system trigger's bar there unless ram_admission is set to `pressure`")
@@ -153,8 +153,10 @@ class KVCIConfig(BaseModel):
             raise ValueError(f"{', '.join(sorted(bar))} set the worthiness bar, which applies only "
                              f"with ram_policy 'threshold' (ram_policy is {self.ram_policy!r})")
         if self.policy_state_file is not None and self.ram_policy != "value":
+            chosen = (" (ram_threshold, ram_admission and ram_threshold_min choose it)"
+                      if self.ram_policy == "threshold" and self.model_fields_set & set(_BAR_SETTINGS) else "")
             raise ValueError(f"policy_state_file keeps what ram_policy 'value' learns; ram_policy "
-                             f"{self.ram_policy!r} learns nothing")
+                             f"{self.ram_policy!r}{chosen} learns nothing")
         if self.ram_admission == "pressure":
             start = DEFAULT_RAM_THRESHOLD if self.ram_threshold is None else self.ram_threshold
             if self.ram_threshold_min > start:
@@ -175,6 +177,14 @@ class KVCIConfig(BaseModel):
         if self.auto_promote and not self.disk_tier:
             raise ValueError("auto_promote needs disk_root or blob_url")
         return self
+
+    def for_data_parallel_rank(self, rank: int, size: int) -> "KVCIConfig":
+        """One data-parallel rank's settings: every rank is given the same extra config, and each
+        keeps its own policy state file (``name.dp<rank>.ext``) when there are several."""
+        path = self.policy_state_file
+        if size <= 1 or path is None:
+            return self
+        return self.model_copy(update={"policy_state_file": path.with_name(f"{path.stem}.dp{rank}{path.suffix}")})
 
     @property
     def root_key(self) -> RootKeyProvider:

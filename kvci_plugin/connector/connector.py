@@ -163,8 +163,9 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         self._control = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = self._build_scheduler(vllm_config, kv_cache_config, slot_bytes)
-            if cfg.policy_state_file is not None:
-                logger.info("kvci: RAM tier policy state %s: %s", cfg.policy_state_file,
+            state_file = self._scheduler.config.policy_state_file
+            if state_file is not None:
+                logger.info("kvci: RAM tier policy state %s: %s", state_file,
                             "what it learned before the restart" if self._scheduler.policy_restored
                             else "learning afresh")
             if cfg.control_port is not None:
@@ -212,8 +213,10 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
                         for rank in range(1, tp_size)])
             logger.info("kvci: disk tier %s", disk.describe())
         secret = load_or_create_secret(cfg.state_dir)
+        parallel = vllm_config.parallel_config
         return KVCIScheduler(
-            config=cfg, block_size=vllm_config.cache_config.block_size, slot_bytes=slot_bytes,
+            config=cfg.for_data_parallel_rank(parallel.data_parallel_rank, parallel.data_parallel_size),
+            block_size=vllm_config.cache_config.block_size, slot_bytes=slot_bytes,
             namespace=namespace, secret=secret,
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
             tenants=TenantResolver(verifier, cfg.tenancy), disk=disk, layout=self._groups,
@@ -279,12 +282,14 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         return KVCIWorkerMetadata.of(report) if report is not None else None
 
     def shutdown(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown()
-        if self._scheduler is not None:
-            self._scheduler.shutdown()
-        if self._control is not None:
-            self._control.stop()
+        try:
+            if self._worker is not None:
+                self._worker.shutdown()
+            if self._scheduler is not None:
+                self._scheduler.shutdown()
+        finally:
+            if self._control is not None:
+                self._control.stop()
 
     # ---- scheduler side -------------------------------------------------------------------------
 

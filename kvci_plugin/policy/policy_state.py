@@ -9,9 +9,10 @@ many re-sends and how many seconds of idle time — no key, no context, no tenan
 could learn a prompt from.
 
 Written whole to a temporary file, then renamed over the old one (a crash leaves the old file or
-the new, never half of one), owner-only. A file that cannot be read as this format (another
-version's buckets, a hand edit) is reported and left for the next save to replace: it only ever
-holds what a tier can learn again.
+the new, never half of one), owner-only. A file that cannot be read as this version's (other
+idle-age buckets or classes, a hand edit, no permission) is reported and learned afresh, and the
+next save replaces it: it only ever holds what a tier can learn again, so it never stops an
+engine from starting or from stopping.
 """
 
 from __future__ import annotations
@@ -28,22 +29,26 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvci_plugin.policy.offer import COUNT_CAP, SCORE_BANDS
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "kvci-policy-state/1"
-# A running tier writes its learning this often; a crash loses at most this much of it.
+# A serving tier writes its learning this often; a crash loses at most this much of it.
 SAVE_EVERY_S = 60.0
+# Far above any real count (seconds idle summed over every context for years), and low enough
+# that no sum of a file's counts overflows.
+_MAX_COUNT = 1e15
 
-_Count = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+_Count = Annotated[float, Field(ge=0.0, le=_MAX_COUNT, allow_inf_nan=False)]
 
 
 class _ClassCounts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    band: int
-    resent: int = Field(ge=0)
+    band: int = Field(ge=-1, lt=SCORE_BANDS)  # -1: scored on no evidence
+    resent: int = Field(ge=0, le=COUNT_CAP)
     reuses: list[_Count] = Field(min_length=len(EDGES), max_length=len(EDGES))
     exposure_s: list[_Count] = Field(min_length=len(EDGES), max_length=len(EDGES))
 
@@ -52,8 +57,10 @@ class _PolicyState(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format: Literal["kvci-policy-state/1"]
+    # The class scheme the counts are kept in: counts of another are not this version's to read.
     edges_s: list[float]
-    saved_at: float
+    score_bands: int
+    count_cap: int
     classes: list[_ClassCounts]
 
 
@@ -69,10 +76,14 @@ class PolicyStateFile:
             raise ValueError(f"policy_state_file {self.path}: folder {folder} is not writable")
         if self.path.is_dir():
             raise ValueError(f"policy_state_file {self.path} is a folder")
+        # A write cut short by a kill leaves its temporary file: only this file's are ours.
+        for stale in folder.glob(f".{self.path.name}.*"):
+            stale.unlink(missing_ok=True)
 
     def load(self) -> ReuseHazard | None:
         """The hazard the file's counts make; None when there is no file yet. Raises
-        ``ValueError`` saying why when the file is not one this version wrote."""
+        ``ValueError`` saying why when the file is not one this version wrote, ``OSError``
+        when it cannot be read."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -81,9 +92,10 @@ class PolicyStateFile:
             state = _PolicyState.model_validate_json(raw)
         except ValidationError as exc:
             raise ValueError(f"policy_state_file {self.path} is not a kvci policy state: {exc}") from None
-        if state.edges_s != list(EDGES):
-            raise ValueError(f"policy_state_file {self.path} counts idle ages in other buckets "
-                             f"({state.edges_s[:4]}...) than this version's")
+        scheme = (state.edges_s, state.score_bands, state.count_cap)
+        if scheme != (list(EDGES), SCORE_BANDS, COUNT_CAP):
+            raise ValueError(f"policy_state_file {self.path} counts in other classes or idle-age "
+                             f"buckets than this version's")
         reuses: dict[tuple[int, int], tuple[float, ...]] = {}
         exposure: dict[tuple[int, int], tuple[float, ...]] = {}
         for row in state.classes:
@@ -98,11 +110,13 @@ class PolicyStateFile:
         replaces it): a tier must not refuse to start over what it can learn again."""
         try:
             return self.load()
-        except ValueError as exc:
-            logger.warning("kvci: %s; learning the workload afresh", exc)
+        except (ValueError, OSError) as exc:
+            logger.warning("kvci: policy_state_file %s not read (%s); learning the workload afresh",
+                           self.path, exc)
             return None
 
     def save(self, counts: HazardCounts) -> None:
+        counts = counts.closed()
         zero = (0.0,) * len(EDGES)
         rows = []
         for cls in sorted(set(counts.reuses) | set(counts.exposure), key=repr):
@@ -110,7 +124,8 @@ class PolicyStateFile:
                 raise TypeError(f"a policy state class is (band, resent), not {cls!r}")
             rows.append(_ClassCounts(band=cls[0], resent=cls[1], reuses=list(counts.reuses.get(cls, zero)),
                                      exposure_s=list(counts.exposure.get(cls, zero))))
-        state = _PolicyState(format=FORMAT, edges_s=list(EDGES), saved_at=time.time(), classes=rows)
+        state = _PolicyState(format=FORMAT, edges_s=list(EDGES), score_bands=SCORE_BANDS,
+                             count_cap=COUNT_CAP, classes=rows)
         # mkstemp makes the file owner-only (0600), and the rename keeps that.
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
         try:
@@ -122,14 +137,21 @@ class PolicyStateFile:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        # The rename itself outlives a power cut only once the folder is synced.
+        folder = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 class PolicyStateSaver:
-    """Saves ``learned()`` to ``file`` every ``every_s`` seconds of ``clock`` and when closed.
+    """Saves ``learned()`` to ``file`` every ``every_s`` seconds of ``clock`` and when asked.
 
-    ``learned`` runs on the caller's thread (it reads the policy under the index's lock); the
-    periodic write and its fsync run on a thread of their own, so an engine step never waits on
-    the disk. The save at shutdown waits for any write in flight, then writes."""
+    ``learned`` runs on the caller's thread and only copies the counts (it reads the policy
+    under the index's lock); counting the open idle periods, the write and its fsync run on a
+    thread of their own. The save at shutdown waits for a write in flight, then writes. A failed
+    save is reported, never raised: the engine serves, and stops, without it."""
 
     def __init__(self, file: PolicyStateFile, learned: Callable[[], HazardCounts | None], *,
                  every_s: float = SAVE_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
@@ -144,8 +166,8 @@ class PolicyStateSaver:
         self.saves = 0
 
     def tick(self) -> None:
-        """Start a save when one is due and none is in flight; a failed write is reported and
-        tried again when next due (the tier serves on without it)."""
+        """Start a save when one is due and none is in flight (a failed one is tried again when
+        next due)."""
         if self._clock() - self._last < self._every_s or (self._writing and self._writing.is_alive()):
             return
         self._last = self._clock()
@@ -162,12 +184,12 @@ class PolicyStateSaver:
         self._last = self._clock()
         counts = self._learned()
         if counts is not None:
-            self.file.save(counts)
-            self.saves += 1
+            self._write(counts)
 
     def _write(self, counts: HazardCounts) -> None:
         try:
             self.file.save(counts)
-            self.saves += 1
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - reported: the state is a cache of what is learned again
             logger.warning("kvci: could not save the policy state to %s: %s", self.file.path, exc)
+        else:
+            self.saves += 1

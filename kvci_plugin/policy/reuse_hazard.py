@@ -17,8 +17,8 @@ blended with the pooled hazard, weighted as one context's stay in that bucket; t
 hazard's own prior is one re-send per stay (optimistic until evidence says otherwise, so a fresh
 tier keeps what it is offered).
 
-``counts(live)`` is what was learned as plain counts, with the contexts still idle counted as
-idle so far and not re-sent (censored, as a survival model counts a subject still at risk): a
+``counts(live)`` is what was learned as plain counts, with the contexts still idle to be counted
+as idle so far and not re-sent (censored, as a survival model counts a subject still at risk): a
 tier restarted from them (``from_counts``) weighs as this one would, where a restart that kept
 only the ended periods would keep every re-send and lose the idle time of all that never came
 back, and would overrate every class.
@@ -58,10 +58,22 @@ def _add_exposure(row: list[float], age_s: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class HazardCounts:
-    """Per class and idle-age bucket (``EDGES``): re-sends seen, and seconds of idle exposure."""
+    """Per class and idle-age bucket (``EDGES``): re-sends seen, and seconds of idle exposure;
+    ``idle``: the periods still open (class, idle age so far), counted as exposure by
+    ``closed`` (apart, so that a caller holding a lock only copies them)."""
 
     reuses: Mapping[Hashable, tuple[float, ...]]
     exposure: Mapping[Hashable, tuple[float, ...]]
+    idle: tuple[tuple[Hashable, float], ...] = ()
+
+    def closed(self) -> HazardCounts:
+        """The same counts with every open idle period ended, not re-sent."""
+        if not self.idle:
+            return self
+        exposure = {key: list(row) for key, row in self.exposure.items()}
+        for key, age_s in self.idle:
+            _add_exposure(exposure.setdefault(key, [0.0] * _BUCKETS), age_s)
+        return HazardCounts(self.reuses, {key: tuple(row) for key, row in exposure.items()})
 
 
 class ReuseHazard:
@@ -74,6 +86,7 @@ class ReuseHazard:
     @classmethod
     def from_counts(cls, counts: HazardCounts) -> ReuseHazard:
         """A hazard that has learned ``counts`` (``counts()`` of another) and learns on."""
+        counts = counts.closed()
         for table in (counts.reuses, counts.exposure):
             for key, row in table.items():
                 if len(row) != _BUCKETS or not all(math.isfinite(v) and v >= 0.0 for v in row):
@@ -85,11 +98,12 @@ class ReuseHazard:
         return hazard
 
     def counts(self, live: Iterable[tuple[Hashable, float]]) -> HazardCounts:
-        """What was learned, with the ``live`` contexts' idle periods so far ended unreused."""
-        exposure = self._with_live(live)
+        """What was learned, with the ``live`` contexts' idle periods so far to be ended
+        unreused (``HazardCounts.closed``)."""
         return HazardCounts(
             reuses={key: tuple(row) for key, row in self._reuses.items()},
-            exposure={key: tuple(row) for key, row in exposure.items()})
+            exposure={key: tuple(row) for key, row in self._exposure.items()},
+            idle=tuple(live))
 
     def ended(self, cls: Hashable, age_s: float, *, reused: bool) -> None:
         """An idle period of a ``cls`` context ended after ``age_s`` s: re-sent, or forgotten."""

@@ -295,7 +295,7 @@ def test_the_factory_builds_the_scheduler_role(tiny_model: Path, tmp_path: Path,
         assert connector.requires_kv_delivery is False
     finally:
         connector.shutdown()
-    # The engine's shutdown reaches the scheduler side: what the policy learned is kept.
+    # The connector's shutdown (which vLLM's Scheduler.shutdown calls) keeps what the policy learned.
     state = tmp_path / "policy_state.json"
     vllm_config = EngineArgs(model=str(tiny_model), block_size=16, max_model_len=1024, enforce_eager=True,
                              kv_transfer_config=_transfer_config(tmp_path, policy_state_file=str(state)),

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -110,10 +111,16 @@ def valid(tmp_path: Path) -> dict:
 @pytest.mark.parametrize("spoil, says", [
     (lambda d: "not json", "is not a kvci policy state"),
     (lambda d: {**d, "format": "kvci-policy-state/9"}, "is not a kvci policy state"),
-    (lambda d: {**d, "edges_s": [0.0, 1.0, 3.0] + d["edges_s"][3:]}, "other buckets"),
+    (lambda d: {**d, "edges_s": [0.0, 1.0, 3.0] + d["edges_s"][3:]}, "other classes or idle-age buckets"),
     (lambda d: {**d, "classes": [{**d["classes"][0], "reuses": [-1.0] * len(EDGES)}]}, "greater than or equal to 0"),
     (lambda d: {**d, "classes": [{**d["classes"][0], "exposure_s": [1.0]}]}, "at least"),
     (lambda d: {**d, "classes": [d["classes"][0], d["classes"][0]]}, "twice"),
+    (lambda d: {**d, "count_cap": 3}, "other classes"),
+    (lambda d: {**d, "score_bands": 8}, "other classes"),
+    (lambda d: {**d, "classes": [{**d["classes"][0], "band": 4}]}, "less than 4"),
+    (lambda d: {**d, "classes": [{**d["classes"][0], "resent": 3}]}, "less than or equal to 2"),
+    # Each finite, but their sums would overflow every hazard to infinity.
+    (lambda d: {**d, "classes": [{**d["classes"][0], "exposure_s": [1e308] * len(EDGES)}]}, "less than or equal"),
 ])
 def test_a_file_this_version_did_not_write_is_refused_saying_why(tmp_path: Path, spoil, says: str) -> None:
     path = tmp_path / "policy.json"
@@ -131,6 +138,14 @@ def test_restore_learns_afresh_from_a_file_it_cannot_read(tmp_path: Path, caplog
     with caplog.at_level(logging.WARNING):
         assert PolicyStateFile(path).restore() is None
     assert "learning the workload afresh" in caplog.text and str(path) in caplog.text
+    caplog.clear()
+    path.unlink()
+    path.symlink_to(path)  # unreadable (a loop): an OSError, not a refusal to start
+    with caplog.at_level(logging.WARNING):
+        assert PolicyStateFile(path).restore() is None
+    assert "learning the workload afresh" in caplog.text
+    with pytest.raises(OSError):
+        PolicyStateFile(path).load()
     PolicyStateFile(path).save(taught(Clock()).policy_learned())
     assert PolicyStateFile(path).restore() is not None
 
@@ -140,6 +155,13 @@ def test_counts_of_another_shape_are_refused() -> None:
         ReuseHazard.from_counts(HazardCounts(reuses={ONE_OFF: (1.0,)}, exposure={}))
     with pytest.raises(ValueError, match="finite counts"):
         ReuseHazard.from_counts(HazardCounts(reuses={}, exposure={ONE_OFF: (float("nan"),) * len(EDGES)}))
+
+
+def test_a_write_cut_short_leaves_nothing_behind_at_the_next_start(tmp_path: Path) -> None:
+    (tmp_path / ".policy.json.k3x9").write_text("half")
+    (tmp_path / ".other.json.k3x9").write_text("not ours")
+    PolicyStateFile(tmp_path / "policy.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.json.k3x9"]
 
 
 def test_a_path_that_cannot_hold_the_file_is_refused_at_start(tmp_path: Path) -> None:
@@ -187,10 +209,60 @@ def test_the_saver_writes_when_due_off_the_callers_thread_and_reports_a_failed_w
         PolicyStateSaver(PolicyStateFile(tmp_path / "p.json"), lambda: learned, every_s=0.0)
 
 
+class SlowFile(PolicyStateFile):
+    """A real state file whose writes wait until the test lets them through."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def save(self, counts: HazardCounts) -> None:
+        self.started.set()
+        assert self.release.wait(10)
+        super().save(counts)
+
+
+def test_a_save_in_flight_is_never_doubled_and_the_shutdown_save_waits_for_it(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    learned = taught(Clock()).policy_learned()
+    file = SlowFile(tmp_path / "policy.json")
+    saver = PolicyStateSaver(file, lambda: learned, every_s=60.0, clock=clock)
+    clock.now = 60.0
+    saver.tick()
+    assert file.started.wait(10)
+    first = saver._writing
+    clock.now = 200.0
+    saver.tick()  # due again, but the first write is still in flight
+    assert saver._writing is first and first.is_alive()
+    threading.Timer(0.2, file.release.set).start()
+    saver.save()  # waits for the write in flight, then writes again
+    assert not first.is_alive() and saver.saves == 2
+
+
+def test_a_failed_save_at_shutdown_is_reported_not_raised(tmp_path: Path, caplog) -> None:
+    folder = tmp_path / "state"
+    folder.mkdir()
+    saver = PolicyStateSaver(PolicyStateFile(folder / "policy.json"), lambda: taught(Clock()).policy_learned())
+    folder.rmdir()
+    with caplog.at_level(logging.WARNING):
+        saver.save()
+    assert saver.saves == 0 and "could not save the policy state" in caplog.text
+
+
 def test_only_the_value_policy_takes_a_state_file(tmp_path: Path) -> None:
     assert KVCIConfig(policy_state_file=tmp_path / "p.json").policy_state_file == tmp_path / "p.json"
-    with pytest.raises(ValueError, match="learns nothing"):
+    with pytest.raises(ValueError, match="'lru' learns nothing"):
         KVCIConfig(policy_state_file=tmp_path / "p.json", ram_policy="lru")
+    with pytest.raises(ValueError, match="ram_threshold, ram_admission and ram_threshold_min choose it"):
+        KVCIConfig(policy_state_file=tmp_path / "p.json", ram_threshold=0.5)
+
+
+def test_each_data_parallel_rank_keeps_its_own_file(tmp_path: Path) -> None:
+    config = KVCIConfig(policy_state_file=tmp_path / "policy.json")
+    assert config.for_data_parallel_rank(0, 1) is config
+    assert config.for_data_parallel_rank(2, 4).policy_state_file == tmp_path / "policy.dp2.json"
+    assert KVCIConfig().for_data_parallel_rank(2, 4).policy_state_file is None
 
 
 def scheduler(path: Path) -> KVCIScheduler:
