@@ -24,6 +24,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.events import KVCIEvents
 from kvci_plugin.connector.groups import GroupLayout, KVGroup
+from kvci_plugin.connector.logs import log_where_vllm_logs
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.namespace import engine_namespace
 from kvci_plugin.connector.scheduler import KVCIScheduler
@@ -147,6 +148,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        log_where_vllm_logs()
         self._config = KVCIConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         self._groups = _group_layout(kv_cache_config, vllm_config.cache_config.block_size)
         if self._kv_transfer_config.kv_load_failure_policy != "recompute":

@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
 from vllm.logger import init_logger
 
+from kvci_plugin.connector.logs import log_where_vllm_logs
 from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.governance import (
     CatalogLabelResolver,
@@ -53,6 +54,7 @@ logger = init_logger(__name__)
 
 class KVCILMCacheConnector(LMCacheConnectorV1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+        log_where_vllm_logs()
         transfer = vllm_config.kv_transfer_config
         if transfer is None:
             raise ValueError("KVCILMCacheConnector needs vLLM's kv_transfer_config")

@@ -110,8 +110,11 @@ class PolicyStateFile:
         replaces it): a tier must not refuse to start over what it can learn again."""
         try:
             return self.load()
-        except (ValueError, OSError) as exc:
-            logger.warning("kvci: policy_state_file %s not read (%s); learning the workload afresh",
+        except ValueError as exc:
+            logger.warning("kvci: %s; learning the workload afresh", exc)
+            return None
+        except OSError as exc:
+            logger.warning("kvci: policy_state_file %s cannot be read (%s); learning the workload afresh",
                            self.path, exc)
             return None
 
