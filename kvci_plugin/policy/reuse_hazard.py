@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Bucket edges in seconds: [0, 1), [1, 2), [2, 4) ... [2^16, inf): from one engine step to most of
@@ -56,6 +56,15 @@ def _add_exposure(row: list[float], age_s: float) -> None:
         row[j] += min(age_s, hi) - lo
 
 
+def _with_idle(exposure: Mapping[Hashable, Sequence[float]],
+               idle: Iterable[tuple[Hashable, float]]) -> dict[Hashable, list[float]]:
+    """``exposure`` (copied) with each open idle period (class, idle age so far) added."""
+    out = {cls: list(row) for cls, row in exposure.items()}
+    for cls, age_s in idle:
+        _add_exposure(out.setdefault(cls, [0.0] * _BUCKETS), age_s)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class HazardCounts:
     """Per class and idle-age bucket (``EDGES``): re-sends seen, and seconds of idle exposure;
@@ -70,9 +79,7 @@ class HazardCounts:
         """The same counts with every open idle period ended, not re-sent."""
         if not self.idle:
             return self
-        exposure = {key: list(row) for key, row in self.exposure.items()}
-        for key, age_s in self.idle:
-            _add_exposure(exposure.setdefault(key, [0.0] * _BUCKETS), age_s)
+        exposure = _with_idle(self.exposure, self.idle)
         return HazardCounts(self.reuses, {key: tuple(row) for key, row in exposure.items()})
 
 
@@ -114,7 +121,7 @@ class ReuseHazard:
 
     def refresh(self, live: Iterable[tuple[Hashable, float]]) -> None:
         """Recompute every hazard, counting the idle time so far of the contexts still idle."""
-        exposure = self._with_live(live)
+        exposure = _with_idle(self._exposure, live)
         classes = set(exposure) | set(self._reuses)
         zero = [0.0] * _BUCKETS
         self._pooled = [
@@ -127,12 +134,6 @@ class ReuseHazard:
                   / (exposure.get(cls, zero)[j] + _width(j)) for j in range(_BUCKETS)]
             for cls in classes
         }
-
-    def _with_live(self, live: Iterable[tuple[Hashable, float]]) -> dict[Hashable, list[float]]:
-        exposure = {cls: list(row) for cls, row in self._exposure.items()}
-        for cls, age_s in live:
-            _add_exposure(exposure.setdefault(cls, [0.0] * _BUCKETS), age_s)
-        return exposure
 
     def resend_probability(self, cls: Hashable, age_s: float, horizon_s: float) -> float:
         """How likely a ``cls`` context idle for ``age_s`` is re-sent within ``horizon_s`` more."""

@@ -173,9 +173,9 @@ class TieredCheckpointManager:
         self._forgotten: OrderedDict[str, tuple[str, float]] = OrderedDict()
         # Only with a listener (kv events on): which pages each tier can load.
         self._loadable: LoadablePages | None = None
-        # The tenant of each store still being copied: its pages become loadable when it
-        # commits, and a system checkpoint then keeps the prefix its prompt re-sent.
-        self._copying: dict[str, str] = {}
+        # The tenant and trigger of each store still being copied: its pages become loadable
+        # when it commits, and a system checkpoint then keeps the prefix its prompt re-sent.
+        self._copying: dict[str, tuple[str, Trigger]] = {}
         self.retentions = Retentions(index, index.stats().tenant_quota_bytes)
 
     def watch(self, listener: TierListener) -> None:
@@ -289,11 +289,11 @@ class TieredCheckpointManager:
                 self.index.commit(cid)
                 self.retentions.committed()
                 self._tell_ram_stored(cid, tenant)
-                self._keep_resent_prefix(cid, tenant)
+                self._keep_resent_prefix(cid, trigger)
                 if res.new:
                     self._start_ready_persists()
             else:
-                self._copying[cid] = tenant
+                self._copying[cid] = (tenant, trigger)
             persist_outcome = None
             if persist:
                 persist_outcome = self.promote(
@@ -321,7 +321,7 @@ class TieredCheckpointManager:
         Returns the outcome of this checkpoint's own persist when one started now.
         """
         with self.lock:
-            tenant = self._copying.pop(checkpoint_id, None)
+            tenant, trigger = self._copying.pop(checkpoint_id, (None, None))
             if checkpoint_id in self._fenced or checkpoint_id in self._forgotten:
                 return None  # a copy of KV from before a reset or a forget: never loadable
             if ok:
@@ -329,7 +329,7 @@ class TieredCheckpointManager:
                 self.retentions.committed()
                 if tenant is not None:
                     self._tell_ram_stored(checkpoint_id, tenant)
-                    self._keep_resent_prefix(checkpoint_id, tenant)
+                    self._keep_resent_prefix(checkpoint_id, trigger)
             else:
                 keys = self.index.get(checkpoint_id, tenant).keys if tenant is not None else ()
                 self.index.abort(checkpoint_id)
@@ -652,10 +652,10 @@ class TieredCheckpointManager:
         self._loadable.stored("ram", [k for k in keys if k not in held
                                       and self.index.longest_prefix((k,), tenant)])
 
-    def _keep_resent_prefix(self, checkpoint_id: str, tenant: str) -> None:
+    def _keep_resent_prefix(self, checkpoint_id: str, trigger: Trigger | None) -> None:
         """A checkpoint the system kept committed: the prefix its prompt re-sent keeps a value of
         its own (``RAMIndex.keep_resent_prefix``). An explicit one needs none: it leaves last."""
-        if self.index.get(checkpoint_id, tenant).meta.get("trigger") == "system":
+        if trigger == "system":
             self.index.keep_resent_prefix(checkpoint_id, uuid.uuid4().hex)
 
     def _ram_entry(self, checkpoint_id: str, tenant: str | None) -> CheckpointEntry | None:
