@@ -7,7 +7,7 @@ disk tier, the control surface's address, a cache reset, the policy state — we
 warning came out unformatted. A handler on ``kvci_plugin`` hands each record to the handlers
 ``vllm`` has when the record is made (so a later reconfiguration by vLLM is followed), at
 vLLM's level. Records still reach the root logger, so an application that configured its own
-logging sees them as before; with ``VLLM_CONFIGURE_LOGGING=0`` nothing changes.
+logging sees them as before, and a handler on both loggers sees each once; with ``VLLM_CONFIGURE_LOGGING=0`` nothing changes.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ KVCI_LOGGER = "kvci_plugin"
 
 class _ToVLLMHandlers(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
+        # A handler on the root logger too (a test's log capture is on both) gets the record
+        # there: it is not handed it twice.
+        through_root = logging.getLogger().handlers
         for handler in logging.getLogger("vllm").handlers:
-            if record.levelno >= handler.level:
+            if record.levelno >= handler.level and handler not in through_root:
                 handler.handle(record)
 
 

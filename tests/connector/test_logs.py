@@ -46,6 +46,27 @@ def test_an_info_line_of_kvci_reaches_vllms_handler_and_the_root(vllm_handler, c
     assert "kvci: control surface on here" in caplog.text  # the root logger still sees it
 
 
+def test_a_handler_on_both_vllm_and_the_root_gets_each_record_once(vllm_handler) -> None:
+    """As pytest's log capture sits on both: it must not see kvci's records twice."""
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    both = Collect()
+    logging.getLogger("vllm").addHandler(both)
+    logging.getLogger().addHandler(both)
+    try:
+        log_where_vllm_logs()
+        logging.getLogger("kvci_plugin.worthiness.anything").warning("kvci: once")
+    finally:
+        logging.getLogger("vllm").removeHandler(both)
+        logging.getLogger().removeHandler(both)
+    assert seen.count("kvci: once") == 1
+    assert vllm_handler.getvalue().count("kvci: once") == 1
+
+
 def test_under_vllm_serve_logging_a_kvci_line_is_printed_in_vllms_format() -> None:
     """A fresh process, vLLM's own logging configuration applied, as an engine core has it."""
     code = (
