@@ -11,10 +11,10 @@ faster learning.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 
 from kvci_plugin.policy import ValuePolicy
-from kvci_plugin.policy.reuse_hazard import ReuseHazard
+from kvci_plugin.policy.reuse_hazard import Live, ReuseHazard
 
 NAME = "kvci-hindsight"
 
@@ -30,7 +30,7 @@ class FrozenHazard(ReuseHazard):
     def ended(self, cls: Hashable, age_s: float, *, reused: bool) -> None:
         return None
 
-    def refresh(self, live: Iterable[tuple[Hashable, float]]) -> None:
+    def refresh(self, live: Live) -> None:
         return None
 
 

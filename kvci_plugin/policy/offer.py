@@ -16,6 +16,8 @@ from kvci_plugin.worthiness.cache_gate import HIT_RATE_FLOOR
 # Scores fall into this many equal bands: coarse enough that every band gathers evidence
 # quickly, fine enough to separate what the advisor calls poor, middling and strong.
 SCORE_BANDS = 4
+# The band of a request the advisor had no evidence to score.
+UNSCORED_BAND = -1
 # Re-sends of a context are told apart up to this: "none", "once", "more than once".
 COUNT_CAP = 2
 
@@ -43,7 +45,7 @@ class Offer:
     def band(self) -> int:
         """The score's band; -1 when the advisor had no evidence to score."""
         if self.score is None:
-            return -1
+            return UNSCORED_BAND
         return min(int(self.score * SCORE_BANDS), SCORE_BANDS - 1)
 
 

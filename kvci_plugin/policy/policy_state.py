@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvci_plugin.policy.offer import COUNT_CAP, SCORE_BANDS
+from kvci_plugin.policy.offer import COUNT_CAP, SCORE_BANDS, UNSCORED_BAND
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ _Count = Annotated[float, Field(ge=0.0, le=_MAX_COUNT, allow_inf_nan=False)]
 class _ClassCounts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    band: int = Field(ge=-1, lt=SCORE_BANDS)  # -1: scored on no evidence
+    band: int = Field(ge=UNSCORED_BAND, lt=SCORE_BANDS)
     resent: int = Field(ge=0, le=COUNT_CAP)
     reuses: list[_Count] = Field(min_length=len(EDGES), max_length=len(EDGES))
     exposure_s: list[_Count] = Field(min_length=len(EDGES), max_length=len(EDGES))

@@ -17,6 +17,10 @@ blended with the pooled hazard, weighted as one context's stay in that bucket; t
 hazard's own prior is one re-send per stay (optimistic until evidence says otherwise, so a fresh
 tier keeps what it is offered).
 
+``live`` (in ``refresh`` and ``counts``) is the idle ages so far of the contexts still idle, as an
+array per class: the refresh walks every remembered context, so its exposure is summed by array
+arithmetic (a loop per context held the engine step for ~180 ms at the 65,536-anchor bound).
+
 ``counts(live)`` is what was learned as plain counts, with the contexts still idle to be counted
 as idle so far and not re-sent (censored, as a survival model counts a subject still at risk): a
 tier restarted from them (``from_counts``) weighs as this one would, where a restart that kept
@@ -28,13 +32,22 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 # Bucket edges in seconds: [0, 1), [1, 2), [2, 4) ... [2^16, inf): from one engine step to most of
 # a day, each twice the last, so short pauses are told apart and long ones cost few buckets.
 EDGES: tuple[float, ...] = (0.0,) + tuple(float(2**k) for k in range(17))
 _BUCKETS = len(EDGES)
+# Per bucket: its start, and its span (the open last one spans whatever lies past its start).
+_LOWS = np.array(EDGES)
+_SPANS = np.append(np.diff(_LOWS), np.inf)
+
+# Idle ages so far (seconds) of the contexts still idle, per class.
+Live = Mapping[Hashable, ArrayLike]
 
 
 def bucket(age_s: float) -> int:
@@ -56,24 +69,33 @@ def _add_exposure(row: list[float], age_s: float) -> None:
         row[j] += min(age_s, hi) - lo
 
 
-def _with_idle(exposure: Mapping[Hashable, Sequence[float]],
-               idle: Iterable[tuple[Hashable, float]]) -> dict[Hashable, list[float]]:
-    """``exposure`` (copied) with each open idle period (class, idle age so far) added."""
+def _idle_exposure(ages_s: ArrayLike) -> np.ndarray:
+    """Per bucket, the seconds that idle periods of ``ages_s`` spent in it (``_add_exposure`` of
+    each, summed)."""
+    ages = np.asarray(ages_s, dtype=np.float64).reshape(-1, 1)
+    return np.clip(ages - _LOWS, 0.0, _SPANS).sum(axis=0)
+
+
+def _with_idle(exposure: Mapping[Hashable, Sequence[float]], idle: Live) -> dict[Hashable, list[float]]:
+    """``exposure`` (copied) with each open idle period (per class, the idle ages so far) added."""
     out = {cls: list(row) for cls, row in exposure.items()}
-    for cls, age_s in idle:
-        _add_exposure(out.setdefault(cls, [0.0] * _BUCKETS), age_s)
+    for cls, ages in idle.items():
+        if np.size(ages):
+            row = out.setdefault(cls, [0.0] * _BUCKETS)
+            for j, seconds in enumerate(_idle_exposure(ages)):
+                row[j] += float(seconds)
     return out
 
 
 @dataclass(frozen=True, slots=True)
 class HazardCounts:
     """Per class and idle-age bucket (``EDGES``): re-sends seen, and seconds of idle exposure;
-    ``idle``: the periods still open (class, idle age so far), counted as exposure by
-    ``closed`` (apart, so that a caller holding a lock only copies them)."""
+    ``idle``: the periods still open (per class, the idle ages so far), counted as exposure by
+    ``closed`` (apart, so that a caller holding a lock only gathers them)."""
 
     reuses: Mapping[Hashable, tuple[float, ...]]
     exposure: Mapping[Hashable, tuple[float, ...]]
-    idle: tuple[tuple[Hashable, float], ...] = ()
+    idle: Live = field(default_factory=dict)
 
     def closed(self) -> HazardCounts:
         """The same counts with every open idle period ended, not re-sent."""
@@ -101,16 +123,16 @@ class ReuseHazard:
         hazard = cls()
         hazard._reuses = {key: list(row) for key, row in counts.reuses.items()}
         hazard._exposure = {key: list(row) for key, row in counts.exposure.items()}
-        hazard.refresh(())
+        hazard.refresh({})
         return hazard
 
-    def counts(self, live: Iterable[tuple[Hashable, float]]) -> HazardCounts:
+    def counts(self, live: Live) -> HazardCounts:
         """What was learned, with the ``live`` contexts' idle periods so far to be ended
         unreused (``HazardCounts.closed``)."""
         return HazardCounts(
             reuses={key: tuple(row) for key, row in self._reuses.items()},
             exposure={key: tuple(row) for key, row in self._exposure.items()},
-            idle=tuple(live))
+            idle=live)
 
     def ended(self, cls: Hashable, age_s: float, *, reused: bool) -> None:
         """An idle period of a ``cls`` context ended after ``age_s`` s: re-sent, or forgotten."""
@@ -119,7 +141,7 @@ class ReuseHazard:
         if reused:
             reuses[bucket(age_s)] += 1.0
 
-    def refresh(self, live: Iterable[tuple[Hashable, float]]) -> None:
+    def refresh(self, live: Live) -> None:
         """Recompute every hazard, counting the idle time so far of the contexts still idle."""
         exposure = _with_idle(self._exposure, live)
         classes = set(exposure) | set(self._reuses)

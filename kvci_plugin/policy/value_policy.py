@@ -54,7 +54,9 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvci_plugin.policy.offer import COUNT_CAP, Offer
+import numpy as np
+
+from kvci_plugin.policy.offer import COUNT_CAP, UNSCORED_BAND, Offer
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
 from kvci_plugin.policy.tier_policy import PolicyStats
 
@@ -325,6 +327,18 @@ class ValuePolicy:
         self._lookups_since_refresh = 0
         self._hazard.refresh(self._live(now))
 
-    def _live(self, now: float) -> Iterator[tuple[tuple[int, int], float]]:
-        return ((a.cls, max(0.0, now - a.last_seen))
-                for table in (self._ghosts, self._held) for a in table.values())
+    def _live(self, now: float) -> dict[tuple[int, int], np.ndarray]:
+        """Every remembered context's idle age so far, per class (``reuse_hazard.Live``)."""
+        anchors = [*self._ghosts.values(), *self._held.values()]
+        n = len(anchors)
+        if not n:
+            return {}
+        bands = np.fromiter((a.band for a in anchors), np.int64, n)
+        reuses = np.fromiter((a.reuses for a in anchors), np.int64, n)
+        ages = np.maximum(0.0, now - np.fromiter((a.last_seen for a in anchors), np.float64, n))
+        # One int per class (band, capped re-sends), so the anchors are grouped by one sort.
+        keys = (bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)
+        order = np.argsort(keys, kind="stable")
+        found, starts = np.unique(keys[order], return_index=True)
+        return {(int(k) // (COUNT_CAP + 1) + UNSCORED_BAND, int(k) % (COUNT_CAP + 1)): part
+                for k, part in zip(found, np.split(ages[order], starts[1:]))}

@@ -15,15 +15,15 @@ def test_a_frozen_hazard_weighs_as_the_learned_one_did_and_learns_nothing_more()
     learned = ReuseHazard()
     for age in (3.0, 5.0, 6.0):
         learned.ended(CLS, age, reused=True)
-    learned.refresh([])
+    learned.refresh({})
     frozen = FrozenHazard(learned)
     before = [frozen.resend_probability(CLS, age, 10.0) for age in (0.0, 4.0, 100.0)]
     assert before == [learned.resend_probability(CLS, age, 10.0) for age in (0.0, 4.0, 100.0)]
     for _ in range(50):  # a flood of contexts never re-sent would teach an online hazard otherwise
         frozen.ended(CLS, 4.0, reused=False)
         learned.ended(CLS, 4.0, reused=False)
-    frozen.refresh([(CLS, 1000.0)])
-    learned.refresh([(CLS, 1000.0)])
+    frozen.refresh({CLS: [1000.0]})
+    learned.refresh({CLS: [1000.0]})
     assert [frozen.resend_probability(CLS, age, 10.0) for age in (0.0, 4.0, 100.0)] == before
     assert learned.resend_probability(CLS, 4.0, 10.0) < before[1]
 

@@ -79,7 +79,7 @@ def test_contexts_still_idle_are_kept_as_idle_time_not_dropped() -> None:
     clock = Clock()
     policy = ValuePolicy()
     taught(clock, policy)
-    ended_only = ReuseHazard.from_counts(policy._hazard.counts(()))
+    ended_only = ReuseHazard.from_counts(policy._hazard.counts({}))
     censored = ReuseHazard.from_counts(policy.learned(clock.now))
     assert censored.resend_probability(ONE_OFF, 0.0, 600.0) < ended_only.resend_probability(ONE_OFF, 0.0, 600.0) / 2
 

@@ -57,7 +57,7 @@ def test_a_class_that_comes_back_outranks_one_that_never_does() -> None:
     for _ in range(40):
         hazard.ended("back", 30.0, reused=True)
         hazard.ended("gone", 3000.0, reused=False)
-    hazard.refresh([])
+    hazard.refresh({})
     assert hazard.resend_probability("back", 0.0, 60.0) > 10 * hazard.resend_probability("gone", 0.0, 60.0)
     assert hazard.resend_probability("back", 0.0, 60.0) > 0.5
     # Past the age at which it always came back, holding it buys little.
@@ -72,7 +72,7 @@ def test_a_horizon_that_reaches_past_a_pause_counts_the_return() -> None:
     for _ in range(40):
         hazard.ended("pause", 100.0, reused=True)
         hazard.ended("gone", 3000.0, reused=False)
-    hazard.refresh([])
+    hazard.refresh({})
     assert hazard.resend_probability("pause", 10.0, 200.0) > 10 * hazard.resend_probability("gone", 10.0, 200.0)
 
 
@@ -80,10 +80,61 @@ def test_contexts_still_idle_count_as_exposure() -> None:
     hazard = ReuseHazard()
     for _ in range(10):
         hazard.ended("c", 5.0, reused=True)
-    hazard.refresh([])
+    hazard.refresh({})
     before = hazard.resend_probability("c", 0.0, 4000.0)
-    hazard.refresh([("c", 5000.0)] * 200)
+    hazard.refresh({"c": [5000.0] * 200})
     assert hazard.resend_probability("c", 0.0, 4000.0) < before / 2
+
+
+@given(ages=st.lists(st.floats(0.0, 2.0 * EDGES[-1], allow_nan=False), max_size=40))
+def test_idle_exposure_in_bulk_is_each_period_added_one_by_one(ages) -> None:
+    """The refresh sums open idle periods as arrays; it must count what ending each would."""
+    one_by_one = ReuseHazard()
+    for age in ages:
+        one_by_one.ended("c", age, reused=False)
+    bulk = ReuseHazard()
+    bulk.ended("c", 0.0, reused=False)  # the class exists with nothing counted yet
+    closed = bulk.counts({"c": ages}).closed()
+    assert closed.exposure["c"] == pytest.approx(one_by_one.counts({}).exposure.get("c", (0.0,) * len(EDGES)),
+                                                 rel=1e-12, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(0, 7), st.sampled_from([None, 0.1, 0.4, 0.9]),
+                                 st.floats(0.0, 500.0, allow_nan=False), st.booleans()),
+                       min_size=1, max_size=30))
+def test_the_policy_counts_every_remembered_context_idle_in_its_own_class(events) -> None:
+    """Each anchor the policy remembers adds its idle age so far to its class (band, capped
+    re-sends): checked against a per-anchor reference."""
+    policy = ValuePolicy()
+    now = 0.0
+    ref: dict[int, list] = {}  # anchor -> [band, reuses, last_seen]
+    for n, score, wait, resend in events:
+        now += wait
+        if resend and n in ref:
+            policy.observe_lookup([n], now)
+            ref[n][1] += 1
+            ref[n][2] = now
+        else:
+            offer = Offer(anchor=n, score=score)
+            policy.sighted(offer, now)
+            if n in ref:
+                ref[n][0] = offer.band
+            else:
+                ref[n] = [offer.band, 0, now]
+    end = now + 30.0
+    expected = ReuseHazard()
+    for band, reuses, seen in ref.values():
+        expected.ended((band, min(reuses, 2)), end - seen, reused=False)
+    got = policy.learned(end)
+    assert {cls: len(ages) for cls, ages in got.idle.items()} == {
+        cls: sum((b, min(r, 2)) == cls for b, r, _ in ref.values()) for cls in got.idle}
+    closed = got.closed()
+    want = expected.counts({}).exposure
+    for cls, row in want.items():
+        # What the policy already counted (re-sends end idle periods) plus what is still open.
+        assert closed.exposure[cls] == pytest.approx(
+            tuple(a + b for a, b in zip(row, got.exposure.get(cls, (0.0,) * len(EDGES)))), rel=1e-9, abs=1e-6)
 
 
 # ---- admission and eviction -------------------------------------------------------------------
