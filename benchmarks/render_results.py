@@ -20,6 +20,8 @@ from benchmarks.policysim.hindsight import NAME as HINDSIGHT
 from benchmarks.policysim.restart import LRU_NAME as LRU_RESTARTED
 from benchmarks.policysim.restart import NAME as RESTARTED
 from benchmarks.policysim.restart import WARM_NAME as RESTARTED_WARM
+from benchmarks.policysim.told import NAME as TOLD
+from benchmarks.policysim.told import RANDOM_NAME as TOLD_RANDOM
 from benchmarks.policysim.report import (
     OFFLINE_BOUND,
     SCHEMA,
@@ -264,7 +266,7 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
     oracles = ", ".join(
         f"`{result.name}`"
         for result in report.runs[0].policies
-        if result.reads_the_future and result.name not in (OFFLINE_BOUND, HINDSIGHT)
+        if result.reads_the_future and result.name not in (OFFLINE_BOUND, HINDSIGHT, TOLD)
     )
     baselines = ", ".join(f"`{result.name}`" for result in report.runs[0].policies if result.role == "baseline")
     lines = [
@@ -300,7 +302,9 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         f"{settings.seed}). `kvci-restarted` is `kvci` restarted at the trace's middle request, its RAM "
         "empty and its policy learning afresh; `kvci-restarted-warm` the same restart with "
         "`policy_state_file` set, starting from what the first half learned (read back from a real "
-        "file). LRU is not restarted, so both read low against it.",
+        "file). LRU is not restarted, so both read low against it. "
+        f"`{TOLD_RANDOM}` is `kvci` with clients saying `tool_call_pending: true` of as many requests as "
+        f"`{TOLD}` does, drawn at random: a word that carries no information (`benchmarks/policysim/told.py`).",
         f"- Bounds, not policies: {oracles} read the future (whether the session continues). `oracle` knows it "
         "for every request; `oracle-later-first-all` / `-none` only for later turns, and admit every / no "
         f"session's first request. `{OFFLINE_BOUND}`, the offline bound, reads every block's next use: "
@@ -310,6 +314,9 @@ def _section(path: Path, report: SimulationReport) -> list[str]:
         + f"`{HINDSIGHT}` is `kvci` with each class's reuse hazard what `kvci` had learned by the trace's end, "
         "learning nothing more: what kvci's evidence (the score's band, how often a context came back, its "
         "idle age) buys when the learning is perfect (`benchmarks/policysim/hindsight.py`). "
+        f"`{TOLD}` is `kvci` with clients saying `tool_call_pending: true` exactly of the requests whose "
+        "session continues (read from the future as `oracle` reads it) and nothing of the others: what "
+        "kvci's policy makes of a client's word that the run will be back, when the word is always right. "
         "Bound gain: (saved - LRU saved) / (bound saved - LRU saved).",
         "",
         *_targets(report),
@@ -428,13 +435,14 @@ def _follow_up(report: SimulationReport) -> list[str]:
         (run, comparison)
         for run in report.runs
         for comparison in run.comparisons
-        if (comparison.policy.startswith("oracle-later") or comparison.policy == HINDSIGHT)
+        if (comparison.policy.startswith("oracle-later") or comparison.policy in (HINDSIGHT, TOLD, TOLD_RANDOM))
         and target_for(run.budget_fraction) is not None
     ]
     lines += [
         "",
         "The bounds against the targets: later turns known, first turns admitted all / none (`oracle-later`), "
-        f"and kvci's own evidence learned in hindsight (`{HINDSIGHT}`).",
+        f"kvci's own evidence learned in hindsight (`{HINDSIGHT}`), and kvci told by its clients when a run "
+        f"will be back (`{TOLD}`), beside its control, the same word said at random (`{TOLD_RANDOM}`).",
         "",
         "| budget | bound | saved vs LRU | LRU bytes written / these |",
         "|---|---|--:|--:|",

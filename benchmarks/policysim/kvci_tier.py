@@ -16,6 +16,11 @@ settings) unless another is passed.
 With an ``EngineView`` (an engine replay's prediction) vLLM's own prefix cache sits in front:
 kvci loads only past the blocks it holds, and the observation counts engine tokens.
 
+With ``told`` (one entry per request, in trace order) the observation also carries what the
+client said of the turn's end, as a client sends it in ``kvci.observation``:
+``tool_call_pending`` True (the run will be back), False, or None (nothing said; the trace says
+nothing, so the default run says nothing).
+
 A hash id becomes a 16-byte page key; one page = one 512-token block. The entry bound is the
 page capacity: a deployment that sizes the tier for N pages lets it hold N checkpoints.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 
 from pydantic import JsonValue
 
@@ -38,7 +44,6 @@ from kvci_plugin.policy import (
     ValuePolicy,
     default_hit_rate_floor,
     offer_for,
-    offer_rebuild_s,
     system_may_offer,
 )
 from kvci_plugin.tiering.ram_index import RAMIndex
@@ -70,6 +75,7 @@ class KVCITier:
         policy: TierPolicy | None = None,
         name: str | None = None,
         engine: EngineView | None = None,
+        told: Sequence[bool | None] | None = None,
     ) -> None:
         self.policy = policy if policy is not None else ValuePolicy()
         self.name = name or self.policy.name
@@ -86,10 +92,18 @@ class KVCITier:
         self._recommended: Counter[str] = Counter()
         self._gate_refusals: Counter[str] = Counter()
         self._kept_any = False
+        self._told = tuple(told) if told is not None else None
+        self._steps = 0
 
     def step(self, request: TraceRequest, context: RequestContext, tally: Tally) -> None:
         """One request: its lookup, then what the connector keeps of it when it finishes."""
         self._clock.now_s = request.timestamp_ms / 1000.0
+        pending = None
+        if self._told is not None:
+            if self._steps >= len(self._told):
+                raise IndexError(f"told covers {len(self._told)} requests; request {self._steps + 1} arrived")
+            pending = self._told[self._steps]
+        self._steps += 1
         keys = [page_key(block) for block in request.hash_ids[: request.full_blocks]]
         local = self._engine_cache.lookup(request) if self._engine_cache is not None else 0
         self.index.observe_lookup(keys)
@@ -103,7 +117,7 @@ class KVCITier:
         account_lookup(tally, request, loaded, 0, local)
         if self._kept_any:
             self.gate.record_lookup(loaded > 0)
-        observation, turn = self._observation(request, context, keys, local + loaded, loaded > 0)
+        observation, turn = self._observation(request, context, keys, local + loaded, loaded > 0, pending)
         rec = self.advisor.recommend(observation)
         self._recommended[rec.tier.value] += 1
         if self._engine_cache is not None:
@@ -111,8 +125,8 @@ class KVCITier:
         if not keys:
             self._outcomes["no_full_block"] += 1
             return
-        offer = offer_for(rec, anchor=keys[-1], explicit=False, pages=len(keys),
-                          rebuild_s=offer_rebuild_s(self._rebuild, observation))
+        offer = offer_for(rec, observation, anchor=keys[-1], explicit=False, pages=len(keys),
+                          rebuild=self._rebuild)
         self.index.sight(offer)
         if not system_may_offer(rec):
             self._outcomes["not_offered"] += 1
@@ -146,8 +160,8 @@ class KVCITier:
         tally.admitted_requests += 1
         tally.ram_blocks_written += len(reservation.new)
 
-    def _observation(self, request: TraceRequest, context: RequestContext, keys: list[bytes],
-                     cached_blocks: int, loaded: bool) -> tuple[CheckpointObservation, SessionTurn | None]:
+    def _observation(self, request: TraceRequest, context: RequestContext, keys: list[bytes], cached_blocks: int,
+                     loaded: bool, pending: bool | None) -> tuple[CheckpointObservation, SessionTurn | None]:
         """What the connector's scheduler measures when the request finishes, and the session's
         turn it measured."""
         if self.engine is None:
@@ -155,8 +169,8 @@ class KVCITier:
         else:
             prompt, output = self.engine.prompt_tokens(request), self.engine.output_tokens(request)
             block_tokens = self.engine.block_tokens
-        fields: dict[str, int | float | None] = {
-            "context_tokens": prompt, "output_tokens": output,
+        fields: dict[str, int | float | bool | None] = {
+            "context_tokens": prompt, "output_tokens": output, "tool_call_pending": pending,
             "cached_tokens": min(cached_blocks * block_tokens, prompt),
             "wall_time_s": prompt / self.prefill_tokens_per_second,
         }

@@ -49,6 +49,9 @@ from benchmarks.policysim.sessions import (
     session_contexts,
 )
 from benchmarks.policysim.tinylfu_cache import WTinyLFUBlockCache
+from benchmarks.policysim.told import NAME as TOLD
+from benchmarks.policysim.told import RANDOM_NAME as TOLD_RANDOM
+from benchmarks.policysim.told import told_at_random, told_when_back
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.policysim.worthiness_admission import WorthinessAdmission
 from kvci_plugin.policy import ValuePolicy
@@ -163,6 +166,16 @@ def _budget_run(
         tally = replay(requests, contexts, policy, cache(ram_blocks), disk, config.engine)
         return PolicyResult.from_tally(policy.name, eviction, role, tally, block_bytes, policy.stats())
 
+    def told_run(name: str, told: list[bool | None], role: Role) -> PolicyResult:
+        """The default kvci tier, its clients saying ``told`` (``benchmarks.policysim.told``)."""
+        tier = KVCITier(ram_blocks, prefill_tokens_per_second=config.prefill_tokens_per_second, name=name,
+                        engine=config.engine, told=told)
+        tally = replay_kvci(requests, contexts, tier)
+        stats = {**tier.stats(), "told_pending": sum(word is True for word in told)}
+        if role == "bound":
+            stats["reads_the_future"] = True
+        return PolicyResult.from_tally(name, "kvci", role, tally, block_bytes, stats)
+
     results = [
         run(StoreEverything(BASELINE), LRUBlockCache, "lru", "baseline"),
         run(StoreEverything("arc"), ARCBlockCache, "arc", "baseline"),
@@ -208,6 +221,7 @@ def _budget_run(
     # The control: whole requests admitted blindly, as often as the default kvci policy admitted.
     rate = default.admitted_requests / default.requests
     results.append(run(RandomAdmission(rate, seed=config.seed), LRUBlockCache, "lru", "control"))
+    results.append(told_run(TOLD_RANDOM, told_at_random(continued, seed=config.seed), "control"))
     results.extend(
         run(ContinuationOracle(continued, first_turns=first_turns), LRUBlockCache, "lru", "bound")
         for first_turns in (None, True, False)
@@ -218,6 +232,7 @@ def _budget_run(
                          name=HINDSIGHT, engine=config.engine)
     results.append(PolicyResult.from_tally(HINDSIGHT, "kvci", "bound", replay_kvci(requests, contexts, hindsight),
                                            block_bytes, {**hindsight.stats(), "reads_the_future": True}))
+    results.append(told_run(TOLD, told_when_back(continued), "bound"))
     bound = BeladyBound(requests, ram_blocks)
     results.append(run(bound, lambda capacity: bound, "belady", "bound"))
     return budget_run(fraction, ram_blocks, disk_blocks, block_bytes, ceiling, results)

@@ -31,7 +31,6 @@ from kvci_plugin.policy import (
     ValuePolicy,
     default_hit_rate_floor,
     offer_for,
-    offer_rebuild_s,
     system_may_offer,
 )
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
@@ -540,9 +539,8 @@ class KVCIScheduler:
         if prompt_keys and n_full and not opted_out:
             # Anchored where the bar anchors: the prompt's last full block, which a continuation
             # re-sends. Kept or not, the policy remembers it.
-            offer = offer_for(rec, anchor=prompt_keys[min(n_full, len(prompt_keys)) - 1],
-                              explicit=trigger not in (None, "system"),
-                              pages=n_full, rebuild_s=offer_rebuild_s(self._rebuild, obs))
+            offer = offer_for(rec, obs, anchor=prompt_keys[min(n_full, len(prompt_keys)) - 1],
+                              explicit=trigger not in (None, "system"), pages=n_full, rebuild=self._rebuild)
             self.manager.index.sight(offer)
             if keep and keep < n_full:
                 # The prefix the session's rewrites kept, weighed per page as the whole prompt.

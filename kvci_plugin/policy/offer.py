@@ -1,8 +1,9 @@
 """What the tier policy is told about a request that could be kept: an ``Offer``.
 
 Everything in it is known when the request finishes: the worthiness recommendation's score, the
-rebuild cost per page from the shared ``RebuildCostEstimate``, and whether a client or operator
-asked for the checkpoint explicitly.
+rebuild cost per page from the shared ``RebuildCostEstimate``, whether a client or operator
+asked for the checkpoint explicitly, and what the client said of the turn's end
+(``tool_call_pending``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class Offer:
     explicit: bool = False
     score: float | None = None
     rebuild_s_per_page: float | None = None
+    # The client's ``tool_call_pending``: True, the turn ends on a tool call and the run will be
+    # back; False, it does not; None, not said. Evidence the policy weighs as it learns it, not
+    # an order (the order is ``kvci.retain``).
+    pending: bool | None = None
 
     def __post_init__(self) -> None:
         if self.score is not None and not 0.0 <= self.score <= 1.0:
@@ -84,19 +89,21 @@ def offer_rebuild_s(model: RebuildCostModel, observation: CheckpointObservation)
 
 def offer_for(
     rec: CheckpointRecommendation | None,
+    observation: CheckpointObservation,
     *,
     anchor: Hashable,
     explicit: bool,
     pages: int,
-    rebuild_s: float | None,
+    rebuild: RebuildCostModel,
 ) -> Offer:
-    """The offer of a request the engine is about to keep ``pages`` pages of; ``rebuild_s`` is
-    ``offer_rebuild_s`` of its observation (None when not known)."""
+    """The offer of a request the engine is about to keep ``pages`` pages of, as ``observation``
+    measured it (its work per page by ``offer_rebuild_s``; unknown when no work is known)."""
+    rebuild_s = offer_rebuild_s(rebuild, observation)
     per_page = rebuild_s / pages if rebuild_s is not None and pages > 0 else None
     return Offer(
         anchor=anchor,
         explicit=explicit,
         score=rec.score if rec is not None else None,
         rebuild_s_per_page=per_page,
+        pending=observation.tool_call_pending,
     )
-

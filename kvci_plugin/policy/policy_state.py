@@ -4,7 +4,8 @@ A fresh tier knows nothing of how soon its workload's contexts come back: until 
 builds up it weighs every class by an optimistic prior, and a restart throws an hour of learning
 away (``benchmarks.policy_sim``'s ``kvci-restarted``: a tier restarted halfway through the
 conversation trace, against one restarted from this file, ``kvci-restarted-warm``). The file
-holds only the reuse hazard's counts — per class (score band, re-sends) and idle-age bucket, how
+holds only the reuse hazard's counts — per class (score band, re-sends, what the client said of
+the turn's end) and idle-age bucket, how
 many re-sends and how many seconds of idle time — no key, no context, no tenant: nothing a reader
 could learn a prompt from.
 
@@ -27,10 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from kvci_plugin.policy.offer import COUNT_CAP, SCORE_BANDS, UNSCORED_BAND
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
+from kvci_plugin.policy.value_policy import PolicyClass
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,9 @@ class _ClassCounts(BaseModel):
 
     band: int = Field(ge=UNSCORED_BAND, lt=SCORE_BANDS)
     resent: int = Field(ge=0, le=COUNT_CAP)
+    # The client's tool_call_pending; a file written before kvci classed by it has every
+    # context unsaid, which is what that version saw.
+    pending: StrictBool | None = None
     reuses: list[_Count] = Field(min_length=len(EDGES), max_length=len(EDGES))
     exposure_s: list[_Count] = Field(min_length=len(EDGES), max_length=len(EDGES))
 
@@ -96,10 +101,10 @@ class PolicyStateFile:
         if scheme != (list(EDGES), SCORE_BANDS, COUNT_CAP):
             raise ValueError(f"policy_state_file {self.path} counts in other classes or idle-age "
                              f"buckets than this version's")
-        reuses: dict[tuple[int, int], tuple[float, ...]] = {}
-        exposure: dict[tuple[int, int], tuple[float, ...]] = {}
+        reuses: dict[PolicyClass, tuple[float, ...]] = {}
+        exposure: dict[PolicyClass, tuple[float, ...]] = {}
         for row in state.classes:
-            cls = (row.band, row.resent)
+            cls = (row.band, row.resent, row.pending)
             if cls in reuses:
                 raise ValueError(f"policy_state_file {self.path}: class {cls} twice")
             reuses[cls], exposure[cls] = tuple(row.reuses), tuple(row.exposure_s)
@@ -123,9 +128,11 @@ class PolicyStateFile:
         zero = (0.0,) * len(EDGES)
         rows = []
         for cls in sorted(set(counts.reuses) | set(counts.exposure), key=repr):
-            if not (isinstance(cls, tuple) and len(cls) == 2 and all(isinstance(v, int) for v in cls)):
-                raise TypeError(f"a policy state class is (band, resent), not {cls!r}")
-            rows.append(_ClassCounts(band=cls[0], resent=cls[1], reuses=list(counts.reuses.get(cls, zero)),
+            if not (isinstance(cls, tuple) and len(cls) == 3 and all(isinstance(v, int) for v in cls[:2])
+                    and cls[2] in (None, True, False)):
+                raise TypeError(f"a policy state class is (band, resent, pending), not {cls!r}")
+            rows.append(_ClassCounts(band=cls[0], resent=cls[1], pending=cls[2],
+                                     reuses=list(counts.reuses.get(cls, zero)),
                                      exposure_s=list(counts.exposure.get(cls, zero))))
         state = _PolicyState(format=FORMAT, edges_s=list(EDGES), score_bands=SCORE_BANDS,
                              count_cap=COUNT_CAP, classes=rows)

@@ -10,13 +10,24 @@ Rules, each with the anchor it comes from:
   simulator weigh the same context alike). The horizon is
   how long the tier holds what it admits now, measured: the median idle age of its latest
   victims (the characteristic time of Che's approximation for LRU caches); a return later than
-  the tier can wait for is worth nothing to it. A class is the worthiness score's band and how
-  often the context's anchor was re-sent since (a frequency, as LFU and TinyLFU count it); not
+  the tier can wait for is worth nothing to it. A class is the worthiness score's band, how
+  often the context's anchor was re-sent since (a frequency, as LFU and TinyLFU count it), and
+  what the client said of the turn's end (``tool_call_pending``: true, false, not said; below); not
   also whether the request continued an earlier one: that split each class's evidence three ways
   and cost hits at every budget it moved (``benchmarks.policy_sim``, conversation trace: 5 %
   1.070 -> 1.084x LRU, 25 % 0.988 -> 0.995x; the mixed trace within 0.01). The learning costs
   no bytes: every request's anchor is remembered whether it was kept or not (S3-FIFO's and
   ARC's ghosts), so the policy learns what its refusals would have bought.
+- **What the client says is evidence.** An agent knows when its turn ends on a tool call and it
+  will be back (Continuum's point: keep a tool call's context for the pause); it says so in the
+  observation's ``tool_call_pending``. Its contexts form classes of their own, learned like the
+  rest, so the word weighs as much as it proves: whether a session continues is the evidence
+  kvci's own lacks (``benchmarks.policy_sim``, conversation trace, 1 / 2.5 / 5 / 10 / 25 %:
+  told by a client that is always right, ``kvci-told``, 2.10 / 1.91 / 1.33 / 1.24 / 1.03x LRU
+  against 1.96 / 1.52 / 1.09 / 1.03 / 1.00x told nothing; the same word said at random,
+  ``kvci-told-random``, costs what splitting the evidence costs: 1.90 / 1.49 / 1.08 / 1.03 /
+  0.99x). Without it every context is "not said", one class as before. An order to keep is
+  ``kvci.retain``, not this.
 - **Admission.** With room, every offer is kept: refusing into free memory buys nothing (the
   gap the old RAM bar left). Under pressure an offer is kept only if it is worth at least the
   most valuable checkpoint it would evict (TinyLFU's "admit only if worth more than the
@@ -69,19 +80,30 @@ DEFAULT_MAX_GHOSTS = 65536
 REFRESH_LOOKUPS = 64
 # Victim ages the holding horizon is the median of.
 HORIZON_SAMPLES = 64
+# What a client may say of a turn's end (``Offer.pending``), each numbered for the bulk refresh.
+_SAID = {None: 0, True: 1, False: 2}
+_SAID_BY_CODE = tuple(_SAID)
+
+# A class: the score's band, the re-sends (capped), what the client said of the turn's end.
+PolicyClass = tuple[int, int, bool | None]
 
 
 @dataclass(slots=True)
 class _Anchor:
     band: int
+    pending: bool | None
     last_seen: float
     cost: float | None
     reuses: int = 0
     cids: set[str] = field(default_factory=set)
 
+    @classmethod
+    def of(cls, offer: Offer, now: float) -> _Anchor:
+        return cls(offer.band, offer.pending, now, offer.rebuild_s_per_page)
+
     @property
-    def cls(self) -> tuple[int, int]:
-        return (self.band, min(self.reuses, COUNT_CAP))
+    def cls(self) -> PolicyClass:
+        return (self.band, min(self.reuses, COUNT_CAP), self.pending)
 
 
 class ValuePolicy:
@@ -99,7 +121,7 @@ class ValuePolicy:
         self._held: dict[Hashable, _Anchor] = {}
         self._anchor_of: dict[str, Hashable] = {}
         # Held non-explicit checkpoints per class, least recently seen first; explicit ones apart.
-        self._by_class: dict[tuple[int, int], OrderedDict[str, None]] = {}
+        self._by_class: dict[PolicyClass, OrderedDict[str, None]] = {}
         self._explicit: OrderedDict[str, None] = OrderedDict()
         self._unread: set[str] = set()
         self._lookups_since_refresh = 0
@@ -138,11 +160,11 @@ class ValuePolicy:
             return
         anchor = self._ghosts.get(offer.anchor)
         if anchor is None:
-            self._ghosts[offer.anchor] = _Anchor(offer.band, now, offer.rebuild_s_per_page)
+            self._ghosts[offer.anchor] = _Anchor.of(offer, now)
             self._forget_overflow(now)
         else:
-            # The same context finished again (a repeat): its class follows the latest score.
-            anchor.band = offer.band
+            # The same context finished again (a repeat): its class follows the latest word on it.
+            anchor.band, anchor.pending = offer.band, offer.pending
             anchor.cost = offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
 
     def reuse_hazard(self, now: float) -> ReuseHazard:
@@ -192,7 +214,7 @@ class ValuePolicy:
             admit = False
         else:
             anchor = self._held.get(offer.anchor) or self._ghosts.get(offer.anchor)
-            cls = anchor.cls if anchor is not None else (offer.band, 0)
+            cls = anchor.cls if anchor is not None else (offer.band, 0, offer.pending)
             worth = self._worth(cls, 0.0) * self._cost(offer.rebuild_s_per_page)
             admit = worth >= max(self._value(cid, now) for cid in victims)
         if not admit:
@@ -212,7 +234,7 @@ class ValuePolicy:
         if anchor is None:
             anchor = self._ghosts.pop(offer.anchor, None)
             if anchor is None:
-                anchor = _Anchor(offer.band, now, offer.rebuild_s_per_page)
+                anchor = _Anchor.of(offer, now)
             self._held[offer.anchor] = anchor
         anchor.cids.add(checkpoint_id)
         self._anchor_of[checkpoint_id] = offer.anchor
@@ -281,7 +303,7 @@ class ValuePolicy:
         anchor = self._held[self._anchor_of[checkpoint_id]]
         return self._worth(anchor.cls, max(0.0, now - anchor.last_seen)) * self._cost(anchor.cost)
 
-    def _worth(self, cls: tuple[int, int], age_s: float) -> float:
+    def _worth(self, cls: PolicyClass, age_s: float) -> float:
         """How likely a ``cls`` context idle ``age_s`` is re-sent while the tier could hold it."""
         return self._hazard.resend_probability(cls, age_s, self._horizon())
 
@@ -305,7 +327,7 @@ class ValuePolicy:
             self._cost_sum += per_page
             self._cost_n += 1
 
-    def _reclass(self, anchor: _Anchor, before: tuple[int, int]) -> None:
+    def _reclass(self, anchor: _Anchor, before: PolicyClass) -> None:
         """The anchor was just seen: its held checkpoints move to the tail of its (new) class."""
         after = anchor.cls
         for cid in anchor.cids:
@@ -327,7 +349,7 @@ class ValuePolicy:
         self._lookups_since_refresh = 0
         self._hazard.refresh(self._live(now))
 
-    def _live(self, now: float) -> dict[tuple[int, int], np.ndarray]:
+    def _live(self, now: float) -> dict[PolicyClass, np.ndarray]:
         """Every remembered context's idle age so far, per class (``reuse_hazard.Live``)."""
         anchors = [*self._ghosts.values(), *self._held.values()]
         n = len(anchors)
@@ -335,10 +357,17 @@ class ValuePolicy:
             return {}
         bands = np.fromiter((a.band for a in anchors), np.int64, n)
         reuses = np.fromiter((a.reuses for a in anchors), np.int64, n)
+        said = np.fromiter((_SAID[a.pending] for a in anchors), np.int64, n)
         ages = np.maximum(0.0, now - np.fromiter((a.last_seen for a in anchors), np.float64, n))
-        # One int per class (band, capped re-sends), so the anchors are grouped by one sort.
-        keys = (bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)
+        # One int per class, so the anchors are grouped by one sort.
+        keys = ((bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)) * len(_SAID) + said
         order = np.argsort(keys, kind="stable")
         found, starts = np.unique(keys[order], return_index=True)
-        return {(int(k) // (COUNT_CAP + 1) + UNSCORED_BAND, int(k) % (COUNT_CAP + 1)): part
-                for k, part in zip(found, np.split(ages[order], starts[1:]))}
+        return {_class_of(int(k)): part for k, part in zip(found, np.split(ages[order], starts[1:]))}
+
+
+def _class_of(key: int) -> PolicyClass:
+    """The class ``_live`` numbered ``key``."""
+    key, said = divmod(key, len(_SAID))
+    band, resent = divmod(key, COUNT_CAP + 1)
+    return (band + UNSCORED_BAND, resent, _SAID_BY_CODE[said])

@@ -8,7 +8,7 @@ from bench.sim_traces import contexts_of, request
 from kvci_plugin.policy import Offer, ValuePolicy
 from kvci_plugin.policy.reuse_hazard import ReuseHazard
 
-CLS = (1, 0)
+CLS = (1, 0, None)
 
 
 def test_a_frozen_hazard_weighs_as_the_learned_one_did_and_learns_nothing_more() -> None:

@@ -3,12 +3,15 @@ without an engine view: vLLM's own prefix cache in front, the observation in eng
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.policysim.admission import StoreEverything
 from benchmarks.policysim.engine_view import EngineCache, EngineView
 from benchmarks.policysim.kvci_tier import KVCITier, page_key, replay_kvci
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.replay import replay
 from benchmarks.policysim.sessions import SessionTracker, session_contexts
+from benchmarks.policysim.told import told_at_random, told_when_back
 from benchmarks.policysim.trace import BLOCK_TOKENS
 from bench.sim_traces import contexts_of, request
 
@@ -74,3 +77,28 @@ def test_a_churning_session_keeps_only_the_prefix_its_rewrites_kept() -> None:
     kept = sorted(tuple(entry.keys) for entry in tier.index.entries())
     assert tuple(page_key(b) for b in (1, 2, 3)) in kept
     assert tuple(page_key(b) for b in (1, 2, 3, 40)) not in kept
+
+
+def test_what_the_clients_say_reaches_the_policy_as_each_requests_class() -> None:
+    requests = [request((10 * n + 1, 10 * n + 2), short_by=10, at_ms=1000 * n) for n in range(3)]
+    told = [True, None, False]
+    tier = KVCITier(100, prefill_tokens_per_second=8192.0, told=told)
+    replay_kvci(requests, contexts_of(requests), tier)
+    learned = tier.policy.learned(10.0)
+    assert sorted(((cls[2], len(ages)) for cls, ages in learned.idle.items()), key=repr) == [
+        (False, 1), (None, 1), (True, 1)]
+    # A default tier says nothing of any request.
+    quiet = KVCITier(100, prefill_tokens_per_second=8192.0)
+    replay_kvci(requests, contexts_of(requests), quiet)
+    assert {cls[2] for cls in quiet.policy.learned(10.0).idle} == {None}
+    with pytest.raises(IndexError, match="told covers 2 requests; request 3 arrived"):
+        replay_kvci(requests, contexts_of(requests), KVCITier(100, prefill_tokens_per_second=8192.0, told=told[:2]))
+
+
+def test_told_when_back_says_true_of_each_continued_request_and_random_says_as_many_elsewhere() -> None:
+    continued = [True, False, False, True, False, False, False, True]
+    assert told_when_back(continued) == [True, None, None, True, None, None, None, True]
+    drawn = told_at_random(continued, seed=3)
+    assert drawn.count(True) == 3 and drawn.count(None) == 5
+    assert drawn == told_at_random(continued, seed=3)
+    assert {tuple(told_at_random(continued, seed=s)) for s in range(20)} != {tuple(drawn)}

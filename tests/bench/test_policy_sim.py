@@ -524,10 +524,10 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
         assert names == [
             "lru", "arc", "s3-fifo", "w-tinylfu", "store-after-2", "kvci", "kvci-restarted",
             "kvci-restarted-warm", "lru-restarted", "kvci-threshold", "kvci-threshold@0.4", "kvci-pressure",
-            "random",
-            "oracle", "oracle-later-first-all", "oracle-later-first-none", "kvci-hindsight", "belady",
+            "random", "kvci-told-random",
+            "oracle", "oracle-later-first-all", "oracle-later-first-none", "kvci-hindsight", "kvci-told", "belady",
         ]  # fmt: skip
-        assert [result.name for result in run.policies if result.reads_the_future] == names[-5:]
+        assert [result.name for result in run.policies if result.reads_the_future] == names[-6:]
         roles = {result.name: result.role for result in run.policies}
         assert [name for name in names if roles[name] == "baseline"] == names[:5]
         bar = run.policy("kvci-pressure").stats["pressure"]
@@ -559,7 +559,8 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     assert rendered.returncode == 0, rendered.stderr
     readme = (results / "README.md").read_text()
     assert report.command in readme and "synthetic.jsonl" in readme and "## policy_sim_synthetic" in readme
-    assert "| kvci-hindsight |" in readme  # beside the oracle-later bounds, against the targets
+    for name in ("kvci-hindsight", "kvci-told", "kvci-told-random"):
+        assert f"| {name} |" in readme  # beside the oracle-later bounds, against the targets
     # After the restart, each restarted tier against LRU restarted alike, from the reports' own counts.
     assert "### After a restart" in readme
     for run in report.runs:

@@ -20,8 +20,8 @@ from kvci_plugin.policy import LRUPolicy, Offer, PolicyStateFile, PolicyStateSav
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
 from kvci_plugin.tiering.ram_index import RAMIndex
 
-ONE_OFF = (-1, 0)  # an unscored context never re-sent
-RESENT = (-1, 2)  # one re-sent more than once
+ONE_OFF = (-1, 0, None)  # an unscored context never re-sent, nothing said of it
+RESENT = (-1, 2, None)  # one re-sent more than once
 
 
 class Clock:
@@ -119,6 +119,7 @@ def valid(tmp_path: Path) -> dict:
     (lambda d: {**d, "score_bands": 8}, "other classes"),
     (lambda d: {**d, "classes": [{**d["classes"][0], "band": 4}]}, "less than 4"),
     (lambda d: {**d, "classes": [{**d["classes"][0], "resent": 3}]}, "less than or equal to 2"),
+    (lambda d: {**d, "classes": [{**d["classes"][0], "pending": "yes"}]}, "valid boolean"),
     # Each finite, but their sums would overflow every hazard to infinity.
     (lambda d: {**d, "classes": [{**d["classes"][0], "exposure_s": [1e308] * len(EDGES)}]}, "less than or equal"),
 ])
@@ -128,6 +129,31 @@ def test_a_file_this_version_did_not_write_is_refused_saying_why(tmp_path: Path,
     path.write_text(spoilt if isinstance(spoilt, str) else json.dumps(spoilt))
     with pytest.raises(ValueError, match=says):
         PolicyStateFile(path).load()
+
+
+def test_what_clients_said_is_kept_per_class_and_a_file_from_before_reads_as_nothing_said(tmp_path: Path) -> None:
+    clock = Clock()
+    ix = taught(clock)
+    for n in range(20):  # contexts said to be back, and back 10 s later
+        clock.now += 10.0
+        ix.sight(Offer(anchor=key(5000 + n), pending=True))
+        clock.now += 10.0
+        ix.observe_lookup([key(5000 + n)])
+    path = tmp_path / "policy.json"
+    PolicyStateFile(path).save(ix.policy_learned())
+    rows = {(row["band"], row["resent"], row["pending"]) for row in json.loads(path.read_text())["classes"]}
+    assert (-1, 1, True) in rows and ONE_OFF in rows
+    restored = PolicyStateFile(path).load()
+    assert restored is not None
+    assert restored.resend_probability((-1, 0, True), 0.0, 30.0) > 5 * restored.resend_probability(ONE_OFF, 0.0, 30.0)
+    # A file written before kvci classed by the client's word: every class read as nothing said.
+    older = json.loads(path.read_text())
+    older["classes"] = [{k: v for k, v in row.items() if k != "pending"} for row in older["classes"]
+                        if row["pending"] is None]
+    path.write_text(json.dumps(older))
+    before = PolicyStateFile(path).load()
+    assert before is not None
+    assert before.counts({}).reuses.keys() == {cls for cls in restored.counts({}).reuses if cls[2] is None}
 
 
 def test_restore_learns_afresh_from_a_file_it_cannot_read(tmp_path: Path, caplog) -> None:

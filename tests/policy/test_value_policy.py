@@ -3,6 +3,8 @@ real RAMIndex under random operations (hypothesis) against a reference model."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -101,37 +103,37 @@ def test_idle_exposure_in_bulk_is_each_period_added_one_by_one(ages) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(events=st.lists(st.tuples(st.integers(0, 7), st.sampled_from([None, 0.1, 0.4, 0.9]),
+                                 st.sampled_from([None, True, False]),
                                  st.floats(0.0, 500.0, allow_nan=False), st.booleans()),
                        min_size=1, max_size=30))
 def test_the_policy_counts_every_remembered_context_idle_in_its_own_class(events) -> None:
     """Each anchor the policy remembers adds its idle age so far to its class (band, capped
-    re-sends): checked against a per-anchor reference."""
+    re-sends, what the client said): checked against a per-anchor reference."""
     policy = ValuePolicy()
     now = 0.0
-    ref: dict[int, list] = {}  # anchor -> [band, reuses, last_seen]
-    for n, score, wait, resend in events:
+    ref: dict[int, list] = {}  # anchor -> [band, pending, reuses, last_seen]
+    for n, score, pending, wait, resend in events:
         now += wait
         if resend and n in ref:
             policy.observe_lookup([n], now)
-            ref[n][1] += 1
-            ref[n][2] = now
+            ref[n][2] += 1
+            ref[n][3] = now
         else:
-            offer = Offer(anchor=n, score=score)
+            offer = Offer(anchor=n, score=score, pending=pending)
             policy.sighted(offer, now)
             if n in ref:
-                ref[n][0] = offer.band
+                ref[n][:2] = [offer.band, pending]
             else:
-                ref[n] = [offer.band, 0, now]
+                ref[n] = [offer.band, pending, 0, now]
     end = now + 30.0
+    classes = {n: (band, min(reuses, 2), pending) for n, (band, pending, reuses, _) in ref.items()}
     expected = ReuseHazard()
-    for band, reuses, seen in ref.values():
-        expected.ended((band, min(reuses, 2)), end - seen, reused=False)
+    for n, (*_, seen) in ref.items():
+        expected.ended(classes[n], end - seen, reused=False)
     got = policy.learned(end)
-    assert {cls: len(ages) for cls, ages in got.idle.items()} == {
-        cls: sum((b, min(r, 2)) == cls for b, r, _ in ref.values()) for cls in got.idle}
+    assert {cls: len(ages) for cls, ages in got.idle.items()} == Counter(classes.values())
     closed = got.closed()
-    want = expected.counts({}).exposure
-    for cls, row in want.items():
+    for cls, row in expected.counts({}).exposure.items():
         # What the policy already counted (re-sends end idle periods) plus what is still open.
         assert closed.exposure[cls] == pytest.approx(
             tuple(a + b for a, b in zip(row, got.exposure.get(cls, (0.0,) * len(EDGES)))), rel=1e-9, abs=1e-6)
@@ -170,6 +172,43 @@ def test_under_pressure_an_offer_worth_less_than_its_victim_is_refused_and_remem
     assert held(ix) == {"hot", "other"}
     assert ix.stats().policy.refused_under_pressure == 1
     assert ix.stats().policy.tracked_anchors >= 100
+
+
+def taught_by_the_word(clock: Clock, ix: RAMIndex, *, right: bool) -> None:
+    """Contexts whose client said a tool call is pending, and contexts said nothing of; when the
+    word is ``right`` the first come back 10 s later and the others never, else the reverse."""
+    for n in range(100):
+        clock.now += 10.0
+        told, unsaid = chain(3000 + 2 * n), chain(3001 + 2 * n)
+        for keys, pending in ((told, True), (unsaid, None)):
+            ix.observe_lookup(keys)
+            ix.sight(Offer(anchor=keys[-1], pending=pending))
+        if n:
+            ix.observe_lookup(chain(3000 + 2 * (n - 1) + (0 if right else 1)))
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_what_a_client_says_of_a_pending_tool_call_weighs_as_far_as_it_proves_right(right) -> None:
+    """The word is evidence, learned per class: a context said to be coming back is kept over one
+    said nothing of while the word proves right, and weighs less once it proves wrong."""
+    clock, policy = Clock(), ValuePolicy()
+    ix = index(2, policy=policy, clock=clock)
+    taught_by_the_word(clock, ix, right=right)
+    hazard = policy.reuse_hazard(clock.now)
+    told, unsaid = (hazard.resend_probability((-1, 0, said), 0.0, 30.0) for said in (True, None))
+    assert (told > 5 * unsaid) if right else (unsaid > 5 * told)
+    keep(ix, "resident", chain(90, 91), pending=True)
+    clock.now += 1.0
+    newcomer = Offer(anchor=key(93), pending=None)
+    ix.sight(newcomer)
+    if right:
+        with pytest.raises(NotWorthDisplacingError):
+            ix.reserve("newcomer", "t", chain(92, 93), offer=newcomer)
+        assert held(ix) == {"resident"}
+    else:
+        ix.reserve("newcomer", "t", chain(92, 93), offer=newcomer)
+        ix.commit("newcomer")
+        assert held(ix) == {"newcomer"}
 
 
 def test_eviction_takes_the_lowest_value_first_not_the_oldest() -> None:
