@@ -59,21 +59,12 @@ def _width(j: int) -> float:
     return EDGES[j + 1] - EDGES[j] if j + 1 < _BUCKETS else EDGES[j]
 
 
-def _add_exposure(row: list[float], age_s: float) -> None:
-    """Add an idle period of ``age_s`` seconds to each bucket it spent time in."""
-    for j in range(_BUCKETS):
-        lo = EDGES[j]
-        if age_s <= lo:
-            break
-        hi = EDGES[j + 1] if j + 1 < _BUCKETS else age_s
-        row[j] += min(age_s, hi) - lo
-
-
-def _idle_exposure(ages_s: ArrayLike) -> np.ndarray:
-    """Per bucket, the seconds that idle periods of ``ages_s`` spent in it (``_add_exposure`` of
-    each, summed)."""
+def _add_exposure(row: list[float], ages_s: ArrayLike) -> None:
+    """Add idle periods of ``ages_s`` seconds each to ``row``: to each bucket, the seconds each
+    spent in it."""
     ages = np.asarray(ages_s, dtype=np.float64).reshape(-1, 1)
-    return np.clip(ages - _LOWS, 0.0, _SPANS).sum(axis=0)
+    for j, seconds in enumerate(np.clip(ages - _LOWS, 0.0, _SPANS).sum(axis=0)):
+        row[j] += float(seconds)
 
 
 def _with_idle(exposure: Mapping[Hashable, Sequence[float]], idle: Live) -> dict[Hashable, list[float]]:
@@ -81,9 +72,7 @@ def _with_idle(exposure: Mapping[Hashable, Sequence[float]], idle: Live) -> dict
     out = {cls: list(row) for cls, row in exposure.items()}
     for cls, ages in idle.items():
         if np.size(ages):
-            row = out.setdefault(cls, [0.0] * _BUCKETS)
-            for j, seconds in enumerate(_idle_exposure(ages)):
-                row[j] += float(seconds)
+            _add_exposure(out.setdefault(cls, [0.0] * _BUCKETS), ages)
     return out
 
 
@@ -136,7 +125,7 @@ class ReuseHazard:
 
     def ended(self, cls: Hashable, age_s: float, *, reused: bool) -> None:
         """An idle period of a ``cls`` context ended after ``age_s`` s: re-sent, or forgotten."""
-        _add_exposure(self._exposure.setdefault(cls, [0.0] * _BUCKETS), age_s)
+        _add_exposure(self._exposure.setdefault(cls, [0.0] * _BUCKETS), (age_s,))
         reuses = self._reuses.setdefault(cls, [0.0] * _BUCKETS)
         if reused:
             reuses[bucket(age_s)] += 1.0

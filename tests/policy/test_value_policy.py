@@ -88,17 +88,23 @@ def test_contexts_still_idle_count_as_exposure() -> None:
     assert hazard.resend_probability("c", 0.0, 4000.0) < before / 2
 
 
+def seconds_in_each_bucket(age: float) -> list[float]:
+    """Reference: how long an idle period of ``age`` s spent in each idle-age bucket."""
+    return [max(0.0, min(age, EDGES[j + 1] if j + 1 < len(EDGES) else age) - EDGES[j]) for j in range(len(EDGES))]
+
+
 @given(ages=st.lists(st.floats(0.0, 2.0 * EDGES[-1], allow_nan=False), max_size=40))
-def test_idle_exposure_in_bulk_is_each_period_added_one_by_one(ages) -> None:
-    """The refresh sums open idle periods as arrays; it must count what ending each would."""
+def test_idle_exposure_counts_each_periods_seconds_in_each_bucket_ended_or_open(ages) -> None:
+    """Ended one by one, or still open and summed in bulk (the refresh, a saved state), each idle
+    period adds the seconds it spent in each bucket."""
+    want = [sum(column) for column in zip(*map(seconds_in_each_bucket, ages))] or [0.0] * len(EDGES)
     one_by_one = ReuseHazard()
     for age in ages:
         one_by_one.ended("c", age, reused=False)
     bulk = ReuseHazard()
     bulk.ended("c", 0.0, reused=False)  # the class exists with nothing counted yet
-    closed = bulk.counts({"c": ages}).closed()
-    assert closed.exposure["c"] == pytest.approx(one_by_one.counts({}).exposure.get("c", (0.0,) * len(EDGES)),
-                                                 rel=1e-12, abs=1e-9)
+    for counts in (one_by_one.counts({}), bulk.counts({"c": ages}).closed()):
+        assert counts.exposure.get("c", [0.0] * len(EDGES)) == pytest.approx(want, rel=1e-12, abs=1e-9)
 
 
 @settings(max_examples=40, deadline=None)
