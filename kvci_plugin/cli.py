@@ -436,7 +436,14 @@ def _render_stats(body: dict[str, Any], console: Console) -> None:
     console.print(scorers)
     disk = s.get("disk")
     if disk:
-        console.print(_kv_table("disk tier", [(k.replace("_", " "), v) for k, v in disk.items()]))
+        health = disk.get("health") or {}
+        rows = [(k.replace("_", " "), "n/a (degraded)" if v is None else v)
+                for k, v in disk.items() if k != "health"]
+        rows += [("health", health.get("state")), ("failures", health.get("failures"))]
+        if health.get("state") == "degraded":
+            rows += [("degraded for (s)", health.get("degraded_for_s")),
+                     ("last error", health.get("last_error"))]
+        console.print(_kv_table("disk tier", rows))
 
 
 _RENDER = {

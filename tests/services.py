@@ -13,6 +13,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -134,3 +135,28 @@ def new_redis_db(server_url: str, counter: list[int]) -> str:
     url = f"{server_url}/{db}"
     redis.Redis.from_url(url).flushdb()
     return url
+
+
+@contextmanager
+def redis_server_process() -> Iterator[tuple[str, subprocess.Popen]]:
+    """A fresh Redis server of one's own (no persistence), with its process: a test may freeze
+    it (SIGSTOP) without touching the session's server. Yields (URL, process); a frozen server
+    is thawed before it is stopped."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("Redis is not installed: run `make setup` (apt redis-server)")
+    folder = Path(tempfile.mkdtemp(prefix="kvci-redis-"))
+    port = free_port()
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
+         "--save", "", "--appendonly", "no", "--protected-mode", "yes"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        _wait(lambda: redis.Redis.from_url(url).ping(), "Redis")
+        yield url, server
+    finally:
+        if server.poll() is None:
+            os.kill(server.pid, signal.SIGCONT)
+        _stop(server, folder)

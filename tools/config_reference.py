@@ -13,7 +13,7 @@ from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel
 
-from kvci_plugin.connector.config import CacheGateSettings, KVCIConfig
+from kvci_plugin.connector.config import CacheGateSettings, KVCIConfig, TimeoutSettings
 from kvci_plugin.connector.params import KVCIRequestParams
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -56,7 +56,8 @@ def table(model: type[BaseModel], prefix: str = "") -> str:
 
 
 BLOCKS = {
-    "config:extra": lambda: table(KVCIConfig) + "\n\n" + table(CacheGateSettings, "cache_gate."),
+    "config:extra": lambda: (table(KVCIConfig) + "\n\n" + table(CacheGateSettings, "cache_gate.")
+                             + "\n\n" + table(TimeoutSettings, "timeouts.")),
     "config:params": lambda: table(KVCIRequestParams),
 }
 

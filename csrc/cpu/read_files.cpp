@@ -21,7 +21,8 @@ int64_t read_one(const char* path, char* row, int64_t row_bytes) {
   int fd;
   do {
     // O_NONBLOCK: a FIFO in a file's place must not hang the batch (no effect on a file).
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    // O_NOFOLLOW: a symlink planted in a shared folder must not point a reader at a device.
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return -errno;
   int64_t result = 0;

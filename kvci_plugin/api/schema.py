@@ -249,15 +249,32 @@ class ExplainResponse(BaseModel):
     explanation: CheckpointExplanation
 
 
-class DiskTierStats(BaseModel):
+class DiskTierHealth(BaseModel):
+    """The disk tier's dependencies (catalog, blob store): degraded after a failure, skipped
+    (lookups miss, writes are dropped) and probed in the background until they answer."""
+
     model_config = _VIEW
 
-    checkpoints: int
-    pages: int
-    unreferenced_pages: int
-    bytes_used: int
-    capacity_bytes: int
-    quarantined: int
+    name: str
+    state: Literal["healthy", "degraded"]
+    failures: int
+    incidents: int
+    degraded_for_s: float | None
+    last_error: str | None
+
+
+class DiskTierStats(BaseModel):
+    """Counts are None while the tier is degraded (its catalog is not asked)."""
+
+    model_config = _VIEW
+
+    checkpoints: int | None
+    pages: int | None
+    unreferenced_pages: int | None
+    bytes_used: int | None
+    capacity_bytes: int | None
+    quarantined: int | None
+    health: DiskTierHealth
 
 
 class RAMAdmissionStats(BaseModel):

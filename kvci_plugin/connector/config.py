@@ -23,6 +23,7 @@ from kvci_plugin.governance import CredentialConfig
 from kvci_plugin.tiering.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
 from kvci_plugin.tiering.secret import DEFAULT_STATE_DIR
 from kvci_plugin.tiering.tenant_keys import KeyFileRootKey, RootKeyProvider, StateDirRootKey
+from kvci_plugin.tiering.timeouts import DependencyTimeouts
 from kvci_plugin.worthiness import DEFAULT_RAM_THRESHOLD
 
 
@@ -40,6 +41,35 @@ class CacheGateSettings(BaseModel):
     min_lookups: int = Field(20, ge=1, description="lookups before the floor may judge")
     churn_window_s: float = Field(300.0, gt=0.0, description="window for context rewrites")
     churn_threshold: int = Field(3, ge=1, description="rewrites in the window that pause a session")
+
+
+_TIMEOUTS = DependencyTimeouts()
+
+
+class TimeoutSettings(BaseModel):
+    """How long the disk tier waits on its catalog and blob store, in seconds: a dependency that
+    does not answer in time costs a miss or a dropped write, never a stalled engine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    connect_s: float = Field(
+        _TIMEOUTS.connect_s, gt=0.0, allow_inf_nan=False,
+        description="opening a connection to the PostgreSQL catalog (rounded up to whole "
+        f"seconds, at least 2) or the Redis blob store; default {_TIMEOUTS.connect_s}")
+    statement_s: float = Field(
+        _TIMEOUTS.statement_s, gt=0.0, allow_inf_nan=False,
+        description="one statement of the PostgreSQL catalog (its statement_timeout); "
+        "statement_s + lock_s is the longest the engine's step waits for any one call to the "
+        "disk tier (a frozen server included), after which the tier is skipped until it answers; "
+        f"default {_TIMEOUTS.statement_s}")
+    lock_s: float = Field(
+        _TIMEOUTS.lock_s, gt=0.0, allow_inf_nan=False,
+        description="a wait for a lock in the PostgreSQL catalog (its lock_timeout), the lock "
+        f"that serializes every node's catalog writes included; default {_TIMEOUTS.lock_s}")
+    blob_s: float = Field(
+        _TIMEOUTS.blob_s, gt=0.0, allow_inf_nan=False,
+        description="one request to the Redis blob store, and the embedded SQLite catalog's "
+        f"wait for its file's lock; default {_TIMEOUTS.blob_s}")
 
 
 # The worthiness bar's settings: they choose ram_policy "threshold" unless it is named.
@@ -101,6 +131,9 @@ class KVCIConfig(BaseModel):
     lease_s: float = Field(
         600.0, gt=0.0, description="how long a write holds its pages against other nodes' "
         "deletions; an orphan blob younger than this is kept")
+    timeouts: TimeoutSettings = Field(
+        TimeoutSettings(), description="how long the disk tier waits on its catalog and blob "
+        "store (`timeouts.connect_s`, `statement_s`, `lock_s`, `blob_s`, in seconds)")
     disk_region: str | None = Field(None, description="residency region of disk_root")
     auto_promote: bool = Field(
         False, description="system trigger may ask the gate to persist when DiskPromotionRule holds"
@@ -185,6 +218,10 @@ class KVCIConfig(BaseModel):
         if size <= 1 or path is None:
             return self
         return self.model_copy(update={"policy_state_file": path.with_name(f"{path.stem}.dp{rank}{path.suffix}")})
+
+    def dependency_timeouts(self) -> DependencyTimeouts:
+        """The disk tier's bounded waits, as the tier takes them."""
+        return DependencyTimeouts(**self.timeouts.model_dump())
 
     @property
     def root_key(self) -> RootKeyProvider:

@@ -15,6 +15,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
@@ -151,11 +152,19 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         log_where_vllm_logs()
         self._config = KVCIConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         self._groups = _group_layout(kv_cache_config, vllm_config.cache_config.block_size)
-        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
-            logger.warning(
-                "kvci: kv_load_failure_policy is %r: a disk blob that fails its checksum will "
-                "fail its request; set \"kv_load_failure_policy\": \"recompute\" to recompute",
-                self._kv_transfer_config.kv_load_failure_policy)
+        if (role == KVConnectorRole.SCHEDULER
+                and self._kv_transfer_config.kv_load_failure_policy != "recompute"):
+            if vllm_config.kv_transfer_config is self._kv_transfer_config:
+                # kvci is a cache: a load it cannot deliver (a bad blob, a dependency outage,
+                # a forget racing the load) is recomputed, never a failed request. vLLM's
+                # scheduler reads the policy after building its connector.
+                self._kv_transfer_config.kv_load_failure_policy = "recompute"
+                logger.warning("kvci: kv_load_failure_policy 'fail' set to 'recompute': a kvci "
+                               "load that fails is recomputed, never a failed request")
+            else:
+                logger.warning(
+                    "kvci: kv_load_failure_policy is %r (set by another connector): a kvci load "
+                    "that fails will fail its request", self._kv_transfer_config.kv_load_failure_policy)
         self._scheduler: KVCIScheduler | None = None
         self._worker: KVCIWorker | None = None
         cfg = self._config
@@ -182,7 +191,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
                 num_slots=num_slots, expected_slot_bytes=slot_bytes,
                 num_blocks=kv_cache_config.num_blocks,
                 rank_namespace=_namespace(vllm_config, cfg, self._kv_layout, rank),
-                blob_root=(open_blob_root(cfg.blob_url, cfg.disk_root, cfg.root_key)
+                blob_root=(open_blob_root(cfg.blob_url, cfg.disk_root, cfg.root_key,
+                                          cfg.dependency_timeouts())
                            if cfg.disk_tier else None),
                 group_layers=[list(g.layer_names) for g in self._groups.groups])
         logger.info("kvci: %s role, %d RAM slots of %d bytes, pages %s, disk tier %s", role.name,
@@ -211,7 +221,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             disk = KVCheckpointStore(
                 cfg.disk_root, namespace, int(cfg.disk_bytes), catalog_url=cfg.catalog_url,
                 blob_url=cfg.blob_url, lease_s=cfg.lease_s, root_key=cfg.root_key,
-                shards=[_namespace(vllm_config, cfg, self._kv_layout, rank)
+                timeouts=cfg.dependency_timeouts(), shards=[_namespace(vllm_config, cfg, self._kv_layout, rank)
                         for rank in range(1, tp_size)])
             logger.info("kvci: disk tier %s", disk.describe())
         secret = load_or_create_secret(cfg.state_dir)
@@ -225,10 +235,20 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             events=_kv_events(vllm_config, kv_cache_config, int(cfg.ram_bytes) // slot_bytes))
 
     # ---- worker side ----------------------------------------------------------------------------
+    # Every hook vLLM calls contains kvci's failures (connector/containment.py): the worker's
+    # own fall back job by job; what escapes them is counted here and falls back to nothing.
+
+    def _worker_hook(self, hook: str, call: Any, *args: Any, fallback: Any = None) -> Any:
+        assert self._worker is not None
+        try:
+            return call(*args)
+        except Exception as exc:
+            self._worker.contain.fault(hook, exc)
+            return fallback
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
-        self._worker.register_kv_caches(kv_caches)
+        self._worker.register_kv_caches(kv_caches)  # a failure here is a start-up error: raised
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
@@ -238,17 +258,17 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
 
     def unregister_kv_caches(self) -> None:
         if self._worker is not None:
-            self._worker.unregister_kv_caches()
+            self._worker_hook("unregister_kv_caches", self._worker.unregister_kv_caches)
 
     def restore_kv_caches(self) -> None:
         if self._worker is not None:
-            self._worker.restore_kv_caches()
+            self._worker_hook("restore_kv_caches", self._worker.restore_kv_caches)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if self._worker is not None:
             assert isinstance(connector_metadata, KVCIMetadata)
-            self._worker.bind(connector_metadata)
+            self._worker.bind(connector_metadata)  # refuses jobs while asleep: vLLM's misuse
 
     def clear_connector_metadata(self) -> None:
         super().clear_connector_metadata()
@@ -257,11 +277,11 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         if self._worker is not None:
-            self._worker.start_load_kv()
+            self._worker_hook("start_load_kv", self._worker.start_load_kv)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._worker is not None:
-            self._worker.wait_for_layer_load(layer_name)
+            self._worker_hook("wait_for_layer_load", self._worker.wait_for_layer_load, layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
@@ -269,18 +289,29 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         if self._worker is not None:
-            self._worker.wait_for_save()
+            self._worker_hook("wait_for_save", self._worker.wait_for_save)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is not None:
-            return self._worker.get_finished(finished_req_ids)
+            return self._worker_hook("get_finished", self._worker.get_finished, finished_req_ids,
+                                     fallback=(None, None))
         return None, None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """vLLM's get_finished, plus the async loads that failed as a whole (recomputed)."""
+        sending, recving = self.get_finished(finished_req_ids)
+        failed = self._worker.take_failed_recving() if self._worker is not None else set()
+        return KVConnectorTransferResults(finished_sending=set(sending or ()),
+                                          finished_recving=set(recving or ()) | failed,
+                                          failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors() if self._worker is not None else set()
 
     def build_connector_worker_meta(self) -> KVCIWorkerMetadata | None:
-        report = self._worker.take_report() if self._worker is not None else None
+        if self._worker is None:
+            return None
+        report = self._worker_hook("build_connector_worker_meta", self._worker.take_report)
         return KVCIWorkerMetadata.of(report) if report is not None else None
 
     def shutdown(self) -> None:
@@ -294,6 +325,16 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
                 self._control.stop()
 
     # ---- scheduler side -------------------------------------------------------------------------
+    # The scheduler's hooks contain their own failures (a lookup's is a miss, a planned load's
+    # is recomputed, a keep decision's keeps nothing new); what else escapes is counted here.
+
+    def _scheduler_hook(self, hook: str, call: Any, *args: Any, fallback: Any = None) -> Any:
+        assert self._scheduler is not None
+        try:
+            return call(*args)
+        except Exception as exc:
+            self._scheduler.contain.fault(hook, exc)
+            return fallback
 
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -336,10 +377,15 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         return True
 
     def take_events(self) -> "list[KVCacheEvent]":
-        return self._scheduler.take_events() if self._scheduler is not None else []
+        if self._scheduler is None:
+            return []
+        return self._scheduler_hook("take_events", self._scheduler.take_events, fallback=[])
 
     def has_pending_push_work(self) -> bool:
-        return self._scheduler is not None and self._scheduler.has_pending_work()
+        if self._scheduler is None:
+            return False
+        return self._scheduler_hook("has_pending_push_work", self._scheduler.has_pending_work,
+                                    fallback=False)
 
     def get_external_cache_hit_sources(self, request: "Request",
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
@@ -352,7 +398,13 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         part = self._scheduler or self._worker
-        stats = part.take_stats() if part is not None else None
+        if part is None:
+            return None
+        try:
+            stats = part.take_stats()
+        except Exception as exc:
+            part.contain.fault("take_stats", exc)
+            return None
         return KVCIStats(data=stats.data) if stats is not None else None
 
     @classmethod

@@ -54,6 +54,17 @@ class PersistJob:
     slots: list[int]
 
 
+@dataclass(frozen=True)
+class FailedLoad:
+    """A load the scheduler promised vLLM and could not plan (a contained fault): the worker
+    reports its blocks as load errors, so vLLM recomputes them, and an asynchronous one as
+    finished, so its request does not wait for it forever."""
+
+    req_id: str
+    block_ids: list[int]
+    asynchronous: bool
+
+
 @dataclass
 class StepJobs:
     """What one engine step asks of every worker."""
@@ -62,6 +73,7 @@ class StepJobs:
     disk_loads: list[DiskLoadJob] = field(default_factory=list)
     stores: list[StoreJob] = field(default_factory=list)
     persists: list[PersistJob] = field(default_factory=list)
+    failed_loads: list[FailedLoad] = field(default_factory=list)
     # The generation of the keys: a cache reset moves it, and the workers' blobs with it.
     generation: int = 0
     # Whether this step computes anything: the scheduler knows, on every vLLM version (the
@@ -79,9 +91,16 @@ class WorkerReport:
     bad_pages: list[bytes] = field(default_factory=list)
     # (bytes, seconds) of each disk load this rank finished: the scheduler's LoadOrRecompute.
     disk_loads: list[tuple[int, float]] = field(default_factory=list)
+    # Requests whose RAM store failed on this rank: reported finished (vLLM frees their blocks)
+    # and never made loadable.
+    failed_stores: list[str] = field(default_factory=list)
+    # "kind: error" of each time the disk tier's blob store failed this rank (not a bad blob):
+    # the scheduler marks the tier degraded.
+    disk_faults: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not (self.persisted or self.persist_errors or self.bad_pages or self.disk_loads)
+        return not (self.persisted or self.persist_errors or self.bad_pages or self.disk_loads
+                    or self.failed_stores or self.disk_faults)
 
     def merged(self, other: WorkerReport) -> WorkerReport:
         """This report and ``other`` (another rank's) summed."""
@@ -92,7 +111,9 @@ class WorkerReport:
         for cid, errs in other.persist_errors.items():
             errors.setdefault(cid, []).extend(errs)
         return WorkerReport(persisted, errors, self.bad_pages + other.bad_pages,
-                            self.disk_loads + other.disk_loads)
+                            self.disk_loads + other.disk_loads,
+                            self.failed_stores + other.failed_stores,
+                            self.disk_faults + other.disk_faults)
 
 
 def by_group(slots: list[int], block_ids: list[int],

@@ -18,6 +18,8 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_disk_hits_declined_total          disk hits recomputed: measured to be clearly faster
     vllm:kvci_persisted_checkpoints_total       checkpoints made durable on disk
     vllm:kvci_persist_failures_total            persists whose blob writes failed
+    vllm:kvci_disk_load_errors_total            disk pages a load found missing or corrupt
+    vllm:kvci_disk_checkpoints_discarded_total  disk checkpoints forgotten for a bad page
     vllm:kvci_gate_refusals_total{check}        persists the eligibility gate refused, by check
     vllm:kvci_recommendations_total{tier}       recommendations by recommended tier
     vllm:kvci_cache_gate_pauses_total           worthy keeps the cache gate paused
@@ -33,6 +35,10 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_retentions_expired_total          retentions ended by their TTL
     vllm:kvci_retentions_released_total         retentions ended by their session's next request
     vllm:kvci_ram_retained_bytes                RAM bytes exempt from eviction by retentions (gauge)
+    vllm:kvci_faults_total{tier,kind}           failures kvci contained (tier ram | disk; kind
+                                                unavailable | timeout | internal)
+    vllm:kvci_tier_healthy{tier}                1 while the tier's dependencies answer, 0 while
+                                                it is degraded and skipped (gauge; tier=disk)
     vllm:kvci_load_seconds{tier}                load latency (histogram)
     vllm:kvci_store_seconds{tier}               store / persist latency (histogram)
     vllm:kvci_load_phase_seconds{phase}         a disk load's parts: disk_read (read and verify
@@ -51,6 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.logger import init_logger
 
+from kvci_plugin.connector.containment import KINDS, TIERS, fault_counter
 from kvci_plugin.governance import CHECK_ORDER, AlwaysDenyEligibility
 
 logger = init_logger(__name__)
@@ -83,6 +90,10 @@ _PLAIN = {
                            "Disk hits recomputed because recomputing was measured clearly faster."),
     "persisted_checkpoints": ("vllm:kvci_persisted_checkpoints", "Checkpoints made durable on disk."),
     "persist_failures": ("vllm:kvci_persist_failures", "Persists whose blob writes failed."),
+    "disk_load_errors": ("vllm:kvci_disk_load_errors",
+                         "Disk pages a load found missing or corrupt (recomputed, then forgotten)."),
+    "disk_checkpoints_discarded": ("vllm:kvci_disk_checkpoints_discarded",
+                                   "Disk checkpoints forgotten because a page of theirs was bad."),
     "cache_gate_pauses": ("vllm:kvci_cache_gate_pauses", "Worthy keeps the cache gate paused."),
     "cache_gate_prefix_keeps": ("vllm:kvci_cache_gate_prefix_keeps",
                                 "Churn pauses that still kept the prefix the session's rewrites re-sent."),
@@ -134,13 +145,19 @@ class KVCIPromMetrics(KVConnectorPromMetrics):
         labels = list(self._labelnames)
         # (stats name, extra label value or None, metric): every series is created up front, so
         # /metrics shows zeros before any traffic.
-        counters: list[tuple[str, str | None, Any]] = []
+        counters: list[tuple[str, Any, Any]] = []
         for name, (metric_name, doc) in _PLAIN.items():
             counters.append((name, None, self._counter_cls(name=metric_name, documentation=doc,
                                                            labelnames=labels)))
         for prefix, (metric_name, doc, label, values) in _LABELLED.items():
             counter = self._counter_cls(name=metric_name, documentation=doc, labelnames=labels + [label])
             counters += [(prefix + value, value, counter) for value in values]
+        faults = self._counter_cls(
+            name="vllm:kvci_faults", labelnames=labels + ["tier", "kind"],
+            documentation="Failures kvci contained (the request went on as a miss, a recompute "
+            "or a store not kept), by tier and kind.")
+        counters += [(fault_counter(tier, kind), [tier, kind], faults)
+                     for tier in TIERS for kind in KINDS]
         histograms: list[tuple[str, str | None, Any]] = []
         for prefix, (metric_name, doc, label, values) in _LATENCY.items():
             histogram = self._histogram_cls(name=metric_name, documentation=doc, buckets=LATENCY_BUCKETS,
@@ -150,15 +167,22 @@ class KVCIPromMetrics(KVConnectorPromMetrics):
         gauges = [(name, None, self._gauge_cls(name=metric_name, documentation=doc, labelnames=labels,
                                                  multiprocess_mode="mostrecent"))
                   for name, (metric_name, doc) in _GAUGES.items()]
+        healthy = self._gauge_cls(
+            name="vllm:kvci_tier_healthy", labelnames=labels + ["tier"],
+            documentation="1 while the tier's dependencies answer; 0 while it is degraded "
+            "(skipped: lookups miss, writes are dropped) and probed until they answer.",
+            multiprocess_mode="mostrecent")
+        gauges.append(("tier_healthy_disk", "disk", healthy))
         self._counters = self._bind(counters)
         self._histograms = self._bind(histograms)
         self._gauges = self._bind(gauges)
 
-    def _bind(self, series: list[tuple[str, str | None, Any]]) -> dict[tuple[int, str], Any]:
+    def _bind(self, series: list[tuple[str, Any, Any]]) -> dict[tuple[int, str], Any]:
         bound: dict[tuple[int, str], Any] = {}
         for engine_idx, engine_labels in self.per_engine_labelvalues.items():
             for name, extra, metric in series:
-                extra_values = [extra] if extra is not None else []
+                extra_values = ([] if extra is None else list(extra) if isinstance(extra, list)
+                                else [extra])
                 bound[(engine_idx, name)] = metric.labels(*engine_labels, *extra_values)
         return bound
 

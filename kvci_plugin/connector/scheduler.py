@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.containment import Containment
 from kvci_plugin.connector.groups import GroupLayout, KVGroup
-from kvci_plugin.connector.jobs import DiskLoadJob, LoadJob, PersistJob, StoreJob
+from kvci_plugin.connector.jobs import DiskLoadJob, FailedLoad, LoadJob, PersistJob, StoreJob
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_request_params
 from kvci_plugin.connector.retain import report_retentions, retain_ask, retain_reply
@@ -35,6 +36,7 @@ from kvci_plugin.policy import (
 )
 from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
 from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.health import TierUnavailableError
 from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
 from kvci_plugin.tiering.manager import (
@@ -224,6 +226,10 @@ class KVCIScheduler:
         self._load_rule = LoadOrRecompute()
         self._rebuild = RebuildCostModel()  # the shared estimate the tier policy weighs
         self._stats = KVCIStats()
+        # Failures contained in the hooks, counted in whichever stats are current.
+        self.contain = Containment(lambda name: self._stats.count(name))
+        self._failed_loads: list[FailedLoad] = []
+        self._disk_healthy: bool | None = None  # last reported (a gauge, sent when it changes)
         self._stats.gauge("ram_threshold", self.ram_threshold)
         self._bar_reported = self._bar.stats() if self._bar is not None else None
         self._policy_reported = index.policy_stats()
@@ -310,6 +316,17 @@ class KVCIScheduler:
     # ---- lookups ------------------------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        """vLLM's lookup; a failure is a miss."""
+        try:
+            return self._matched_tokens(request, num_computed_tokens)
+        except Exception as exc:
+            self.contain.fault("lookup", exc)
+            st = self._reqs.get(request.request_id)
+            if st is not None:
+                st.hit_tier = None
+            return 0, False
+
+    def _matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         st = self._state(request)
         st.local_tokens = num_computed_tokens
         if not st.keys or st.generation != self.generation:
@@ -330,10 +347,7 @@ class KVCIScheduler:
         # The catalog is asked only when a disk hit could cover blocks that vLLM's cache and the
         # RAM tier do not: a prefix-cache hit's lookup costs no query.
         if self.manager.disk is not None and max(ram, local) < cap and not self._disk_suspended:
-            store = self.manager.disk
-            disk = (min(store.longest_prefix(st.keys, st.tenant), cap) if self._plain else
-                    self.layout.longest_run(self._group_keys(st), local, cap,
-                                            lambda ks: store.longest_prefix(ks, st.tenant)))
+            disk = self._disk_lookup(st, local, cap)
             otherwise = max(ram, local)  # computed or loaded from RAM without this hit
             if disk > otherwise and not self._worth_loading(st, disk, otherwise, local):
                 disk = 0
@@ -343,8 +357,37 @@ class KVCIScheduler:
         st.hit_tier = "ram" if ram >= disk else "disk"
         # A disk load on steps of its own lets other requests run while it reads; with no other
         # request to run it only adds a step (~4 ms here), so it is read before this one's forward.
-        st.disk_sync = st.hit_tier == "disk" and self._reqs.keys() == {request.request_id}
+        # A hybrid model's disk loads are always asynchronous: vLLM takes a failed load of one
+        # only as a failed request (block-level load errors need a single KV cache group).
+        st.disk_sync = (st.hit_tier == "disk" and self._reqs.keys() == {request.request_id}
+                        and not self.layout.hybrid)
         return (best - local) * bs, st.hit_tier == "disk" and not st.disk_sync
+
+    def _disk_lookup(self, st: _Req, local: int, cap: int) -> int:
+        """The disk tier's run for this request; 0 while the tier is degraded or when its
+        dependency fails (the tier's health then skips it until a probe finds it back)."""
+        store = self.manager.disk
+        assert store is not None and st.keys is not None
+        try:
+            return (min(store.longest_prefix(st.keys, st.tenant), cap) if self._plain else
+                    self.layout.longest_run(self._group_keys(st), local, cap,
+                                            lambda ks: store.longest_prefix(ks, st.tenant)))
+        except TierUnavailableError:
+            return 0  # degraded: skipped without asking it
+        except Exception as exc:
+            self.contain.fault("disk lookup", exc, tier="disk")
+            return 0
+
+    def _disk_call(self, what: str, call: Any, *args: Any) -> Any:
+        """A disk-tier call the engine can do without (recency, discarding a bad page): skipped
+        while the tier is degraded, its failure counted; None then."""
+        try:
+            return call(*args)
+        except TierUnavailableError:
+            return None
+        except Exception as exc:
+            self.contain.fault(what, exc, tier="disk")
+            return None
 
     def _group_keys(self, st: _Req) -> list[list[PageKey]]:
         assert st.keys is not None
@@ -378,26 +421,69 @@ class KVCIScheduler:
             return
         bs = self.block_size
         first, last = st.local_tokens // bs, (st.local_tokens + num_external_tokens) // bs
+        asynchronous = st.hit_tier == "disk" and not st.disk_sync
+        try:
+            self._plan_load(request.request_id, st, blocks.get_block_ids(), first, last)
+        except Exception as exc:
+            # E.g. a forget or an eviction took the pages since the lookup: the blocks vLLM
+            # allocated for them hold nothing, so they are recomputed.
+            self.contain.fault("planning a load", exc, tier=st.hit_tier or "ram")
+            failed = [b for ids in blocks.get_block_ids() for b in ids[first:last]
+                      if b != NULL_BLOCK_ID]
+            self._failed_loads.append(FailedLoad(request.request_id, failed, asynchronous))
+            return
         st.ext_tokens = num_external_tokens
         st.hit_key = st.keys[last - 1]
-        pages = self._pages(self._group_keys(st), blocks.get_block_ids(), first, last)
+        self._history.record_hit(st.hit_key)
+        self._stats.count(f"hit_tokens_{st.hit_tier}", num_external_tokens)
+
+    def _plan_load(self, req_id: str, st: _Req, group_block_ids: Sequence[Sequence[int]],
+                   first: int, last: int) -> None:
+        """Queue the load of blocks [first, last); raises with nothing queued."""
+        pages = self._pages(self._group_keys(st), group_block_ids, first, last)
         keys = [key for key, _, _ in pages]
         block_ids, groups = [b for _, b, _ in pages], [g for _, _, g in pages]
         if st.hit_tier == "ram":
             slots = self.manager.index.pin(keys, st.tenant)
             self._pinned.append(keys)
-            self._loads.append(LoadJob(request.request_id, slots, block_ids, groups))
+            self._loads.append(LoadJob(req_id, slots, block_ids, groups))
         else:
-            self._disk_loads.append(DiskLoadJob(request.request_id, st.tenant, keys, block_ids,
-                                                groups, sync=st.disk_sync))
             assert self.manager.disk is not None
-            self.manager.disk.touch(keys)
-        self._history.record_hit(st.hit_key)
-        self._stats.count(f"hit_tokens_{st.hit_tier}", num_external_tokens)
+            self._disk_loads.append(DiskLoadJob(req_id, st.tenant, keys, block_ids,
+                                                groups, sync=st.disk_sync))
+            self._disk_call("recording page use", self.manager.disk.touch, keys)
 
     # ---- per step -------------------------------------------------------------------------------
 
     def build_connector_meta(self, scheduler_output: Any) -> KVCIMetadata:
+        """The step's jobs; they always reach the workers (a load vLLM waits for must be run or
+        reported failed), whatever fails in the bookkeeping around them."""
+        try:
+            self._step_bookkeeping(scheduler_output)
+        except Exception as exc:
+            self.contain.fault("step bookkeeping", exc)
+        with self.manager.lock:  # the control surface may queue a persist from its thread
+            meta = KVCIMetadata(loads=self._loads, disk_loads=self._disk_loads,
+                                stores=self._mover.stores, persists=self._mover.persists,
+                                failed_loads=self._failed_loads, generation=self.generation,
+                                forward=scheduler_output.total_num_scheduled_tokens > 0)
+            self._mover.stores, self._mover.persists = [], []
+        # Every worker runs this step's loads before its forward and its stores after it, and
+        # steps in order, so a slot unpinned now can only be overwritten by a later job.
+        pinned, self._pinned = self._pinned, []
+        self._loads, self._disk_loads, self._failed_loads = [], [], []
+        try:
+            for keys in pinned:
+                self.manager.index.unpin(keys)
+            # After this step's jobs, which were planned before it: the next step's carry the
+            # new generation to the workers.
+            self._apply_asked_reset()
+        except Exception as exc:
+            self.contain.fault("step bookkeeping", exc)
+        return meta
+
+    def _step_bookkeeping(self, scheduler_output: Any) -> None:
+        """What the step tells kvci: lookups to learn, prefill rates, retentions to end."""
         now = time.monotonic()
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             st = self._reqs.get(req_id)
@@ -430,38 +516,39 @@ class KVCIScheduler:
                 assert st.params is not None and st.params.session_id is not None
                 self.manager.release_retentions(st.tenant, st.params.session_id)
         self.manager.expire_retentions()
-        with self.manager.lock:  # the control surface may queue a persist from its thread
-            meta = KVCIMetadata(loads=self._loads, disk_loads=self._disk_loads,
-                                stores=self._mover.stores, persists=self._mover.persists,
-                                generation=self.generation,
-                                forward=scheduler_output.total_num_scheduled_tokens > 0)
-            self._mover.stores, self._mover.persists = [], []
-        # Every worker runs this step's loads before its forward and its stores after it, and
-        # steps in order, so a slot unpinned now can only be overwritten by a later job.
-        for keys in self._pinned:
-            self.manager.index.unpin(keys)
-        self._pinned = []
-        self._loads, self._disk_loads = [], []
-        # After this step's jobs, which were planned before it: the next step's carry the
-        # new generation to the workers.
-        self._apply_asked_reset()
-        return meta
 
     def update_connector_output(self, output: Any) -> None:
-        self._apply_asked_reset()
+        """The workers' report on the step: every part is taken whatever fails in another."""
+        meta = output.kv_connector_worker_meta
+        report = meta if isinstance(meta, KVCIWorkerMetadata) else None
+        for part in (self._apply_asked_reset, lambda: self._stores_done(output, report),
+                     lambda: report is not None and self._take_report(report)):
+            try:
+                part()
+            except Exception as exc:
+                self.contain.fault("taking the workers' report", exc)
+
+    def _stores_done(self, output: Any, report: KVCIWorkerMetadata | None) -> None:
+        failed = set(report.failed_stores) if report is not None else set()
         for req_id in output.finished_sending or ():
             cid = self._store_of.pop(req_id, None)
             if cid is not None:
-                self._after_persist_started(self.manager.on_stored(cid, ok=True))
-        meta = output.kv_connector_worker_meta
-        if not isinstance(meta, KVCIWorkerMetadata):
-            return
+                # A store that failed on any rank is not loadable: its slots hold nothing.
+                self._after_persist_started(self.manager.on_stored(cid, ok=req_id not in failed))
+
+    def _take_report(self, meta: KVCIWorkerMetadata) -> None:
         for nbytes, seconds in meta.disk_loads:
             self._load_rule.observe_load(nbytes, seconds)
-        if meta.bad_pages and self.manager.disk is not None:
-            removal = self.manager.disk.discard(meta.bad_pages)
+        disk = self.manager.disk
+        if meta.disk_faults and disk is not None:
+            # The workers' blob store failed (not a bad blob): lookups skip the disk tier until
+            # a probe finds it answering.
+            disk.health.failed(RuntimeError(meta.disk_faults[0]), "a worker's blob I/O")
+        if meta.bad_pages and disk is not None:
+            removal = self._disk_call("discarding bad pages", disk.discard, meta.bad_pages)
             self._stats.count("disk_load_errors", len(meta.bad_pages))
-            self._stats.count("disk_checkpoints_discarded", len(removal.checkpoint_ids))
+            if removal is not None:
+                self._stats.count("disk_checkpoints_discarded", len(removal.checkpoint_ids))
         for cid, errs in meta.persist_errors.items():
             self.manager.on_persisted(cid, ok=False, error="; ".join(errs))
             self._stats.count("persist_failures")
@@ -478,7 +565,27 @@ class KVCIScheduler:
     def request_finished(self, request: Any,
                          group_block_ids: Sequence[list[int]]) -> tuple[bool, dict[str, Any] | None]:
         """vLLM's `request_finished_all_groups`: ``group_block_ids`` holds each KV cache
-        group's blocks of the request."""
+        group's blocks of the request. A failure keeps nothing new and tells the client so;
+        blocks a queued store will read are still held until it has (else vLLM could hand them
+        to another request before the copy)."""
+        try:
+            return self._finished(request, group_block_ids)
+        except Exception as exc:
+            self.contain.fault("deciding what to keep", exc)
+            req_id = request.request_id
+            self._reqs.pop(req_id, None)
+            for job in self._mover.stores:
+                if job.req_id == req_id:  # queued before the failure: it commits when copied
+                    self._store_of.setdefault(req_id, job.checkpoint_id)
+            delay = req_id in self._store_of
+            params = getattr(request, "kv_transfer_params", None)
+            reply = ({"kvci": {"error": "kvci failed to decide for this request (a contained "
+                                        "fault; the output is unaffected)"}}
+                     if isinstance(params, dict) and "kvci" in params else None)
+            return delay, reply
+
+    def _finished(self, request: Any,
+                  group_block_ids: Sequence[list[int]]) -> tuple[bool, dict[str, Any] | None]:
         st = self._reqs.pop(request.request_id, None)
         if (st is None or st.first_scheduled is None) and request.status.name not in _FINISHED_OK:
             # Aborted before it ran (e.g. sent while generation was paused): it built no KV and
@@ -684,6 +791,10 @@ class KVCIScheduler:
         if self._policy_saver is not None:
             self._policy_saver.tick()
         self._report_retentions()
+        disk = self.manager.disk
+        if disk is not None and disk.health.available != self._disk_healthy:
+            self._disk_healthy = disk.health.available
+            self._stats.gauge("tier_healthy_disk", 1.0 if self._disk_healthy else 0.0)
         if self._stats.is_empty():
             return None
         stats, self._stats = self._stats, KVCIStats()

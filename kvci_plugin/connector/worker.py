@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvci_plugin.connector.jobs import DiskLoadJob, PersistJob, StepJobs, WorkerReport, by_group
+from kvci_plugin.connector.containment import Containment
+from kvci_plugin.connector.jobs import (
+    DiskLoadJob,
+    FailedLoad,
+    PersistJob,
+    StepJobs,
+    WorkerReport,
+    by_group,
+)
 from kvci_plugin.connector.layer_loads import LayerPart, LayerSource, LayerwiseLoads
 from kvci_plugin.connector.pages import page_views, slot_bytes
 from kvci_plugin.connector.tally import StatsTally
@@ -32,6 +40,8 @@ from kvci_plugin.ops import PageCopyStream, PendingCopy, scatter_pages
 from kvci_plugin.ops.affinity import on_any_core
 from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError
+from kvci_plugin.tiering.health import fault_kind
+from kvci_plugin.tiering.types import TenantMismatchError
 from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.page_pool import PagePool
 
@@ -59,6 +69,7 @@ class _DiskLoadResult:
     scatter_s: float = 0.0  # copying the verified pages into the paged cache
     # Verified pages left in the staging buffer, copied in a layer at a time by the forward.
     staged: list[LayerSource] = field(default_factory=list)
+    fault: str | None = None  # "kind: error" when the blob store itself failed (not a bad blob)
 
 
 class KVCIWorker:
@@ -100,6 +111,15 @@ class KVCIWorker:
         self._load_errors: set[int] = set()
         self._report = WorkerReport()
         self._stats = StatsTally()
+        # Failures contained in the hooks, counted in whichever stats are current.
+        self.contain = Containment(lambda name: self._stats.count(name))
+        self._failed_recving: set[str] = set()  # async loads that failed before they started
+        # Async loads failed as a whole: vLLM recomputes their requests from the start. With
+        # several KV cache groups (a hybrid model) vLLM refuses block-level load errors, so an
+        # async load of one fails this way (and its blocks are not reported).
+        self._recv_failed: set[str] = set()
+        self._hybrid = group_layers is not None and len(group_layers) > 1
+        self._failed_saves: set[str] = set()  # stores that failed: reported finished, not kept
         self._io: ThreadPoolExecutor | None = None
         self._asleep = False  # sleep mode: the KV cache memory is released
         self._layer_loads: LayerwiseLoads | None = None  # the CPU's RAM loads
@@ -178,9 +198,40 @@ class KVCIWorker:
         self._meta = None
 
     def start_load_kv(self) -> None:
-        """Start this step's loads (before the forward that reads them)."""
+        """Start this step's loads (before the forward that reads them). A failure fails the
+        step's loads that are not under way: vLLM recomputes their blocks."""
         meta = self._meta
         self._idle_step = meta is None or not meta.forward
+        if meta is not None and meta.failed_loads:
+            self._fail_loads(meta.failed_loads)
+        try:
+            self._start_loads(meta)
+        except Exception as exc:
+            self.contain.fault("starting loads", exc)
+            assert meta is not None  # nothing to start without one
+            self._fail_loads([FailedLoad(job.req_id, job.block_ids, False) for job in meta.loads])
+            self._fail_loads([FailedLoad(job.req_id, job.block_ids, not job.sync)
+                              for job in meta.disk_loads if job.req_id not in self._disk_loads])
+
+    def _fail_loads(self, failed: list[FailedLoad]) -> None:
+        """These loads' blocks are recomputed; an asynchronous one is reported finished."""
+        for load in failed:
+            if load.asynchronous:
+                self._failed_recving.add(load.req_id)
+            self._fail_blocks(load.req_id, load.block_ids, load.asynchronous)
+
+    def _fail_blocks(self, req_id: str, block_ids: list[int] | set[int], asynchronous: bool) -> None:
+        if asynchronous and self._hybrid:
+            self._recv_failed.add(req_id)
+        else:
+            self._load_errors.update(block_ids)
+
+    def take_failed_recving(self) -> set[str]:
+        """Async loads failed as a whole since the last call (vLLM's ``failed_recving``)."""
+        failed, self._recv_failed = self._recv_failed, set()
+        return failed
+
+    def _start_loads(self, meta: StepJobs | None) -> None:
         if (meta is None or self._pool is None or self._load_copies is None
                 or not (meta.loads or meta.disk_loads)):
             return  # most steps: nothing to load
@@ -268,6 +319,8 @@ class KVCIWorker:
             result.failed.update(job.block_ids[loaded:])  # later blocks depend on this prefix
             if isinstance(error, BlobUnavailableError):
                 result.bad.append(job.keys[loaded])
+            elif not isinstance(error, TenantMismatchError):  # the store failed, not the blob
+                result.fault = f"{fault_kind(error)}: {type(error).__name__}: {error}"
         result.seconds = time.perf_counter() - t0
         return result
 
@@ -286,7 +339,13 @@ class KVCIWorker:
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._layer_loads is not None:
-            self._layer_loads.wait(layer_name)
+            try:
+                self._layer_loads.wait(layer_name)
+            except Exception as exc:  # this step's RAM loads may be partial: recomputed
+                self.contain.fault("loading a layer", exc)
+                if self._meta is not None:
+                    self._fail_loads([FailedLoad(job.req_id, job.block_ids, False)
+                                      for job in self._meta.loads])
 
     def _finish_layer_loads(self) -> None:
         """Every page of this step's RAM loads is in (the forward has ended, or there was none)."""
@@ -296,21 +355,40 @@ class KVCIWorker:
                 self._timed.append(("load", done))
 
     def wait_for_save(self) -> None:
-        self._finish_layer_loads()
+        try:
+            self._finish_layer_loads()
+        except Exception as exc:
+            self.contain.fault("loading a layer", exc)
+            if self._meta is not None:
+                self._fail_loads([FailedLoad(job.req_id, job.block_ids, False)
+                                  for job in self._meta.loads])
         meta = self._meta
         if meta is None or self._pool is None or self._store_copies is None:
             return
         pool, views = self._pool, self._views
         for job in meta.stores:
-            pending = self._store_copies.run(
-                lambda job=job: [pool.store(views[g], blocks, slots)
-                                 for g, slots, blocks in by_group(job.slots, job.block_ids,
-                                                                  job.groups)],
-                len(job.slots) * pool.slot_bytes)
+            try:
+                pending = self._store_copies.run(
+                    lambda job=job: [pool.store(views[g], blocks, slots)
+                                     for g, slots, blocks in by_group(job.slots, job.block_ids,
+                                                                      job.groups)],
+                    len(job.slots) * pool.slot_bytes)
+            except Exception as exc:  # not kept; its blocks are still freed once reported
+                self.contain.fault("storing pages", exc)
+                self._failed_saves.add(job.req_id)
+                self._report.failed_stores.append(job.req_id)
+                continue
             self._saves[job.req_id] = pending
             self._timed.append(("store", pending))
         if meta.persists:
-            self._store_copies.drain()  # a persist reads on the host the slots just stored
+            try:
+                self._store_copies.drain()  # a persist reads on the host the slots just stored
+            except Exception as exc:
+                self.contain.fault("storing pages", exc)
+                for pjob in meta.persists:
+                    self._report.persist_errors.setdefault(pjob.checkpoint_id, []).append(
+                        f"the RAM copy failed: {type(exc).__name__}: {exc}")
+                return
         for pjob in meta.persists:
             self._persist(pjob)
 
@@ -329,6 +407,10 @@ class KVCIWorker:
                            type(exc).__name__, exc)
             self._report.persist_errors.setdefault(job.checkpoint_id, []).append(
                 f"{type(exc).__name__}: {exc}")
+            kind = fault_kind(exc)
+            if kind != "internal":  # the blob store failed: the tier is skipped until it answers
+                self._stats.count(f"faults_disk_{kind}")
+                self._report.disk_faults.append(f"{kind}: {type(exc).__name__}: {exc}")
             return
         self._stats.observe_store("disk", written, time.perf_counter() - t0)
         self._report.persisted[job.checkpoint_id] = 1
@@ -337,33 +419,56 @@ class KVCIWorker:
         # A store job and its request's finished id arrive in the same step; keep the previous
         # step's ids too in case async scheduling splits them. A store is reported (and vLLM
         # frees the blocks it reads) only once its copy has run.
-        if not self._saves and not self._disk_loads:
+        if not (self._saves or self._disk_loads or self._failed_saves or self._failed_recving):
             self._prev_finished = set(finished_req_ids)
             return None, None  # most steps: nothing in flight
         sending: set[str] = set()
-        if self._saves:
+        if self._saves or self._failed_saves:
             sending = {req_id for req_id in finished_req_ids | self._prev_finished
-                       if req_id in self._saves and self._saves[req_id].done()}
+                       if req_id in self._failed_saves
+                       or (req_id in self._saves and self._copy_ended(self._saves[req_id]))}
             for req_id in sending:
-                del self._saves[req_id]
-        self._prev_finished = set(finished_req_ids) | (self._prev_finished & self._saves.keys())
-        recving: set[str] = set()
+                self._saves.pop(req_id, None)
+                self._failed_saves.discard(req_id)
+        self._prev_finished = set(finished_req_ids) | (
+            self._prev_finished & (self._saves.keys() | self._failed_saves))
+        recving, self._failed_recving = self._failed_recving, set()
         if self._idle_step and self._disk_loads:
             wait([fut for fut, _, _ in self._disk_loads.values()], timeout=IDLE_WAIT_S,
                  return_when=FIRST_COMPLETED)
         for req_id, (fut, job, generation) in list(self._disk_loads.items()):
             if fut.done():
-                self._disk_load_done(fut.result(), job, generation)
+                try:
+                    result = fut.result()
+                except Exception as exc:  # the read itself broke: the whole load is recomputed
+                    self.contain.fault("a disk load", exc, tier="disk")
+                    result = _DiskLoadResult(failed=set(job.block_ids))
+                self._disk_load_done(result, job, generation)
                 recving.add(req_id)
                 del self._disk_loads[req_id]
         return (sending or None), (recving or None)
+
+    def _copy_ended(self, pending: PendingCopy) -> bool:
+        """Whether a store's copy has ended; one that failed is reported, never kept."""
+        try:
+            return pending.done()
+        except Exception as exc:
+            self.contain.fault("storing pages", exc)
+            for req_id, other in self._saves.items():
+                if other is pending:
+                    self._report.failed_stores.append(req_id)
+            return True
 
     def _disk_load_done(self, result: _DiskLoadResult, job: DiskLoadJob, generation: int) -> None:
         """A disk load has ended: its failed blocks, bad pages and times go to vLLM and the scheduler."""
         if generation != self._generation:
             result = _DiskLoadResult(failed=set(job.block_ids))  # fenced by a reset
-        self._load_errors |= result.failed
+        if result.failed:
+            self._fail_blocks(job.req_id, result.failed, not job.sync)
         self._report.bad_pages.extend(result.bad)
+        if result.fault is not None:
+            self._stats.count(f"faults_disk_{result.fault.split(':', 1)[0]}")
+            self._report.disk_faults.append(result.fault)
         self._stats.observe_load("disk", result.nbytes, result.seconds)
         self._stats.observe_phase("disk_read", result.read_s)
         if not result.staged:  # else the forward copies the pages in, within its own time

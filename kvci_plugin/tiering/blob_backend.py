@@ -27,6 +27,7 @@ from kvci_plugin.tiering.tenant_keys import (
     TenantKeys,
     TenantKeyUnavailableError,
 )
+from kvci_plugin.tiering.timeouts import DependencyTimeouts
 from kvci_plugin.tiering.types import PageKey, TenantMismatchError
 
 WRITE_THREADS = 8
@@ -119,7 +120,7 @@ def read_prefix(
     Only the leading run of pages that verified counts: a page after a failed one is of no use
     (KV is a prefix). ``out`` rows past the returned count hold nothing meaningful. The tenant's
     key material is read once for the prefix, not once a page: a tenant forgotten by then loads
-    nothing.
+    nothing. ``BlobStoreUnavailableError`` (the store failed, not the page) is raised.
     """
     seal = prefix_seal(store, keys, tenant, out)
 
@@ -222,14 +223,16 @@ def thread_pool(kind: str, threads: int) -> ThreadPoolExecutor:
 
 
 def open_blob_root(blob_url: str | None, disk_root: Path | None,
-                   root_key: RootKeyProvider | None = None) -> BlobRoot:
+                   root_key: RootKeyProvider | None = None,
+                   timeouts: DependencyTimeouts = DependencyTimeouts()) -> BlobRoot:
     """The blob location a configuration names: ``blob_url`` (redis://, rediss://, unix://) if
     given, else the folder ``disk_root`` (which may be a shared mount); its blobs sealed under
-    ``root_key`` (default: the node's state_dir secret)."""
+    ``root_key`` (default: the node's state_dir secret); a Redis server waited for at most
+    ``timeouts``."""
     if blob_url is not None:
         from kvci_plugin.tiering.redis_blob_store import RedisBlobRoot
 
-        return RedisBlobRoot(blob_url, root_key)
+        return RedisBlobRoot(blob_url, root_key, timeouts)
     if disk_root is None:
         raise ValueError("a blob location needs blob_url or disk_root")
     from kvci_plugin.tiering.blob_store import FolderBlobRoot

@@ -68,7 +68,17 @@ class BlobMissingError(BlobUnavailableError):
 
 
 class BlobIntegrityError(BlobUnavailableError):
-    """The blob failed verification and was moved to quarantine."""
+    """The blob failed verification and was moved to quarantine (or, not being a regular file,
+    was refused where it is)."""
+
+
+class BlobStoreUnavailableError(Exception):
+    """The blob store could not be asked (an I/O error, a stale NFS handle, no file descriptor
+    left, a Redis server unreachable or too slow): a miss that says nothing of the page.
+
+    Deliberately not a ``BlobUnavailableError``: that says the page is bad, and a bad page is
+    quarantined and forgotten by every node. A store that fails for a while must not cost the
+    tier its good pages."""
 
 
 def check_namespace(namespace: object) -> bytes:
@@ -95,6 +105,11 @@ def check_page(data: object, field_name: str) -> torch.Tensor:
 def sealed_bytes(nbytes: int, segment: int = SEGMENT_BYTES) -> int:
     """The size of the sealed tensor of ``nbytes`` of page: the bytes and a tag per segment."""
     return nbytes + TAG_BYTES * -(-nbytes // segment)
+
+
+MAX_PAGE_BYTES = 1 << 30
+"""The largest page a reader accepts when it is not told the page's size (a 16-token KV block
+of a 405B model is 8 MiB a rank): a larger file is refused before any buffer is sized from it."""
 
 
 def blob_room(nbytes: int) -> int:

@@ -16,26 +16,32 @@ final name, then the folder fsynced. Two nodes writing the same page at once eac
 whole file over the name, so a reader sees one complete blob or the other, never a mix (rename
 is atomic on POSIX file systems, NFS included). A blob that fails any check is moved to the
 quarantine folder (kept for inspection, newest ``QUARANTINE_KEEP`` only) and reported as a
-miss; its bytes are never returned.
+miss; its bytes are never returned. A name that is not a regular file (a FIFO, a folder, a
+symbolic link) is refused where it is, without waiting on it. A file that cannot be read for
+a while (an I/O error, a stale NFS handle, no file descriptor left) is a miss too, and the blob
+stays: ``BlobStoreUnavailableError``, never quarantine.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
 
 import torch
 
 from kvci_plugin.tiering.blob_backend import StoredBlob, prefix_seal, write_each
 from kvci_plugin.tiering.blob_codec import (
+    MAX_PAGE_BYTES,
     NAMESPACE_BYTES,
     BlobIntegrityError,
     BlobMissingError,
+    BlobStoreUnavailableError,
     BlobUnavailableError,
     blob_room,
     check_namespace,
@@ -46,10 +52,12 @@ from kvci_plugin.tiering.blob_codec import (
 from kvci_plugin.tiering.read_ahead import read_ahead
 from kvci_plugin.tiering.secret import create_once
 from kvci_plugin.tiering.tenant_keys import (
+    MATERIAL_BYTES,
     PageSeal,
     RootKeyProvider,
     StateDirRootKey,
     TenantKeys,
+    TenantKeyUnavailableError,
 )
 from kvci_plugin.tiering.types import (
     PageKey,
@@ -62,6 +70,7 @@ __all__ = [
     "BlobIntegrityError",
     "BlobMissingError",
     "BlobStore",
+    "BlobStoreUnavailableError",
     "BlobUnavailableError",
     "FolderBlobRoot",
     "blob_files",
@@ -156,12 +165,25 @@ class FolderMaterials:
         return self._dir / f"{tenant_id}.key"
 
     def read_material(self, tenant_id: str) -> bytes | None:
+        # Opened as a blob is (see BlobStore.read): a FIFO or a link here must not block or lead
+        # the reader elsewhere.
         try:
-            fd = os.open(self._path(tenant_id), os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(self._path(tenant_id),
+                         os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
-        with os.fdopen(fd, "rb") as file:
-            return file.read()
+        except OSError as exc:
+            raise BlobStoreUnavailableError(
+                f"a tenant's key material cannot be opened: {exc}") from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise TenantKeyUnavailableError("the tenant's key material is not a regular file")
+            return os.read(fd, MATERIAL_BYTES + 1)  # a longer file is damaged: the seal says so
+        except OSError as exc:
+            raise BlobStoreUnavailableError(
+                f"a tenant's key material cannot be read: {exc}") from exc
+        finally:
+            os.close(fd)
 
     def create_material(self, tenant_id: str, material: bytes) -> bytes:
         make_private_dir(self._dir)
@@ -351,45 +373,50 @@ class BlobStore:
              seal: PageSeal | None = None) -> torch.Tensor:
         """The authenticated page of ``key`` for ``tenant``, decrypted into ``out`` when given.
 
-        Raises ``BlobMissingError``; ``BlobIntegrityError`` (the blob is quarantined) when the
-        file does not parse, names another namespace or key, or fails authentication;
-        ``TenantMismatchError`` when a blob names another tenant; ``TenantKeyUnavailableError``
-        when the tenant has no key material (forgotten). ``out`` holds the page only on success.
+        Raises ``BlobMissingError``; ``BlobIntegrityError`` when the name is not a regular file
+        (refused, left where it is) or when the file is larger than the blob of a page of
+        ``out``'s size (of ``MAX_PAGE_BYTES`` without ``out``), does not parse, names another
+        namespace or key, or fails authentication (quarantined); ``BlobStoreUnavailableError``
+        when the file cannot be opened or read (the blob stays); ``TenantMismatchError`` when a
+        blob names another tenant; ``TenantKeyUnavailableError`` when the tenant has no key
+        material (forgotten). ``out`` holds the page only on success.
         """
         path = self._file_name(key)
         check_tenant(tenant)
         if out is not None:
             check_page(out, "out")
-        # os calls, not pathlib and a buffered file: per blob they cost a fifth of a small page's read.
+        limit = blob_room(MAX_PAGE_BYTES if out is None else out.numel())
+        # os calls, not pathlib and a buffered file: per blob they cost a fifth of a small page's
+        # read. O_NONBLOCK: a FIFO in a blob's place must not block the reader (no effect on a
+        # regular file); O_NOFOLLOW: nor may a link lead it to a device or any other file.
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise BlobMissingError(f"no blob for page {key.hex()}") from None
         except OSError as exc:
-            self._quarantine_unreadable(key, path, None, exc)
-        stat = None
+            if exc.errno == errno.ELOOP:
+                raise BlobIntegrityError(
+                    f"blob of page {key.hex()} is a symbolic link: refused") from None
+            raise BlobStoreUnavailableError(
+                f"blob of page {key.hex()} cannot be opened: {exc}") from exc
         try:
-            stat = os.fstat(fd)  # the file read, should a writer replace the name
-            blob = self._read_into_buffer(fd, stat.st_size)
+            seen = os.fstat(fd)  # the file read, should a writer replace the name
+            if not stat.S_ISREG(seen.st_mode):
+                raise BlobIntegrityError(
+                    f"blob of page {key.hex()} is not a regular file: refused")
+            if seen.st_size > limit:
+                self._quarantine_file(key, path, seen)
+                raise BlobIntegrityError(
+                    f"blob of page {key.hex()} is {seen.st_size} bytes, more than the blob of "
+                    "its page can be; quarantined")
+            blob = self._read_into_buffer(fd, seen.st_size)
         except OSError as exc:
-            self._quarantine_unreadable(key, path, stat, exc)
+            raise BlobStoreUnavailableError(
+                f"blob of page {key.hex()} cannot be read: {exc}") from exc
         finally:
             os.close(fd)
         return open_page(blob, self._keys, tenant, self._namespace, key, out,
-                         lambda: self._quarantine_file(key, path, stat), seal)
-
-    def _quarantine_unreadable(self, key: PageKey, path: str, stat: os.stat_result | None,
-                               exc: OSError) -> NoReturn:
-        """A file is there and cannot be read: quarantined, and refused."""
-        try:
-            seen = stat or os.stat(path)
-        except FileNotFoundError:
-            raise BlobMissingError(f"no blob for page {key.hex()}") from None
-        except OSError:
-            seen = None  # nothing to tell a replacement by: left where it is
-        if seen is not None:
-            self._quarantine_file(key, path, seen)
-        raise BlobIntegrityError(f"blob of page {key.hex()} is unreadable: {exc}") from None
+                         lambda: self._quarantine_file(key, path, seen), seal)
 
     def _read_into_buffer(self, fd: int, size: int) -> memoryview:
         """The file's bytes in this thread's read buffer, reused from read to read: a fresh
@@ -417,6 +444,8 @@ class BlobStore:
         The files are read a chunk ahead on another thread (``read_ahead``) while this one opens
         them. A blob that does not open from there is read again by ``read``, which quarantines
         it or says why it cannot be served (and serves it, should a writer have replaced it).
+        ``BlobStoreUnavailableError`` (the folder cannot be read) is raised, not returned: it
+        says nothing of the page.
         """
         check_tenant(tenant)
         seal = prefix_seal(self, keys, tenant, out)
@@ -454,11 +483,11 @@ class BlobStore:
                 if (now.st_ino, now.st_dev) != (seen.st_ino, seen.st_dev):
                     return  # replaced by a fresh write since it was read: not the bad file
                 os.replace(path, target)
-            except FileNotFoundError:
-                return
-            kept = sorted(self._quarantine.glob(f"*{BLOB_SUFFIX}"))
-            for old in kept[:-QUARANTINE_KEEP]:
-                old.unlink(missing_ok=True)
+                kept = sorted(self._quarantine.glob(f"*{BLOB_SUFFIX}"))
+                for old in kept[:-QUARANTINE_KEEP]:
+                    old.unlink(missing_ok=True)
+            except OSError:
+                return  # best effort: the blob is refused either way
 
 
 def _not_here() -> None:

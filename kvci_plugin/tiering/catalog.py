@@ -28,9 +28,10 @@ gives the lease up when its checkpoint is recorded (``add_checkpoint(holder=...)
 failed (``release``). No call that removes page rows hands back a page under a live lease for
 deletion, and eviction never chooses one, so a node's eviction or retention GC cannot delete a
 blob another node has just written or decided to reuse. A writer that dies leaves its lease to
-expire. Removals run in write transactions and the caller deletes the blobs inside the same
-transaction (``locked``), so a lease taken later sees either the row or no blob, never a blob
-that is about to vanish.
+expire. Removals run in write transactions; the caller deletes the blobs once the removal has
+committed, outside the lock (a slow blob store must hold up no node's catalog writes), skipping
+pages leased or recorded again since. A write that leases a page in the short window before its
+blob's deletion loses the blob: a miss, never wrong KV (every blob is verified when loaded).
 
 Shards. Under tensor parallelism each rank writes its part of a page into its own namespace;
 the catalog records one page per key under the first rank's namespace and maps that namespace
@@ -57,6 +58,7 @@ from kvci_plugin.tiering.catalog_db import (
     Transaction,
     open_catalog_database,
 )
+from kvci_plugin.tiering.timeouts import DependencyTimeouts
 from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -297,7 +299,8 @@ class CheckpointCatalog:
     """The catalog of durable checkpoints. Thread-safe.
 
     ``path``: the embedded SQLite file (one process). ``url``: a PostgreSQL database shared by
-    any number of processes and nodes; exactly one of the two.
+    any number of processes and nodes; exactly one of the two. ``timeouts``: how long a call
+    waits on the database.
     """
 
     def __init__(
@@ -306,11 +309,12 @@ class CheckpointCatalog:
         clock: Callable[[], float] = time.time,
         *,
         url: str | None = None,
+        timeouts: DependencyTimeouts = DependencyTimeouts(),
     ) -> None:
         if (path is None) == (url is None):
             raise ValueError("a catalog needs exactly one of path (SQLite) and url (PostgreSQL)")
         self._clock = clock
-        self._db: CatalogDatabase = open_catalog_database(url, path)
+        self._db: CatalogDatabase = open_catalog_database(url, path, timeouts)
         try:
             self._migrate()
         except BaseException:

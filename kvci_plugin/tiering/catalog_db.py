@@ -10,7 +10,11 @@ this module runs it on either. What differs is how a write excludes every other 
   of the catalog (a page's tenant, the bound, leases) hold across nodes without retry loops.
   Reads run in REPEATABLE READ, READ ONLY transactions: one consistent snapshot per call.
 
-A dropped PostgreSQL connection is reopened at the next call; the call that saw it fails.
+Every wait is bounded (``DependencyTimeouts``): connecting, each statement, and the wait for a
+lock (the advisory lock included) on PostgreSQL; the wait for the file's lock on SQLite. A
+PostgreSQL connection the server ended (a restart, a terminated backend) is reopened: a call
+that finds it broken before any statement of its caller ran starts again, once, on a new
+connection; a failure after that is the call's.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from kvci_plugin.tiering.timeouts import DependencyTimeouts
 
 try:
     import psycopg
@@ -72,14 +78,15 @@ class SQLiteDatabase:
 
     dialect: Dialect = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, timeouts: DependencyTimeouts = DependencyTimeouts()) -> None:
         self._path = Path(path)
         # Created 0600 before SQLite opens it; SQLite gives its -wal and -shm files the same mode.
         os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
         os.chmod(self._path, 0o600)
         self._lock = threading.RLock()
         self._depth = 0
-        self._db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(self._path, timeout=timeouts.blob_s, isolation_level=None,
+                                   check_same_thread=False)
         self._db.row_factory = _dict_factory
         mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()["journal_mode"]
         if mode != "wal":
@@ -156,7 +163,7 @@ class PostgresDatabase:
 
     dialect: Dialect = "postgresql"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeouts: DependencyTimeouts = DependencyTimeouts()) -> None:
         if psycopg is None:
             raise RuntimeError(
                 "catalog_url names PostgreSQL but psycopg is missing: pip install 'kvci[shared]'"
@@ -164,6 +171,7 @@ class PostgresDatabase:
         if not url.startswith(("postgresql://", "postgres://")):
             raise ValueError(f"catalog_url must start with postgresql://, not {url!r}")
         self._url = url
+        self._timeouts = timeouts
         self._lock = threading.RLock()
         self._depth = 0
         self._conn = self._connect()
@@ -171,10 +179,24 @@ class PostgresDatabase:
         self._where = f"postgresql {info.host}:{info.port}/{info.dbname}"
 
     def _connect(self) -> "psycopg.Connection[Row]":
-        return psycopg.connect(self._url, autocommit=True, row_factory=dict_row)
+        t = self._timeouts
+        conn = psycopg.connect(self._url, autocommit=True, row_factory=dict_row,
+                               connect_timeout=t.postgres_connect_s)
+        try:
+            # Set for the session rather than as startup options, which would replace any
+            # `options` the operator's URL gives.
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false),"
+                " set_config('lock_timeout', %s, false)",
+                (_milliseconds(t.statement_s), _milliseconds(t.lock_s)),
+            )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _live(self) -> "psycopg.Connection[Row]":
-        if self._conn.closed or self._conn.broken:
+        if self._conn.closed:
             self._conn = self._connect()
         return self._conn
 
@@ -182,8 +204,32 @@ class PostgresDatabase:
         return self._where  # never the URL: it may carry a password
 
     @contextmanager
+    def _transaction(self, first: str,
+                     params: tuple[Any, ...] = ()) -> Iterator[_PostgresTransaction]:
+        """A transaction that runs ``first`` before the caller's statements.
+
+        A connection the server ended while it sat idle shows it only when next used: here, at
+        the transaction's start or its ``first`` statement, before anything of the caller's ran.
+        The transaction then starts again, once, on a new connection. A failure once the caller
+        has the transaction is the caller's: nothing is run twice.
+        """
+        for last_try in (False, True):
+            conn = self._live()
+            began = False
+            try:
+                with conn.transaction():
+                    conn.execute(first, params)
+                    began = True
+                    yield _PostgresTransaction(conn)
+                return
+            except psycopg.OperationalError:
+                if began or last_try or not conn.closed:
+                    raise
+
+    @contextmanager
     def write(self) -> Iterator[_PostgresTransaction]:
-        """A write transaction holding the catalog's advisory lock; nested calls join it."""
+        """A write transaction holding the catalog's advisory lock (waited for at most
+        ``lock_s``: ``lock_timeout`` bounds advisory locks too); nested calls join it."""
         with self._lock:
             if self._depth:
                 self._depth += 1
@@ -192,12 +238,10 @@ class PostgresDatabase:
                 finally:
                     self._depth -= 1
                 return
-            conn = self._live()
             self._depth = 1
             try:
-                with conn.transaction():
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK_ID,))
-                    yield _PostgresTransaction(conn)
+                with self._transaction("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK_ID,)) as tx:
+                    yield tx
             finally:
                 self._depth = 0
 
@@ -207,20 +251,28 @@ class PostgresDatabase:
             if self._depth:
                 yield _PostgresTransaction(self._conn)
                 return
-            conn = self._live()
-            with conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                yield _PostgresTransaction(conn)
+            with self._transaction(
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+            ) as tx:
+                yield tx
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
 
 
-def open_catalog_database(catalog_url: str | None, sqlite_path: Path | None) -> CatalogDatabase:
+def _milliseconds(seconds: float) -> str:
+    """A PostgreSQL timeout setting: whole milliseconds, at least 1 (0 would mean none)."""
+    return str(max(1, round(seconds * 1000)))
+
+
+def open_catalog_database(
+    catalog_url: str | None, sqlite_path: Path | None,
+    timeouts: DependencyTimeouts = DependencyTimeouts(),
+) -> CatalogDatabase:
     """PostgreSQL when ``catalog_url`` is given, else the SQLite file ``sqlite_path``."""
     if catalog_url is not None:
-        return PostgresDatabase(catalog_url)
+        return PostgresDatabase(catalog_url, timeouts)
     if sqlite_path is None:
         raise ValueError("a catalog needs catalog_url or a SQLite path")
-    return SQLiteDatabase(sqlite_path)
+    return SQLiteDatabase(sqlite_path, timeouts)

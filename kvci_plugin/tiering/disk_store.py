@@ -10,10 +10,15 @@ One node or many. With the embedded SQLite catalog the store owns its folder: it
 exclusive lock on it for its lifetime, since reconciliation deletes what the catalog does not
 know. With a PostgreSQL catalog (``catalog_url``) the blob location (a shared folder or Redis,
 ``blob_url``) is shared by every node, and the catalog's leases and locked removals stand in
-for the folder lock: a page is leased before its blobs are written, blobs are only deleted
-inside the catalog write transaction that removed their rows and only when no live lease holds
-them, and an orphan is only removed once it is older than a lease (a younger one may belong to
-a write under way on another node). Every node verifies every blob it reads.
+for the folder lock: a page is leased before its blobs are written, blobs are deleted only
+after the catalog transaction that removed their rows has committed (never under the fleet-wide
+lock: a slow blob store must not stop every node's writes) and only when no row or live lease
+holds them again, and an orphan is only removed once it is older than a lease (a younger one may
+belong to a write under way on another node). Every node verifies every blob it reads.
+
+Every call the engine's step makes here runs through ``BoundedCalls``: waited for at most
+``timeouts.statement_s + timeouts.lock_s``, and skipped at once while the tier's ``health`` is
+degraded (a probe off the step's thread brings it back).
 
 ``disk_bytes`` bounds the pages the catalog records, across every node sharing it.
 
@@ -28,19 +33,21 @@ change, so no KV computed before a reset is ever loaded after it, a restart incl
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
 from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot, open_blob_root
 from kvci_plugin.tiering.blob_codec import BlobUnavailableError, check_namespace
 from kvci_plugin.tiering.blob_store import make_private_dir
+from kvci_plugin.tiering.health import BoundedCalls, DependencyHealth, HealthReport
 from kvci_plugin.tiering.catalog import (
     CheckpointCatalog,
     KVCheckpointRecord,
@@ -50,6 +57,7 @@ from kvci_plugin.tiering.catalog import (
 )
 from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.tenant_keys import RootKeyProvider
+from kvci_plugin.tiering.timeouts import DependencyTimeouts
 from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -66,6 +74,37 @@ TOUCH_FLUSH_S = 1.0
 """Longest a page's use waits to be recorded in the catalog (see ``KVCheckpointStore.touch``)."""
 DEFAULT_LEASE_S = 600.0
 """How long a writer's lease on its pages lasts: longer than any blob write takes."""
+_PROBE_KEY = bytes(16)  # a page key no write makes: the probe asks whether its blob exists
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _bounded(what: str, *, when_degraded: bool = False) -> Callable[[F], F]:
+    """The method runs through the store's ``BoundedCalls``: at most its timeout, skipped at
+    once while the tier is degraded (unless ``when_degraded``), a dependency failure marks it
+    degraded."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def call(self: KVCheckpointStore, *args: Any, **kwargs: Any) -> Any:
+            return self._calls.run(what, method, self, *args, when_degraded=when_degraded,
+                                   **kwargs)
+
+        return call  # type: ignore[return-value]
+
+    return wrap
+
+
+def _direct(method: F) -> F:
+    """The method runs on the caller's thread, unbounded, and so do the calls it makes (a
+    whole checkpoint's blobs, read or written by a caller that is not the engine's step)."""
+
+    @functools.wraps(method)
+    def call(self: KVCheckpointStore, *args: Any, **kwargs: Any) -> Any:
+        with self._calls.direct():
+            return method(self, *args, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -139,6 +178,7 @@ class KVCheckpointStore:
     catalog (unless ``catalog_url`` names PostgreSQL). ``shards``: the namespaces the other
     tensor-parallel ranks write this engine's blobs under. ``root_key``: the node's root key,
     which seals the blobs with the tenant material (default: the node's state_dir secret).
+    ``timeouts``: how long a call waits on the catalog database and the blob store.
     """
 
     def __init__(
@@ -153,6 +193,7 @@ class KVCheckpointStore:
         shards: Sequence[bytes] = (),
         lease_s: float = DEFAULT_LEASE_S,
         root_key: RootKeyProvider | None = None,
+        timeouts: DependencyTimeouts = DependencyTimeouts(),
     ) -> None:
         if isinstance(disk_bytes, bool) or not isinstance(disk_bytes, int):
             raise TypeError(f"disk_bytes must be an int, not {type(disk_bytes).__name__}")
@@ -184,10 +225,15 @@ class KVCheckpointStore:
             assert self._root is not None
             self._lock_fd = self._take_lock()
         self._blob_root: BlobRoot | None = None
+        self.health = DependencyHealth("disk tier", self._probe)
+        # The longest a caller (the engine's step) waits for one call: a statement, and the
+        # catalog lock it may wait for first.
+        self._calls = BoundedCalls(self.health, timeouts.statement_s + timeouts.lock_s)
         try:
-            self._blob_root = open_blob_root(blob_url, self._root, root_key)
+            self._blob_root = open_blob_root(blob_url, self._root, root_key, timeouts)
             self._catalog = CheckpointCatalog(
-                None if self._shared else self._root / CATALOG_NAME, clock, url=catalog_url
+                None if self._shared else self._root / CATALOG_NAME, clock, url=catalog_url,
+                timeouts=timeouts,
             )
             self._base_shards = tuple(check_namespace(ns) for ns in shards if ns != namespace)
             if not self._shared:
@@ -226,11 +272,28 @@ class KVCheckpointStore:
         return f"blobs: {self._blob_root.describe()}; catalog: {self._catalog.describe()}"
 
     def close(self) -> None:
-        self.flush_touches()
-        self._catalog.close()
-        self._release_resources()
+        try:
+            self.flush_touches()
+            self._calls.run("closing the catalog", self._catalog.close, when_degraded=True)
+        except Exception:  # noqa: BLE001 - recency only; the catalog's data is committed
+            pass
+        finally:
+            self._release_resources()
+
+    def health_report(self) -> HealthReport:
+        return self.health.report()
+
+    def _probe(self) -> None:
+        """Ask the catalog and the blob store something cheap (on the calls' thread, so a
+        probe waits behind a call still stuck); raises while either does not answer."""
+        def ask() -> None:
+            self._catalog.schema_version()
+            self._blobs.exists(_PROBE_KEY)
+
+        self._calls.run("probe", ask, when_degraded=True)
 
     def _release_resources(self) -> None:
+        self._calls.close()
         if self._blob_root is not None:
             self._blob_root.close()
         if self._lock_fd is not None:
@@ -245,6 +308,7 @@ class KVCheckpointStore:
 
     # ---- maintenance ------------------------------------------------------------------------
 
+    @_direct
     def reconcile(self) -> ReconcileReport:
         """Make the blobs and the catalog agree, then apply retention and the bound.
 
@@ -278,13 +342,15 @@ class KVCheckpointStore:
             evicted = self._enforce_bound()
             return ReconcileReport(temps, orphans, lost, expired, evicted)
 
+    @_bounded("retention GC")
     def gc_expired(self, now: float | None = None) -> Removal:
         """Remove checkpoints and pages whose retention has expired, blobs included."""
         with self._write_lock, self._catalog.locked():
             removal = self._catalog.gc_expired(self._clock() if now is None else now)
-            self._delete_blobs(removal)
-            return removal
+        self._delete_removed(removal)
+        return removal
 
+    @_bounded("a cache reset", when_degraded=True)
     def reset(self) -> GenerationFence:
         """A cache reset: fence every checkpoint of the current generation, on every node that
         shares the catalog, and key in the next generation from now on (kept in the catalog, so
@@ -294,10 +360,11 @@ class KVCheckpointStore:
                 self._touched, self._touched_since = set(), None  # the fenced generation's pages
             new, removal = self._catalog.advance_generation(
                 self._base, self._generation, self._namespace)
-            self._delete_blobs(removal)
             self._enter_generation(new)
+        self._delete_removed(removal)
         return GenerationFence(generation=new, checkpoint_ids=removal.checkpoint_ids)
 
+    @_bounded("a forget", when_degraded=True)
     def forget(self, tenant: str) -> ForgetReport:
         """Crypto-erase ``tenant``: its catalog rows go (for every node sharing the catalog, at
         once), its key material is destroyed (no node can open its blobs again, whoever kept a
@@ -309,17 +376,20 @@ class KVCheckpointStore:
             destroyed = self._blob_root.keys.forget(tenant)
             with self._touch_lock:
                 self._touched -= {page.key for page in removal.pages}
-            self._delete_blobs(removal)
+        self._delete_removed(removal)  # unreadable already: the key material is gone
         return ForgetReport(removal.checkpoint_ids, len(removal.pages), destroyed)
 
+    @_bounded("reading a forget record")
     def forgotten(self, checkpoint_id: str) -> tuple[str, float] | None:
         """(tenant, forgotten_at) of a checkpoint a forget erased, or None."""
         return self._catalog.forgotten(checkpoint_id)
 
+    @_bounded("reading a reset record")
     def fenced(self, checkpoint_id: str) -> tuple[str, float, int] | None:
         """(tenant, fenced_at, generation begun) of a checkpoint a cache reset fenced."""
         return self._catalog.fenced(checkpoint_id)
 
+    @_bounded("ending a lease")
     def end_lease(self, checkpoint_id: str) -> None:
         """End the lease of a write that a reset fenced: it is never recorded, and its blobs,
         named by no row, go at the next reconcile."""
@@ -337,6 +407,7 @@ class KVCheckpointStore:
 
     # ---- writes -----------------------------------------------------------------------------
 
+    @_direct
     def persist(
         self,
         checkpoint_id: str,
@@ -367,6 +438,7 @@ class KVCheckpointStore:
             raise
         return self._record(record, lambda: [self._blob_size(k) for k in keys])
 
+    @_bounded("leasing pages")
     def reserve(self, checkpoint_id: str, keys: Sequence[PageKey]) -> None:
         """Lease ``keys`` to the write of ``checkpoint_id`` before any of its blobs is written;
         ``record_written`` or ``release`` ends the lease."""
@@ -377,11 +449,13 @@ class KVCheckpointStore:
         )
         self._write_began.setdefault(checkpoint_id, now)
 
+    @_bounded("releasing a write")
     def release(self, checkpoint_id: str, keys: Sequence[PageKey] = ()) -> None:
         """End a write that will not be recorded: its lease goes, and the blobs of ``keys`` no
         row and no other lease holds are deleted."""
         self._abandon(check_checkpoint_id(checkpoint_id), tuple(keys))
 
+    @_bounded("recording a checkpoint")
     def record_written(
         self,
         checkpoint_id: str,
@@ -408,6 +482,7 @@ class KVCheckpointStore:
         )
         return self._record(record, lambda: [self._blob_size(k) for k in keys])
 
+    @_bounded("discarding bad pages")
     def discard(self, keys: Sequence[PageKey]) -> Removal:
         """Forget pages a reader found missing or corrupt, with the checkpoints that need them,
         so they are never offered again (a bad blob must cost one recompute, not a livelock)."""
@@ -431,6 +506,7 @@ class KVCheckpointStore:
         if due:
             self.flush_touches()
 
+    @_bounded("recording page use")
     def flush_touches(self) -> None:
         """Record the pages touched since the last flush as used now."""
         with self._touch_lock:
@@ -440,6 +516,7 @@ class KVCheckpointStore:
 
     # ---- reads ------------------------------------------------------------------------------
 
+    @_direct
     def load(self, checkpoint_id: str, tenant: str) -> torch.Tensor:
         """The pages of ``tenant``'s checkpoint as a (pages, slot_bytes) uint8 tensor.
 
@@ -462,6 +539,7 @@ class KVCheckpointStore:
         self._catalog.touch(self._namespace, keys)
         return out[:loaded]
 
+    @_direct
     def load_prefix(self, keys: Sequence[PageKey], tenant: str) -> torch.Tensor:
         """The longest loadable prefix of ``keys`` for ``tenant`` as a (n, slot_bytes) tensor.
 
@@ -484,18 +562,22 @@ class KVCheckpointStore:
         self._catalog.touch(self._namespace, keys[:loaded])
         return out[:loaded]
 
+    @_bounded("a lookup")
     def longest_prefix(self, keys: Sequence[PageKey], tenant: str) -> int:
         """How many leading ``keys`` the disk tier holds for ``tenant``. Changes nothing."""
         return self._catalog.longest_prefix(self._namespace, keys, tenant)
 
+    @_bounded("reading a checkpoint record")
     def explain(self, checkpoint_id: str) -> KVCheckpointRecord | None:
         """The raw record; the caller checks tenancy before showing it."""
         return self._catalog.find(checkpoint_id)
 
+    @_bounded("listing checkpoints")
     def list(self, tenant: str | None = None) -> list[KVCheckpointRecord]:
         """Checkpoint records, oldest first, optionally of one tenant only."""
         return self._catalog.list(tenant)
 
+    @_bounded("reading the tier's stats")
     def stats(self) -> DiskStats:
         catalog = self._catalog.stats()
         return DiskStats(
@@ -563,42 +645,40 @@ class KVCheckpointStore:
     ) -> KVCheckpointRecord:
         """Add the catalog row once ``blob_sizes`` finds every blob, then apply the bound.
 
-        Runs in one catalog write transaction: no node deletes a blob between the check that
-        it exists and the row that names it.
+        The blobs are measured before the catalog's lock is taken: a stat on a shared folder or
+        a STRLEN on Redis must not hold up every node's catalog writes. A blob another node
+        deletes between its measurement and the row (it removed the page's last row just before
+        this write leased it) leaves a row whose load fails cleanly and is discarded: a miss,
+        never wrong KV.
         """
         keys = record.page_keys
-        with self._write_lock:
-            try:
-                with self._catalog.locked():
-                    sizes = blob_sizes()
-                    if sum(sizes) > self._disk_bytes:
-                        raise DoesNotFitError(
-                            "disk_bytes",
-                            f"checkpoint {record.checkpoint_id} does not fit in disk_bytes "
-                            f"({self._disk_bytes}) once its blob headers are counted",
-                        )
-                    pages = tuple(PageRef(key=k.hex(), nbytes=n) for k, n in zip(keys, sizes))
-                    record = record.model_copy(update={"pages": pages})
-                    self._catalog.add_checkpoint(
-                        record, holder=record.checkpoint_id,
-                        began=self._write_began.pop(record.checkpoint_id, None))
-            except BaseException:
-                self._abandon(record.checkpoint_id, keys)
-                raise
-            self.gc_expired(record.created)
-            self._enforce_bound(protect=record.checkpoint_id)
+        try:
+            sizes = blob_sizes()
+            if sum(sizes) > self._disk_bytes:
+                raise DoesNotFitError(
+                    "disk_bytes",
+                    f"checkpoint {record.checkpoint_id} does not fit in disk_bytes "
+                    f"({self._disk_bytes}) once its blob headers are counted",
+                )
+            pages = tuple(PageRef(key=k.hex(), nbytes=n) for k, n in zip(keys, sizes))
+            record = record.model_copy(update={"pages": pages})
+            with self._write_lock:
+                self._catalog.add_checkpoint(
+                    record, holder=record.checkpoint_id,
+                    began=self._write_began.pop(record.checkpoint_id, None))
+        except BaseException:
+            self._abandon(record.checkpoint_id, keys)
+            raise
+        self.gc_expired(record.created)
+        self._enforce_bound(protect=record.checkpoint_id)
         return record
 
     def _abandon(self, checkpoint_id: str, keys: Sequence[PageKey]) -> None:
-        """Drop a write's lease and the blobs it left that no row or other lease holds."""
+        """Drop a write's lease, then the blobs it left that no row or other lease holds."""
         self._write_began.pop(checkpoint_id, None)
-        with self._write_lock, self._catalog.locked():
+        with self._write_lock:
             self._catalog.release(checkpoint_id)
-            held = self._catalog.held_pages(self._namespace, keys)
-            leased = self._catalog.leased(self._namespace, keys)
-            for key in keys:
-                if key not in held and key not in leased:
-                    self._delete_page_blobs(self._namespace, key)
+        self._delete_unheld(self._namespace, keys)
 
     def _blob_size(self, key: PageKey) -> int:
         """The bytes of every shard's blob of ``key``; ``BlobMissingError`` if one is missing."""
@@ -613,17 +693,17 @@ class KVCheckpointStore:
         return loaded, error
 
     def _drop(self, pages: Sequence[PageId]) -> Removal:
-        with self._write_lock, self._catalog.locked():
+        with self._write_lock:
             removal = self._catalog.drop_pages(pages)
-            self._delete_blobs(removal)
-            return removal
+        self._delete_removed(removal)
+        return removal
 
     def _enforce_bound(self, protect: str | None = None) -> Removal:
         self.flush_touches()
-        with self._write_lock, self._catalog.locked():
+        with self._write_lock:
             removal = self._catalog.evict_to(self._disk_bytes, protect)
-            self._delete_blobs(removal)
-            return removal
+        self._delete_removed(removal)
+        return removal
 
     def _known_blobs(self) -> set[tuple[str, str]]:
         """(namespace hex[:32], key hex) of every blob a page row or a live lease accounts for,
@@ -637,11 +717,32 @@ class KVCheckpointStore:
             for shard in (ns, *shards.get(ns, ()))
         }
 
-    def _delete_blobs(self, removal: Removal) -> None:
+    def _delete_removed(self, removal: Removal) -> None:
+        """Delete the blobs of a removal whose transaction has committed (see
+        ``_delete_unheld``), and tell the listener its pages are gone."""
+        by_namespace: dict[bytes, list[PageKey]] = {}
         for page in removal.pages:
-            self._delete_page_blobs(page.namespace, page.key)
+            by_namespace.setdefault(page.namespace, []).append(page.key)
+        for namespace, keys in by_namespace.items():
+            self._delete_unheld(namespace, keys)
         if self.on_pages_removed is not None and removal.pages:
             self.on_pages_removed([p.key for p in removal.pages if p.namespace == self._namespace])
+
+    def _delete_unheld(self, namespace: bytes, keys: Sequence[PageKey]) -> None:
+        """Delete the blobs of ``keys`` that no page row and no live lease holds.
+
+        Runs after the transaction that removed their rows or lease has committed, outside the
+        catalog's lock: a blob store that is slow or hangs (Redis, NFS) must not hold up every
+        node's catalog writes. A write that leases one of these pages between the check here
+        and the deletion loses its blob: it then fails to record, or records a row whose load
+        fails cleanly and is discarded. A miss, never wrong KV.
+        """
+        if not keys:
+            return
+        taken = self._catalog.held_pages(namespace, keys) | self._catalog.leased(namespace, keys)
+        for key in keys:
+            if key not in taken:
+                self._delete_page_blobs(namespace, key)
 
     def _delete_page_blobs(self, namespace: bytes, key: PageKey) -> None:
         shards = self._shards if namespace == self._namespace else ()

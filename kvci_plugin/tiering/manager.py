@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict
@@ -38,7 +38,8 @@ from kvci_plugin.governance import (
 )
 from kvci_plugin.policy import Offer
 from kvci_plugin.tiering.catalog import KVCheckpointRecord
-from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.tiering.disk_store import DiskStats, KVCheckpointStore
+from kvci_plugin.tiering.health import TierUnavailableError
 from kvci_plugin.tiering.loadable import LoadablePages, TierListener
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.retention import RetentionOutcome, RetentionRefused, Retentions
@@ -483,6 +484,8 @@ class TieredCheckpointManager:
         assert self.disk is not None
         try:
             self.disk.release(checkpoint_id, job.keys)
+        except TierUnavailableError:
+            pass  # the tier is degraded (logged once): the lease expires by itself
         except Exception as exc:  # the lease expires by itself; the failure is already reported
             logger.warning("kvci: releasing the lease of %s failed: %s", checkpoint_id, exc)
 
@@ -621,8 +624,18 @@ class TieredCheckpointManager:
             "retentions_expired": r.expired, "retentions_released": r.released,
             "gate_in_force": self.gate.name,
             "scorers": {e.name: e.weight for e in self.advisor.registry.entries()},
-            "disk": None if self.disk is None else asdict(self.disk.stats()),
+            "disk": None if self.disk is None else self._disk_stats(self.disk),
         }
+
+    @staticmethod
+    def _disk_stats(disk: KVCheckpointStore) -> dict[str, Any]:
+        """The disk tier's counts and health; while its catalog does not answer, its health
+        alone (the counts are None)."""
+        try:
+            counts = asdict(disk.stats())
+        except Exception:  # degraded, or failing now: the health says which and since when
+            counts = {f.name: None for f in fields(DiskStats)}
+        return {**counts, "health": asdict(disk.health_report())}
 
     def _raise_if_fenced(self, checkpoint_id: str, tenant: str | None) -> None:
         """CheckpointFencedError when a reset fenced it (and it is the caller's, if one is named)."""

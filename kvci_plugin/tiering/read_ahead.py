@@ -38,7 +38,8 @@ def read_ahead(paths: Sequence[str], row_bytes: int,
                use: Callable[[int, memoryview | None], bool]) -> None:
     """``use(i, data)`` for each file in order, on the calling thread, until it returns False:
     ``data`` is the file's bytes, valid only during the call, or None when the file could not be
-    read whole into ``row_bytes`` (missing, unreadable, larger). Returns once no read is in
+    read whole into ``row_bytes`` (missing, unreadable, larger, or not a regular file: a FIFO is
+    opened without blocking, and nothing is read beyond a row). Returns once no read is in
     flight. The reader runs on the cores the calling thread is not pinned to (any core when it
     is not pinned); with one core the chunks are read on the calling thread."""
     if row_bytes <= 0:

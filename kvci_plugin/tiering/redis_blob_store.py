@@ -15,18 +15,24 @@ blob. Quarantined blobs expire after ``QUARANTINE_TTL_S``.
 
 What a stored blob survives is what the server's persistence gives (RDB snapshots, or AOF with
 ``appendfsync``): kvci verifies every read, so a blob the server lost is a miss, never wrong KV.
+
+Every request waits at most ``DependencyTimeouts.blob_s`` (connecting: ``connect_s``) and is not
+retried; a read the server does not answer in time, or at all, raises
+``BlobStoreUnavailableError``: a miss, and the blob stays.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
 from kvci_plugin.tiering.blob_backend import StoredBlob, read_prefix, write_each
 from kvci_plugin.tiering.blob_codec import (
     BlobMissingError,
+    BlobStoreUnavailableError,
     BlobUnavailableError,
     check_namespace,
     check_page,
@@ -39,6 +45,7 @@ from kvci_plugin.tiering.tenant_keys import (
     StateDirRootKey,
     TenantKeys,
 )
+from kvci_plugin.tiering.timeouts import DependencyTimeouts
 from kvci_plugin.tiering.types import (
     PageKey,
     TenantMismatchError,
@@ -48,6 +55,8 @@ from kvci_plugin.tiering.types import (
 
 try:
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 except ImportError:  # an optional dependency: only a redis:// blob_url needs it
     redis = None  # type: ignore[assignment]
 
@@ -55,16 +64,29 @@ QUARANTINE_TTL_S = 7 * 24 * 3600
 _INDEX = "kvci:blobs"
 
 
-def _connect(url: str) -> "redis.Redis":
+def _connect(url: str, timeouts: DependencyTimeouts) -> "redis.Redis":
     if redis is None:
         raise RuntimeError(
             "blob_url names Redis but the redis package is missing: pip install 'kvci[shared]'"
         )
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise ValueError(f"blob_url must start with redis://, rediss:// or unix://, not {url!r}")
-    client = redis.Redis.from_url(url)
+    # No retries: a wait is one timeout at most. A pooled connection the server closed is
+    # replaced when it is taken from the pool, so a restarted server costs no failed request.
+    client = redis.Redis.from_url(
+        url, socket_timeout=timeouts.blob_s, socket_connect_timeout=timeouts.connect_s,
+        retry=Retry(NoBackoff(), 0))
     client.ping()
     return client
+
+
+@contextmanager
+def _store_unavailable(what: str) -> Iterator[None]:
+    """A server that cannot be reached or does not answer in time says nothing of the blob."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BlobStoreUnavailableError(f"{what}: {exc}") from exc
 
 
 class RedisMaterials:
@@ -75,7 +97,8 @@ class RedisMaterials:
         self._client = client
 
     def read_material(self, tenant_id: str) -> bytes | None:
-        return self._client.get(f"kvci:tenant-key:{tenant_id}")
+        with _store_unavailable("reading a tenant's key material"):
+            return self._client.get(f"kvci:tenant-key:{tenant_id}")
 
     def create_material(self, tenant_id: str, material: bytes) -> bytes:
         name = f"kvci:tenant-key:{tenant_id}"
@@ -96,9 +119,10 @@ def redis_keys(client: "redis.Redis", root_key: RootKeyProvider | None) -> Tenan
 class RedisBlobRoot:
     """One Redis database as a blob location for every namespace."""
 
-    def __init__(self, url: str, root_key: RootKeyProvider | None = None) -> None:
+    def __init__(self, url: str, root_key: RootKeyProvider | None = None,
+                 timeouts: DependencyTimeouts = DependencyTimeouts()) -> None:
         self._url = url
-        self._client = _connect(url)
+        self._client = _connect(url, timeouts)
         self._keys = redis_keys(self._client, root_key)
 
     @property
@@ -145,8 +169,9 @@ class RedisBlobStore:
         self._ns_prefix = namespace.hex()[:32]
 
     @classmethod
-    def from_url(cls, url: str, namespace: bytes) -> RedisBlobStore:
-        return cls(_connect(url), namespace)
+    def from_url(cls, url: str, namespace: bytes,
+                 timeouts: DependencyTimeouts = DependencyTimeouts()) -> RedisBlobStore:
+        return cls(_connect(url, timeouts), namespace)
 
     @property
     def namespace(self) -> bytes:
@@ -212,7 +237,8 @@ class RedisBlobStore:
         if out is not None:
             check_page(out, "out")
         name = self._name(key)
-        blob = self._client.get(name)
+        with _store_unavailable(f"blob of page {key.hex()}"):
+            blob = self._client.get(name)
         if blob is None:
             raise BlobMissingError(f"no blob for page {key.hex()}")
         return open_page(blob, self._keys, tenant, self._namespace, key, out,
@@ -240,5 +266,5 @@ class RedisBlobStore:
 
         try:
             self._client.transaction(move, name)
-        except redis.ResponseError:
-            return  # vanished meanwhile
+        except (redis.ResponseError, redis.ConnectionError, redis.TimeoutError):
+            return  # vanished meanwhile, or the server failed: the blob is refused either way

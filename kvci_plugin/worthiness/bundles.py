@@ -98,7 +98,7 @@ class EvidenceBundle(BaseModel):
 class ContextBundle(EvidenceBundle):
     """The result of a context compile: what went into the context, and how much was left out."""
 
-    dropped_items: Annotated[int, Field(ge=0)] | None = None
+    dropped_items: Annotated[int, Field(ge=0, le=10**15)] | None = None
 
 
 def derive_observation_fields(evidence: EvidenceBundle | None, context: ContextBundle | None) -> dict[str, int]:

@@ -15,7 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from kvci_plugin.worthiness.bundles import ContextBundle, EvidenceBundle, derive_observation_fields
 
-NonNegativeInt = Annotated[int, Field(ge=0)]
+MAX_COUNT = 10**15
+"""Largest count an observation field takes: far past any real context, and exact as a float
+(the scorers divide counts; 1e308 and more would overflow them)."""
+MAX_WALL_TIME_S = 1e9
+NonNegativeInt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 _STRICT_FROZEN = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
 
@@ -52,7 +56,7 @@ class CheckpointObservation(BaseModel):
         default=None, description="the turn ends waiting on a tool call: the run will be back "
         "(read by the retention advice)")
     retrievals: NonNegativeInt | None = None
-    wall_time_s: Annotated[float, Field(ge=0.0)] | None = Field(
+    wall_time_s: Annotated[float, Field(ge=0.0, le=MAX_WALL_TIME_S)] | None = Field(
         default=None,
         description="time that assembled the context; the engine passes prefill time when the client gives none",
     )

@@ -42,6 +42,15 @@ def test_a_file_that_cannot_be_read_whole_says_why_and_leaves_its_row(tmp_path: 
     assert out[256:] == b"y" * 64
 
 
+def test_a_symlink_is_not_followed(tmp_path: Path) -> None:
+    # Whoever can write a shared folder could point a blob's name at a device or another file.
+    (tmp_path / "target").write_bytes(b"z" * 64)
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    out = bytearray(b"\xee" * 64)
+    assert read_files([tmp_path / "link"], out) == [-errno.ELOOP]
+    assert out == b"\xee" * 64
+
+
 def test_bad_input_is_refused(tmp_path: Path) -> None:
     assert read_files([], bytearray(3)) == []
     with pytest.raises(ValueError, match="not a whole row for each of 2 paths"):
