@@ -24,6 +24,7 @@ import kvci_plugin
 from kvci_plugin.api.control import ControlPlane, ControlResponse
 from kvci_plugin.api.errors import ControlError, ErrorCode, ErrorResponse, FieldError
 from kvci_plugin.api.schema import ENDPOINT, KVCheckpointRequest, KVCheckpointResponse
+from kvci_plugin.tiering.health import DEPENDENCY_ERRORS, TierUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,11 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, (TierUnavailableError, *DEPENDENCY_ERRORS)):
+        # Not kvci's bug: the disk tier's dependency is down or slow (its health says since when).
+        return _respond(ControlError(ErrorCode.TIER_UNAVAILABLE,
+                                     f"the disk tier is unavailable ({type(exc).__name__}); "
+                                     "try again once ram_stats shows it healthy"))
     logger.exception("kvci control surface: unhandled error")
     return _respond(ControlError(ErrorCode.INTERNAL_ERROR, f"internal error ({type(exc).__name__})"))
 

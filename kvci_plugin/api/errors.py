@@ -25,6 +25,7 @@ class ErrorCode(str, Enum):
     NOT_FOUND = "not_found"  # 404: no such path
     METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
     INTERNAL_ERROR = "internal_error"  # 500
+    TIER_UNAVAILABLE = "tier_unavailable"  # 503: the disk tier's catalog or blob store is down
 
 
 HTTP_STATUS: dict[ErrorCode, int] = {
@@ -41,6 +42,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.INTERNAL_ERROR: 500,
+    ErrorCode.TIER_UNAVAILABLE: 503,
 }
 
 

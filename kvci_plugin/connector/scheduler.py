@@ -559,6 +559,8 @@ class KVCIScheduler:
     def _after_persist_started(self, outcome: Any) -> None:
         if outcome is not None and outcome.status == "persisted":
             self._stats.count("persisted_checkpoints")
+        elif outcome is not None and outcome.status == "failed" and outcome.decision is not None:
+            self._stats.count("persist_failures")  # permitted, and not written
 
     # ---- the end of a request -------------------------------------------------------------------
 

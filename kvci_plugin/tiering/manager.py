@@ -39,7 +39,7 @@ from kvci_plugin.governance import (
 from kvci_plugin.policy import Offer
 from kvci_plugin.tiering.catalog import KVCheckpointRecord
 from kvci_plugin.tiering.disk_store import DiskStats, KVCheckpointStore
-from kvci_plugin.tiering.health import TierUnavailableError
+from kvci_plugin.tiering.health import DEPENDENCY_ERRORS, TierUnavailableError
 from kvci_plugin.tiering.loadable import LoadablePages, TierListener
 from kvci_plugin.tiering.ram_index import RAMIndex
 from kvci_plugin.tiering.retention import RetentionOutcome, RetentionRefused, Retentions
@@ -359,7 +359,11 @@ class TieredCheckpointManager:
         """
         with self.lock:
             entry = self._ram_entry(checkpoint_id, tenant)
-            record = self._durable_record(checkpoint_id, tenant)
+            unavailable: BaseException | None = None  # the gate still decides, and says why
+            try:
+                record = self._durable_record(checkpoint_id, tenant)
+            except (TierUnavailableError, *DEPENDENCY_ERRORS) as exc:
+                record, unavailable = None, exc
             if record is not None:
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisted",
                                         reason="already durable")
@@ -386,8 +390,13 @@ class TieredCheckpointManager:
                 self.index.set_meta(checkpoint_id, refusal=decision.reason, decision=dumped)
                 return PromotionOutcome(checkpoint_id=checkpoint_id, status="refused",
                                         reason=decision.reason, decision=decision)
+            try:
+                if unavailable is not None:
+                    raise unavailable
+                self._clear_expired(checkpoint_id)
+            except (TierUnavailableError, *DEPENDENCY_ERRORS) as exc:
+                return self._disk_unavailable(checkpoint_id, exc, decision)
             self.index.set_meta(checkpoint_id, refusal=None, decision=dumped, persist_error=None)
-            self._clear_expired(checkpoint_id)
             job = _Persist(tenant=entry.tenant, keys=entry.keys, trigger=trigger,
                            recommendation_json=json.dumps(entry.meta.get("recommendation")),
                            decision=decision)
@@ -397,6 +406,15 @@ class TieredCheckpointManager:
                                         reason="permitted; waiting for the RAM copy",
                                         decision=decision)
             return self._start_persist(checkpoint_id, job)
+
+    def _disk_unavailable(self, checkpoint_id: str, exc: BaseException,
+                          decision: EligibilityDecision | None = None) -> PromotionOutcome:
+        """A persist the disk tier cannot take now (degraded, or failing): nothing is written,
+        and the caller is told why; the RAM copy stays."""
+        reason = f"persist failed: the disk tier is unavailable ({type(exc).__name__}: {exc})"
+        self._set_meta_if_held(checkpoint_id, persist_error=reason)
+        return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed", reason=reason,
+                                decision=decision)
 
     def on_persisted(self, checkpoint_id: str, ok: bool, error: str = "") -> PromotionOutcome:
         """Every shard's blobs are durable (or one failed): record the catalog row, or the error.
@@ -577,7 +595,12 @@ class TieredCheckpointManager:
         out: dict[str, Any] = {"checkpoint_id": checkpoint_id, "gate_in_force": self.gate.name}
         with self.lock:
             entry = self._ram_entry(checkpoint_id, tenant)
-            record = self._durable_record(checkpoint_id, tenant)
+            try:
+                record = self._durable_record(checkpoint_id, tenant)
+            except (TierUnavailableError, *DEPENDENCY_ERRORS):
+                if entry is None:
+                    raise  # only the disk tier could say: the caller is told it is unavailable
+                record = None  # RAM holds it; whether disk does too cannot be said now
             if entry is not None:
                 job = self._persists.get(checkpoint_id)
                 out.update(

@@ -366,6 +366,36 @@ def test_a_permitted_persist_writes_blobs_and_the_catalog_row(world: World) -> N
     assert world.disk.stats().checkpoints == 1
 
 
+def test_a_persist_the_disk_tier_cannot_take_fails_with_the_reason_and_keeps_the_ram_copy(
+        world: World) -> None:
+    import sqlite3
+
+    assert world.disk is not None
+    # A real fault: another process holds the catalog's write lock past the wait kvci allows.
+    other = sqlite3.connect(world.disk_root / "catalog.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        cid, keys, outcome = world.checkpoint("p", n=2, persist=True, session_token=world.session())
+        assert outcome.tier == "ram" and outcome.persist is not None
+        assert outcome.persist.status == "failed" and "database is locked" in outcome.persist.reason
+        assert world.disk.health.report().state == "degraded"
+        # Degraded: the next persist is not tried, the gate still decides, the reason says why.
+        cid2, _, outcome2 = world.checkpoint("q", n=2, persist=True, session_token=world.session())
+        assert outcome2.persist is not None and outcome2.persist.status == "failed"
+        assert "disk tier is unavailable" in outcome2.persist.reason
+        assert outcome2.persist.decision is not None and outcome2.persist.decision.permitted
+        refused = world.checkpoint("r", n=2, persist=True)[2].persist
+        assert refused is not None and refused.status == "refused"  # no credential: the gate's word
+        assert world.manager.explain(cid2, TENANT)["persist_error"] == outcome2.persist.reason
+        assert world.manager.ram_stats()["persists_in_flight"] == 0
+        assert world.manager.index.longest_prefix(keys, TENANT) == 2  # the RAM copy serves
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert blob_files(world.disk_root) == [] or all(  # nothing half-written was left named
+        p.stem not in {k.hex() for k in keys} for p in blob_files(world.disk_root))
+
+
 def test_a_persist_without_credentials_is_refused_and_the_refusal_is_kept(world: World) -> None:
     assert world.disk is not None
     cid, keys, outcome = world.checkpoint("r", persist=True, session_token=None)
