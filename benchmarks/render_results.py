@@ -1,7 +1,7 @@
 """Regenerate ``benchmarks/results/README.md`` from the JSON reports beside it.
 
 Every figure in the README comes from a JSON report written by ``benchmarks/policy_sim.py``,
-``benchmarks/ttft.py`` or ``benchmarks/replay.py``; nothing is typed by hand. JSON files of another format are skipped (and
+``benchmarks/ttft.py``, ``benchmarks/replay.py`` or ``benchmarks/fault_replay.py``; nothing is typed by hand. JSON files of another format are skipped (and
 named on stderr).
 
     .venv/bin/python -m benchmarks.render_results [--results DIR] [--output FILE]
@@ -16,6 +16,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.faultsim.render import fault_section, load_fault_replays
+from benchmarks.faultsim.report import SCHEMA as FAULT_SCHEMA
+from benchmarks.faultsim.report import FaultReplayReport
 from benchmarks.policysim.hindsight import NAME as HINDSIGHT
 from benchmarks.policysim.restart import LRU_NAME as LRU_RESTARTED
 from benchmarks.policysim.restart import NAME as RESTARTED
@@ -60,7 +63,7 @@ def load_reports(results: Path) -> tuple[list[tuple[Path, SimulationReport]], li
             reports.append((path, SimulationReport.model_validate(data)))
         elif kind == TTFT_SCHEMA:
             ttft.append((path, TTFTReport.model_validate(data)))
-        elif kind != REPLAY_SCHEMA:  # read by load_replays
+        elif kind not in (REPLAY_SCHEMA, FAULT_SCHEMA):  # read by load_replays, load_fault_replays
             print(f"render_results: skipping {path.name}: not a {SCHEMA} or {TTFT_SCHEMA} report", file=sys.stderr)
     return reports, ttft
 
@@ -68,6 +71,7 @@ def load_reports(results: Path) -> tuple[list[tuple[Path, SimulationReport]], li
 def render(
     reports: Sequence[tuple[Path, SimulationReport]], ttft: Sequence[tuple[Path, TTFTReport]] = (),
     replays: Sequence[tuple[Path, ReplayReport]] = (),
+    faults: Sequence[tuple[Path, FaultReplayReport]] = (),
 ) -> str:
     lines = [
         "# Benchmark results",
@@ -76,7 +80,7 @@ def render(
         "rerun the command recorded in each section, then this script. The PNG figures are not committed:",
         "the same command writes them.",
     ]
-    if not reports and not ttft and not replays:
+    if not reports and not ttft and not replays and not faults:
         lines += ["", f"No {SCHEMA} or {TTFT_SCHEMA} report found."]
     for path, report in ttft:
         lines += ["", *_ttft_section(path, report)]
@@ -84,6 +88,8 @@ def render(
         lines += ["", *_section(path, report)]
     for path, replay in replays:
         lines += ["", *replay_section(path, replay)]
+    for path, fault in faults:
+        lines += ["", *fault_section(path, fault)]
     return "\n".join(lines) + "\n"
 
 
@@ -539,7 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"render_results: {args.results} is not a folder", file=sys.stderr)
         return 2
     output = args.output if args.output is not None else args.results / "README.md"
-    output.write_text(render(*load_reports(args.results), load_replays(args.results)), encoding="utf-8")
+    output.write_text(render(*load_reports(args.results), load_replays(args.results),
+                             load_fault_replays(args.results)), encoding="utf-8")
     print(f"wrote {output}")
     return 0
 

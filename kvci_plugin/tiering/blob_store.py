@@ -316,7 +316,9 @@ class BlobStore:
         """
         try:
             self.path_for(key).unlink()
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
+            # A directory someone put at a blob's name is no blob: nothing of ours to delete,
+            # and no sign that the store is failing.
             return False
         return True
 
