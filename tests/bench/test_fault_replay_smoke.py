@@ -139,13 +139,28 @@ def test_key_log_lines_are_kvcis_and_the_errors_counted_once() -> None:
 # --- one real run --------------------------------------------------------------------------------
 
 
+def threads_trace(path: Path, threads: int = 30, turns: int = 4) -> Path:
+    """A Mooncake-format trace of multi-turn threads (each turn re-sends the one before and adds
+    a block), interleaved: the test runs without the shared traces a fresh clone lacks."""
+    rows = []
+    for turn in range(turns):
+        for t in range(threads):
+            chain = [1000 * t + b for b in range(3 + turn)]
+            rows.append({"timestamp": 100 * len(rows), "input_length": len(chain) * 512 - 100,
+                         "output_length": 50, "hash_ids": chain})
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
 @pytest.mark.engine
 def test_a_quick_fault_replay_reports_every_phase_and_the_readme_shows_it(tmp_path: Path) -> None:
     results = tmp_path / "results"
     results.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    trace = threads_trace(tmp_path / "trace.jsonl")
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fault_replay", "--quick", "--json", str(results / "fault_replay.json")],
+        [sys.executable, "-m", "benchmarks.fault_replay", "--quick", "--trace", str(trace),
+         "--json", str(results / "fault_replay.json")],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     report = FaultReplayReport.model_validate_json((results / "fault_replay.json").read_text(encoding="utf-8"))
