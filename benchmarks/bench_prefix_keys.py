@@ -37,7 +37,9 @@ try:
     from vllm.utils.hashing import sha256, sha256_cbor
     from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
 except ImportError as error:
-    raise SystemExit(f"this benchmark compares against vLLM, which is not importable: {error}")
+    raise SystemExit(
+        f"this benchmark compares against vLLM, which is not importable: {error}"
+    ) from error
 
 PROMPT_TOKENS = 32_768
 BLOCK_SIZES = (16, 32)

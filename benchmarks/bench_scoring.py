@@ -33,7 +33,9 @@ from kvci_plugin.worthiness import (
 
 TARGET_MEDIAN_US = 50.0
 
-ENGINE_ONLY = CheckpointObservation(context_tokens=24_000, cached_tokens=8_000, output_tokens=300, wall_time_s=1.7)
+ENGINE_ONLY = CheckpointObservation(
+    context_tokens=24_000, cached_tokens=8_000, output_tokens=300, wall_time_s=1.7
+)
 FULL = CheckpointObservation(
     context_tokens=30_000,
     output_tokens=500,
@@ -67,7 +69,8 @@ BUNDLE = {
 
 
 def random_observation(rng: random.Random) -> CheckpointObservation:
-    """Every field measured, drawn wide enough that two draws almost never share a scorer's inputs."""
+    """Every field measured, drawn wide enough that two draws almost never share a scorer's
+    inputs."""
     retrieved = rng.randrange(1, 400)
     return CheckpointObservation(
         context_tokens=rng.randrange(100, 128_000),
@@ -93,7 +96,9 @@ def random_observation(rng: random.Random) -> CheckpointObservation:
     )
 
 
-def measure(prepare: Callable[[], Any], call: Callable[[Any], object], iterations: int) -> tuple[float, float, float]:
+def measure(
+    prepare: Callable[[], Any], call: Callable[[Any], object], iterations: int
+) -> tuple[float, float, float]:
     """Wall-clock median and p99 of ``call(prepare())``, and its median CPU time, in microseconds.
 
     ``prepare`` runs untimed just before each call, the way the connector builds an observation
@@ -124,7 +129,9 @@ def measure(prepare: Callable[[], Any], call: Callable[[Any], object], iteration
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--iterations", type=int, default=20_000)
     args = parser.parse_args()
 
@@ -143,7 +150,11 @@ def main() -> None:
         ("recommend: every field measured", given(FULL), advisor.recommend),
         ("recommend: vetoed", given(VETOED), advisor.recommend),
         ("recommend: nothing measured", given(EMPTY), advisor.recommend),
-        ("recommend: every field, each one new", lambda: random_observation(rng), advisor.recommend),
+        (
+            "recommend: every field, each one new",
+            lambda: random_observation(rng),
+            advisor.recommend,
+        ),
         (
             "CheckpointObservation(...), engine-only",
             given(None),

@@ -5,7 +5,7 @@ every figure is the median of ``--repeats`` runs, in GB/s of page bytes, and as 
 plain tensor copy of the same bytes (the ceiling for the RAM tier). The disk tier is put next to
 a plain file write and read of the same bytes (write, fsync; the ceiling for the disk tier), and
 to what authenticating the bytes costs: every disk blob is sealed with AES-256-GCM in 1 MiB
-segments (``blob_codec``), so sealing and opening (decrypting straight into the load's buffer,
+segments (``blobs.codec``), so sealing and opening (decrypting straight into the load's buffer,
 one thread and the read pool's threads) are measured page by page through the codec, beside the
 keyed MACs that would authenticate without encrypting (HMAC-SHA256, keyed BLAKE2b), XXH3-128
 (the unkeyed checksum of the first format) and SHA-256. A checkpoint's blobs are also read on
@@ -13,12 +13,26 @@ one thread, on the read pool's threads (each reading and opening a run of pages)
 load reads them (``read_ahead``: one thread reads the files a chunk ahead while the caller opens
 them; try ``--slot-kib 256`` and ``--slot-kib 1024``).
 
+The tiers are driven as the connector drives them in vLLM, its scheduler and worker halves in
+one process. RAM, put: ``RAMIndex.reserve`` for the checkpoint's keys, the worker's gather of the
+blocks of every layer of a paged KV cache (``--layers`` layers, a page of each per slot) into the
+pool's slots (``PagePool.store``), ``commit``; load: ``pin``, the scatter of the slots into other
+blocks of the cache (``PagePool.load``), ``unpin``. Disk, persist: the scheduler's lease
+(``KVCheckpointStore.reserve``), the worker's read of the RAM slots and ``write_many`` of the
+blobs into the tier's folder, the scheduler's ``record_written`` (the catalog row, then the
+bound); load: the scheduler's lookup (``longest_prefix``), the worker's ``read_many`` of the
+blobs into a host buffer (the worker's staging buffer; its scatter into the KV cache is the RAM
+load's copy), the scheduler's ``touch``. Until #48 these figures came from test-only compositions
+(a RAM store copying whole page tensors in and out, and the disk tier's own ``persist`` /
+``load``), which the engine never runs; the labels and what each figure measures are otherwise
+the same.
+
 Disk loads are measured twice: "warm" reads hit the page cache (a checkpoint loaded soon after
 it was written), "cold" ones follow ``posix_fadvise(DONTNEED)`` on every file, which drops clean
 cached pages without root (it does nothing on tmpfs: the file system type is printed).
 
-    .venv/bin/python -m benchmarks.bench_tiers [--pages N] [--slot-kib K] [--repeats R] [--dir D]
-                                            [--threads T]
+    .venv/bin/python -m benchmarks.bench_tiers [--pages N] [--slot-kib K] [--layers L]
+                                            [--repeats R] [--dir D] [--threads T]
 """
 
 from __future__ import annotations
@@ -36,12 +50,14 @@ from pathlib import Path
 import torch
 import xxhash
 
-from kvci_plugin.tiering.blob_backend import read_threads, thread_pool
-from kvci_plugin.tiering.blob_codec import encode, open_page
-from kvci_plugin.tiering.blob_store import BlobStore, blob_files
-from kvci_plugin.tiering.disk_store import KVCheckpointStore
-from kvci_plugin.tiering.ram_store import RAMCheckpointStore
-from kvci_plugin.tiering.tenant_keys import MemoryMaterials, TenantKeys
+from kvci_plugin.tiering.blobs.codec import encode, open_page
+from kvci_plugin.tiering.blobs.factory import open_blob_root
+from kvci_plugin.tiering.blobs.folder import BlobStore, blob_files
+from kvci_plugin.tiering.blobs.parallel import read_threads, thread_pool
+from kvci_plugin.tiering.blobs.tenant_keys import MemoryMaterials, TenantKeys
+from kvci_plugin.tiering.disk.tier import KVCheckpointStore
+from kvci_plugin.tiering.ram.index import RAMIndex
+from kvci_plugin.tiering.ram.pool import PagePool
 
 NAMESPACE = hashlib.sha256(b"bench_tiers").digest()
 TENANT = "bench"
@@ -93,6 +109,8 @@ def main() -> None:
     )
     parser.add_argument("--pages", type=int, default=64)
     parser.add_argument("--slot-kib", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=2,
+                        help="layers of the paged KV cache a slot holds a page of each of")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None, help="where a temp folder is made")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -139,14 +157,35 @@ def main() -> None:
         lambda _: list(pool.map(open_one, range(args.pages))), repeats))
     assert torch.equal(dst, src)
 
-    ram = RAMCheckpointStore(ram_bytes=2 * nbytes, slot_bytes=slot)
-    ram_ids: list[str] = []
+    # A paged KV cache of --layers layers: a page is a block of every layer. The checkpoint's
+    # blocks are the first --pages; a load scatters into the next --pages.
+    if slot % args.layers:
+        parser.error(f"--slot-kib {args.slot_kib} KiB is no whole number of bytes per layer")
+    layer_src = src.view(args.pages, args.layers, slot // args.layers)
+    cache = [torch.cat([layer_src[:, i], torch.zeros_like(layer_src[:, i])])
+             for i in range(args.layers)]
+    stored, loaded = torch.arange(args.pages), torch.arange(args.pages, 2 * args.pages)
+    index = RAMIndex(num_slots=2 * args.pages, slot_bytes=slot, max_entries=4096)
+    ram_pool = PagePool(2 * args.pages, slot)
+    ram_keys: list[list[bytes]] = []
 
     def ram_put(i: int) -> None:
-        ram_ids.append(ram.put(TENANT, fresh_keys(i, args.pages), src))
+        keys = fresh_keys(i, args.pages)
+        reservation = index.reserve(f"r{i}", TENANT, keys)
+        ram_pool.store(cache, stored, reservation.slots)
+        index.commit(f"r{i}")
+        ram_keys.append(keys)
+
+    def ram_load(_: int) -> None:
+        keys = ram_keys[-1]
+        slots = index.pin(keys, TENANT)
+        ram_pool.load(slots, cache, loaded)
+        index.unpin(keys)
 
     record("RAM tier: put", median_seconds(ram_put, repeats))
-    record("RAM tier: load", median_seconds(lambda _: ram.load(ram_ids[-1], TENANT), repeats))
+    record("RAM tier: load", median_seconds(ram_load, repeats))
+    assert all(torch.equal(layer[args.pages:], layer[:args.pages]) for layer in cache)
+    ram_slots = index.pin(ram_keys[-1], TENANT)  # what a persist reads, pinned as one is
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
@@ -175,16 +214,26 @@ def main() -> None:
         # Room for every repeat's checkpoint: the figures are writes, not evictions.
         disk_bytes = 2 * nbytes * (repeats + 1)
         with KVCheckpointStore(root / "kv", NAMESPACE, disk_bytes) as store:
+            # The worker's blobs: the same folder, in the namespace the scheduler keys in.
+            worker_blobs = open_blob_root(None, root / "kv").store(store.namespace)
+            staging = torch.empty_like(src)
 
             def persist(i: int) -> None:
                 keys = fresh_keys(i, args.pages)
-                store.persist(f"c{i}", TENANT, keys, src, "system", "{}", "{}", None)
+                store.reserve(f"c{i}", keys, TENANT)
+                worker_blobs.write_many(keys, TENANT, ram_pool.read_many(ram_slots))
+                store.record_written(f"c{i}", TENANT, keys, slot, "system", "{}", "{}", None)
 
             def load(_: int) -> None:
-                store.load(f"c{repeats - 1}", TENANT)
+                keys = fresh_keys(repeats - 1, args.pages)
+                n = store.longest_prefix(keys, TENANT)
+                done, error = worker_blobs.read_many(keys[:n], TENANT, staging)
+                assert n == done == args.pages and error is None, (n, done, error)
+                store.touch(keys)
 
             record("disk tier: persist", median_seconds(persist, repeats))
             record("disk tier: load, warm", median_seconds(load, repeats))
+            assert torch.equal(staging, src)
             blobs = [path for _, _, path in blob_files(root / "kv")]
             record(
                 "disk tier: load, cold",
@@ -201,8 +250,14 @@ def main() -> None:
                 for i in run:
                     blob_store.read(keys[i], TENANT, dst[i], blob_seal)
 
-            runs = [range(args.pages * k // threads, args.pages * (k + 1) // threads) for k in range(threads)]
-            record("disk blobs: read, 1 thread", median_seconds(lambda _: read_run(range(args.pages)), repeats))
+            runs = [
+                range(args.pages * k // threads, args.pages * (k + 1) // threads)
+                for k in range(threads)
+            ]
+            record(
+                "disk blobs: read, 1 thread",
+                median_seconds(lambda _: read_run(range(args.pages)), repeats),
+            )
             record(f"disk blobs: read, {threads} threads", median_seconds(
                 lambda _: list(pool.map(read_run, runs)), repeats))
             record("disk blobs: read as a prefix load does", median_seconds(

@@ -1,4 +1,5 @@
-"""Does choosing what to keep beat keeping everything? Admission policies side by side on a real trace.
+"""Does choosing what to keep beat keeping everything? Admission policies side by side on a real
+trace.
 
 Replays a Mooncake-format trace (JSONL: ``timestamp`` ms, ``input_length``, ``output_length``,
 ``hash_ids`` of 512-token blocks) against a RAM tier of a given byte budget, and optionally a
@@ -14,13 +15,13 @@ disk tier, once per policy and budget, in one process:
   Dynamo KVBM's "seen at least twice" disk filter);
 - ``kvci``: the connector's default RAM tier, replayed with the product's code
   (``benchmarks/policysim/kvci_tier.py``): the real ``RAMIndex`` with its ``ValuePolicy``
-  (``kvci_plugin.policy``), the real advisor and cache gate, offers built as the connector
-  builds them, only full blocks kept;
+  (``kvci_plugin.policy``), and the connector's own keep decision (``KeepDecider``: the real
+  advisor, cache gate and offers), only full blocks kept;
 - ``kvci-threshold``: the worthiness bar (``ram_policy: "threshold"``), the real advisor and
   cache gate scoring what a live engine knows when the request finishes (never the future);
   ``kvci-threshold@T`` is the same advisor built with a RAM threshold T;
 - ``kvci-pressure``: the same advisor whose RAM threshold follows the RAM tier's pressure
-  (``kvci_plugin.tiering.admission.PressureAwareAdmission``): it rises with each admitted request
+  (``kvci_plugin.policy.admission.PressureAwareAdmission``): it rises with each admitted request
   evicted before a hit and falls with each held-back request that a later one extends;
 - ``random``: the control, whole requests admitted blindly as often as ``kvci`` admitted;
 - ``oracle``: a bound, not a policy: admits exactly the requests whose session continues;
@@ -59,9 +60,11 @@ requests of Mooncake's mixed production trace (many users behind shared system p
 `mooncake_trace.jsonl` of github.com/hiverge/dynamo at commit 4915d8fa; it runs as is and with
 `--session-keyed`. From the repository root:
 
-    .venv/bin/python -m benchmarks.policy_sim --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+    .venv/bin/python -m benchmarks.policy_sim \\
+        --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
         --out benchmarks/results     # policy_sim_conversation.json and .png
-    .venv/bin/python -m benchmarks.render_results    # benchmarks/results/README.md from the JSON files
+    # benchmarks/results/README.md from the JSON files:
+    .venv/bin/python -m benchmarks.render_results
 """
 
 from __future__ import annotations
@@ -92,47 +95,73 @@ GIB = 1 << 30
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.policy_sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.policy_sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--trace", type=Path, required=True, help="Mooncake-format JSONL trace")
     parser.add_argument(
         "--label",
-        help="names the report's section and the files --out writes (default: from the trace's file name, "
-        "e.g. conversation for mooncake_conversation_trace.jsonl)",
+        help="names the report's section and the files --out writes (default: from the trace's "
+        "file name, e.g. conversation for mooncake_conversation_trace.jsonl)",
     )
     parser.add_argument("--limit", type=int, help="replay only the first N requests")
-    parser.add_argument("--model", choices=sorted(MODEL_SHAPES), default=DEFAULT_MODEL, help="KV shape: bytes per token")
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODEL_SHAPES),
+        default=DEFAULT_MODEL,
+        help="KV shape: bytes per token",
+    )
     parser.add_argument(
         "--budgets",
         type=_fractions,
         default=DEFAULT_BUDGET_FRACTIONS,
-        help="RAM budgets as fractions of the trace's working set, comma-separated (default: %(default)s)",
+        help="RAM budgets as fractions of the trace's working set, comma-separated (default: "
+             "%(default)s)",
     )
     parser.add_argument(
-        "--disk-fraction", type=float, default=0.0, help="disk tier as a fraction of the working set (0: no disk tier)"
+        "--disk-fraction",
+        type=float,
+        default=0.0,
+        help="disk tier as a fraction of the working set (0: no disk tier)",
     )
-    parser.add_argument("--store-threshold", type=int, default=2, help="N of the store-after-N policy")
+    parser.add_argument(
+        "--store-threshold", type=int, default=2, help="N of the store-after-N policy"
+    )
     parser.add_argument(
         "--kvci-ram-threshold",
         type=float,
         action="append",
-        help=f"the advisor's RAM threshold; repeat for several kvci policies (default: {DEFAULT_RAM_THRESHOLD})",
+        help="the advisor's RAM threshold; repeat for several kvci policies (default: "
+             f"{DEFAULT_RAM_THRESHOLD})",
     )
     parser.add_argument(
         "--prefill-tokens-per-second",
         type=float,
         default=DEFAULT_PREFILL_TOKENS_PER_SECOND,
-        help="turns uncached tokens into the prefill time kvci observes (default: the rebuild-cost model's rate)",
+        help="turns uncached tokens into the prefill time kvci observes (default: the rebuild-cost "
+             "model's rate)",
     )
-    parser.add_argument("--session-keyed", action="store_true",
-                        help="key sessions by their leading hash ids instead of inferring them as threads "
-                        "(a request continues the one whose prompt it extends)")
+    parser.add_argument(
+        "--session-keyed",
+        action="store_true",
+        help="key sessions by their leading hash ids instead of inferring them as threads "
+        "(a request continues the one whose prompt it extends)",
+    )
     parser.add_argument("--session-key-blocks", type=int, default=2,
                         help="with --session-keyed: leading hash ids that key a session")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random control")
-    parser.add_argument("--out", type=Path, help="write policy_sim_LABEL.json and policy_sim_LABEL.png in this folder")
-    parser.add_argument("--json", type=Path, help="write the report as JSON here (instead of --out's name)")
-    parser.add_argument("--plot", type=Path, help="write the PNG figure here (instead of --out's name)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="write policy_sim_LABEL.json and policy_sim_LABEL.png in this folder",
+    )
+    parser.add_argument(
+        "--json", type=Path, help="write the report as JSON here (instead of --out's name)"
+    )
+    parser.add_argument(
+        "--plot", type=Path, help="write the PNG figure here (instead of --out's name)"
+    )
     return parser.parse_args(argv)
 
 
@@ -140,7 +169,9 @@ def _fractions(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"budgets must be comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"budgets must be comma-separated numbers, got {text!r}"
+        ) from None
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
@@ -164,11 +195,20 @@ def results_table(report: SimulationReport) -> Table:
     disk = report.settings.disk_fraction > 0
     table = Table(
         title=(
-            f"{report.label}: {report.trace.requests} requests, working set {report.working_set_bytes / GIB:,.0f} GiB "
-            f"({report.model.name}); target: {TARGET_POLICY} against LRU and the best online baseline"
+            f"{report.label}: {report.trace.requests} requests, working set "
+            f"{report.working_set_bytes / GIB:,.0f} GiB ({report.model.name}); target: "
+            f"{TARGET_POLICY} against LRU and the best online baseline"
         )
     )
-    headers = ["budget", "policy", "saved Mtok", "hit", "RAM GiB w", *(["disk GiB w"] if disk else []), "tok/GB w"]
+    headers = [
+        "budget",
+        "policy",
+        "saved Mtok",
+        "hit",
+        "RAM GiB w",
+        *(["disk GiB w"] if disk else []),
+        "tok/GB w",
+    ]
     headers += ["saved xLRU", "LRU w/this", "bound gain", "target"]
     for header in headers:
         table.add_column(header, justify="left" if header in ("budget", "policy") else "right")
@@ -193,9 +233,17 @@ def results_table(report: SimulationReport) -> Table:
                 _verdict(comparison) if comparison else "",
             ]
             table.add_row(*cells)
-        ceiling = ["", "[dim]never evicts[/dim]", *[""] * (len(headers) - 6), f"[dim]{_times(run.ceiling_saved_ratio)}[/dim]"]
+        ceiling = [
+            "",
+            "[dim]never evicts[/dim]",
+            *[""] * (len(headers) - 6),
+            f"[dim]{_times(run.ceiling_saved_ratio)}[/dim]",
+        ]
         table.add_row(*ceiling, "", "", "", end_section=True)
-    table.caption = "*: the best online baseline at that budget; bound gain: share of the offline bound's gain over LRU"
+    table.caption = (
+        "*: the best online baseline at that budget; bound gain: share of the offline bound's gain "
+        "over LRU"
+    )
     return table
 
 
@@ -229,7 +277,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(results_table(report))
     console.print(f"replayed in {report.runtime_s:.1f} s")
     stem = f"policy_sim_{report.label}"
-    json_path = args.json if args.json is not None or args.out is None else args.out / f"{stem}.json"
+    json_path = (
+        args.json if args.json is not None or args.out is None else args.out / f"{stem}.json"
+    )
     plot_path = args.plot if args.plot is not None or args.out is None else args.out / f"{stem}.png"
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

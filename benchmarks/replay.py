@@ -93,13 +93,19 @@ from benchmarks.replaysim.report import (
     SimulatedPolicy,
     agreement,
 )
-from benchmarks.replaysim.workload import ENGINE_BLOCK_TOKENS, EnginePrompt, engine_prompts, write_retimed
+from benchmarks.replaysim.workload import (
+    ENGINE_BLOCK_TOKENS,
+    EnginePrompt,
+    engine_prompts,
+    write_retimed,
+)
 from kvci_plugin.policy import LRUPolicy
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS_DIR / "replay.json"
 DTYPE = "float32"  # this machine's CPUs have no bf16 matmul: float32 is the fast path
-# kvci keeping every request the seed's rules allow, least recently used evicted first.
+# kvci keeping every request the worthiness rules allow (no opt-out, no veto, some evidence),
+# least recently used evicted first.
 KEEP_ALL_EXTRA: dict[str, Any] = {"ram_policy": "lru"}
 SIMULATED = {"kvci": "kvci", "lru": "kvci_keep_all"}  # simulator policy -> engine run's timeline
 
@@ -117,7 +123,9 @@ def page_bytes(spec: Any) -> int:
 class Engines:
     """The model, the engine settings and the scaled prompts shared by the three runs."""
 
-    def __init__(self, args: argparse.Namespace, requests: list[TraceRequest], workdir: Path) -> None:
+    def __init__(
+        self, args: argparse.Namespace, requests: list[TraceRequest], workdir: Path
+    ) -> None:
         from kvci_plugin.tinymodel import TinyModelSpec, make_tiny_model
 
         spec = TinyModelSpec(dtype=DTYPE)
@@ -132,24 +140,37 @@ class Engines:
         self.distinct_blocks = len({h for r in requests for h in r.hash_ids})
         self.ram_blocks = int(args.budget * self.distinct_blocks)  # as the simulator sizes its tier
         if self.ram_blocks < 1:
-            raise SystemExit(f"--budget {args.budget} of {self.distinct_blocks} blocks holds no block")
+            raise SystemExit(
+                f"--budget {args.budget} of {self.distinct_blocks} blocks holds no block"
+            )
         self.page_bytes = page_bytes(spec)
         self.workdir = workdir
 
     def extra(self, name: str) -> dict[str, Any] | None:
         if name == "vllm":
             return None
-        base = {"ram_bytes": self.ram_blocks * self.page_bytes, "state_dir": str(self.workdir / name),
-                **self.args.extra}
+        base = {
+            "ram_bytes": self.ram_blocks * self.page_bytes,
+            "state_dir": str(self.workdir / name),
+            **self.args.extra,
+        }
         return {**base, **KEEP_ALL_EXTRA} if name == "kvci_keep_all" else base
 
     def run(self, name: str, progress: Progress) -> EngineRun:
         from vllm import LLM
 
         extra = self.extra(name)
-        kv_transfer_config = None if extra is None else {
-            "kv_connector": "KVCheckpointConnector", "kv_connector_module_path": "kvci_plugin.connector",
-            "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
+        kv_transfer_config = (
+            None
+            if extra is None
+            else {
+                "kv_connector": "KVCheckpointConnector",
+                "kv_connector_module_path": "kvci_plugin.connector",
+                "kv_role": "kv_both",
+                "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": extra,
+            }
+        )
         started = time.perf_counter()
         llm = LLM(model=str(self.model), dtype=DTYPE, block_size=ENGINE_BLOCK_TOKENS,
                   gpu_memory_utilization=0.2, max_model_len=self.max_model_len,
@@ -184,7 +205,9 @@ class Engines:
             llm.llm_engine.engine_core.shutdown()
             del llm
             gc.collect()
-        return EngineRun.of(name, extra, round(engine_start_s, 1), round(replay_s, 1), metrics, samples)
+        return EngineRun.of(
+            name, extra, round(engine_start_s, 1), round(replay_s, 1), metrics, samples
+        )
 
     @staticmethod
     def _send(llm: Any, prompt: EnginePrompt, with_kvci: bool,
@@ -198,17 +221,25 @@ class Engines:
             if prompt.session_id is not None:
                 kvci["session_id"] = prompt.session_id
             extra = {"kv_transfer_params": {"kvci": kvci}}
-        sp = SamplingParams(max_tokens=prompt.max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra)
+        sp = SamplingParams(
+            max_tokens=prompt.max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra
+        )
         start = time.perf_counter()
-        (out,) = llm.generate([TokensPrompt(prompt_token_ids=list(prompt.token_ids))], sp, use_tqdm=False)
+        (out,) = llm.generate(
+            [TokensPrompt(prompt_token_ids=list(prompt.token_ids))], sp, use_tqdm=False
+        )
         return time.perf_counter() - start, out
 
     @staticmethod
-    def _sample(prompt: EnginePrompt, out: Any, arrival: float, wall: float, with_kvci: bool) -> RequestSample:
+    def _sample(
+        prompt: EnginePrompt, out: Any, arrival: float, wall: float, with_kvci: bool
+    ) -> RequestSample:
         reply = (out.kv_transfer_params or {}).get("kvci", {}) if with_kvci else {}
         if "error" in reply:
             raise RuntimeError(f"kvci refused a replayed request: {reply['error']}")
-        latency = getattr(out.metrics, "first_token_latency", 0.0) if out.metrics is not None else 0.0
+        latency = (
+            getattr(out.metrics, "first_token_latency", 0.0) if out.metrics is not None else 0.0
+        )
         return RequestSample(
             arrival_s=round(arrival, 4), prompt_tokens=len(prompt.token_ids),
             cached_tokens=out.num_cached_tokens or 0, kvci_tokens=reply.get("hit_tokens") or 0,
@@ -223,9 +254,13 @@ def kvci_metrics(llm: Any, *, kinds: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:kvci_") and isinstance(getattr(m, "value", None), (int, float)):
-            labels = ",".join(f"{k}={v}" for k, v in sorted(m.labels.items()) if k not in ("engine", "model_name"))
+            labels = ",".join(
+                f"{k}={v}" for k, v in sorted(m.labels.items()) if k not in ("engine", "model_name")
+            )
             value = float(m.value)
-            out[m.name + (f"{{{labels}}}" if labels else "")] = (value, isinstance(m, Counter)) if kinds else value
+            out[m.name + (f"{{{labels}}}" if labels else "")] = (
+                (value, isinstance(m, Counter)) if kinds else value
+            )
     return out
 
 
@@ -234,8 +269,12 @@ def as_run(requests: Sequence[TraceRequest], max_output_tokens: int) -> list[Tra
     caps it (``max_output_tokens`` engine tokens, at least one), scaled back by the block ratio,
     so that the simulator's advisor and offers see the outputs the engine's did."""
     scale = BLOCK_TOKENS // ENGINE_BLOCK_TOKENS
-    return [dataclasses.replace(r, output_length=max(1, min(r.output_length, max_output_tokens)) * scale)
-            for r in requests]
+    return [
+        dataclasses.replace(
+            r, output_length=max(1, min(r.output_length, max_output_tokens)) * scale
+        )
+        for r in requests
+    ]
 
 
 def engine_view(engine_blocks: int) -> EngineView:
@@ -253,16 +292,32 @@ def simulate_product_lru(budget: float, requests: list[TraceRequest], runs: dict
     write_retimed(requests, [s.arrival_s for s in runs[timeline].samples], path)
     retimed = load_trace(path)
     distinct = len({h for r in retimed for h in r.hash_ids})
-    tier = KVCITier(int(budget * distinct), prefill_tokens_per_second=DEFAULT_PREFILL_TOKENS_PER_SECOND,
-                    policy=LRUPolicy(), name="kvci-lru", engine=engine)
+    tier = KVCITier(
+        int(budget * distinct),
+        prefill_tokens_per_second=DEFAULT_PREFILL_TOKENS_PER_SECOND,
+        policy=LRUPolicy(),
+        name="kvci-lru",
+        engine=engine,
+    )
     tally = replay_kvci(retimed, session_contexts(retimed, SessionTracker(threads=True)), tier)
-    return SimulatedPolicy(policy=tier.name, timeline=timeline, input_tokens=tally.input_tokens,
-                           saved_tokens=tally.saved_tokens,
-                           ram_blocks_written=tally.ram_blocks_written, admitted_requests=tally.admitted_requests)
+    return SimulatedPolicy(
+        policy=tier.name,
+        timeline=timeline,
+        input_tokens=tally.input_tokens,
+        saved_tokens=tally.saved_tokens,
+        ram_blocks_written=tally.ram_blocks_written,
+        admitted_requests=tally.admitted_requests,
+    )
 
 
-def simulate(args: argparse.Namespace, requests: list[TraceRequest], runs: dict[str, EngineRun],
-             workdir: Path, command: str, engine: EngineView) -> tuple[dict[str, SimulatedPolicy], dict[str, int]]:
+def simulate(
+    args: argparse.Namespace,
+    requests: list[TraceRequest],
+    runs: dict[str, EngineRun],
+    workdir: Path,
+    command: str,
+    engine: EngineView,
+) -> tuple[dict[str, SimulatedPolicy], dict[str, int]]:
     """The simulator's kvci and lru on the slice (as ``as_run`` gives it), each retimed to its
     engine run's arrivals."""
     simulated: dict[str, SimulatedPolicy] = {}
@@ -274,12 +329,19 @@ def simulate(args: argparse.Namespace, requests: list[TraceRequest], runs: dict[
                            command=command)
         (budget_run,) = report.runs
         by_name = {p.name: p for p in budget_run.policies}
-        if budget_run.ram_blocks != int(args.budget * len({h for r in requests for h in r.hash_ids})):
+        if budget_run.ram_blocks != int(
+            args.budget * len({h for r in requests for h in r.hash_ids})
+        ):
             raise RuntimeError("the simulator sized its RAM tier differently from the engine's")
         result = by_name[policy]
         simulated[policy] = SimulatedPolicy(
-            policy=policy, timeline=timeline, input_tokens=result.input_tokens, saved_tokens=result.saved_tokens,
-            ram_blocks_written=result.ram_blocks_written, admitted_requests=result.admitted_requests)
+            policy=policy,
+            timeline=timeline,
+            input_tokens=result.input_tokens,
+            saved_tokens=result.saved_tokens,
+            ram_blocks_written=result.ram_blocks_written,
+            admitted_requests=result.admitted_requests,
+        )
         if policy == "kvci":
             everything = {p.name: p.saved_tokens for p in budget_run.policies}
     return simulated, everything
@@ -289,19 +351,36 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trace", type=Path, required=True, help="Mooncake-format JSONL trace")
-    parser.add_argument("--requests", type=int, default=2000, help="first N requests replayed (default 2000)")
-    parser.add_argument("--budget", type=float, default=0.05,
-                        help="kvci RAM tier as a fraction of the slice's working set (default 0.05)")
+    parser.add_argument(
+        "--requests", type=int, default=2000, help="first N requests replayed (default 2000)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=0.05,
+        help="kvci RAM tier as a fraction of the slice's working set (default 0.05)",
+    )
     parser.add_argument("--time-scale", type=float, default=4.0,
                         help="trace time is divided by this when pacing arrivals (default 4)")
-    parser.add_argument("--max-output-tokens", type=int, default=2, help="output cap per request (default 2)")
-    parser.add_argument("--extra", type=json.loads, default={},
-                        help="JSON object added to both kvci runs' kv_connector_extra_config (a diagnosis, "
-                             "e.g. '{\"cache_gate\": {\"hit_rate_floor\": 0}}'); the report records it")
-    parser.add_argument("--resimulate", action="store_true",
-                        help="run no engine: redo the simulator's side of the --json report from its recorded "
-                             "arrivals (the same trace, --requests and --budget)")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"report to write (default {DEFAULT_JSON})")
+    parser.add_argument(
+        "--max-output-tokens", type=int, default=2, help="output cap per request (default 2)"
+    )
+    parser.add_argument(
+        "--extra",
+        type=json.loads,
+        default={},
+        help="JSON object added to both kvci runs' kv_connector_extra_config (a diagnosis, "
+        'e.g. \'{"cache_gate": {"hit_rate_floor": 0}}\'); the report records it',
+    )
+    parser.add_argument(
+        "--resimulate",
+        action="store_true",
+        help="run no engine: redo the simulator's side of the --json report from its recorded "
+        "arrivals (the same trace, --requests and --budget)",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=DEFAULT_JSON, help=f"report to write (default {DEFAULT_JSON})"
+    )
     args = parser.parse_args(argv)
     if args.requests < 1:
         parser.error("--requests must be >= 1")
@@ -344,22 +423,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = ReplayReport(
-        command=command, runtime_s=round(time.perf_counter() - started, 1), vllm_version=vllm.__version__,
-        cpus=os.cpu_count() or 1, load_average=(load_start, os.getloadavg()[0]), trace=str(args.trace),
-        trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(), requests=len(requests),
+        command=command,
+        runtime_s=round(time.perf_counter() - started, 1),
+        vllm_version=vllm.__version__,
+        cpus=os.cpu_count() or 1,
+        load_average=(load_start, os.getloadavg()[0]),
+        trace=str(args.trace),
+        trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(),
+        requests=len(requests),
         trace_duration_s=(requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0,
-        time_scale=args.time_scale, budget_fraction=args.budget, distinct_blocks=engines.distinct_blocks,
-        ram_blocks=engines.ram_blocks, engine_block_tokens=ENGINE_BLOCK_TOKENS,
-        page_bytes=engines.page_bytes, ram_bytes=engines.ram_blocks * engines.page_bytes,
+        time_scale=args.time_scale,
+        budget_fraction=args.budget,
+        distinct_blocks=engines.distinct_blocks,
+        ram_blocks=engines.ram_blocks,
+        engine_block_tokens=ENGINE_BLOCK_TOKENS,
+        page_bytes=engines.page_bytes,
+        ram_bytes=engines.ram_blocks * engines.page_bytes,
         engine_blocks=engines.engine_blocks,
         mean_request_blocks=round(sum(len(r.hash_ids) for r in requests) / len(requests), 2),
-        max_model_len=engines.max_model_len, max_output_tokens=args.max_output_tokens,
-        model={"num_layers": engines.spec.num_layers, "hidden_size": engines.spec.hidden_size,
-               "num_kv_heads": engines.spec.num_kv_heads, "dtype": DTYPE},
-        runs=runs, simulated=simulated, simulated_all=everything,
+        max_model_len=engines.max_model_len,
+        max_output_tokens=args.max_output_tokens,
+        model={
+            "num_layers": engines.spec.num_layers,
+            "hidden_size": engines.spec.hidden_size,
+            "num_kv_heads": engines.spec.num_kv_heads,
+            "dtype": DTYPE,
+        },
+        runs=runs,
+        simulated=simulated,
+        simulated_all=everything,
         agreement=agreement(runs, simulated["kvci"], simulated["lru"]),
-        simulated_product_lru=product_lru, product_agreement=agreement(runs, simulated["kvci"], product_lru),
-        simulated_engine_cache_blocks=engine.cache_blocks)
+        simulated_product_lru=product_lru,
+        product_agreement=agreement(runs, simulated["kvci"], product_lru),
+        simulated_engine_cache_blocks=engine.cache_blocks,
+    )
     Console().print(summary_table(report))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     # One line: the per-request samples would make an indented report megabytes long.
@@ -374,7 +471,9 @@ def resimulate(args: argparse.Namespace) -> int:
     if hashlib.sha256(args.trace.read_bytes()).hexdigest() != report.trace_sha256:
         raise SystemExit(f"{args.trace} is not the trace {args.json} replayed")
     if (args.requests, args.budget) != (report.requests, report.budget_fraction):
-        raise SystemExit(f"{args.json} replayed {report.requests} requests at budget {report.budget_fraction}")
+        raise SystemExit(
+            f"{args.json} replayed {report.requests} requests at budget {report.budget_fraction}"
+        )
     requests = load_trace(args.trace, args.requests)
     workdir = Path(tempfile.mkdtemp(prefix="kvci-replay-"))
     try:
@@ -398,14 +497,31 @@ def resimulate(args: argparse.Namespace) -> int:
 
 def summary_table(report: ReplayReport) -> Table:
     a = report.agreement
-    table = Table(title=f"{report.requests} requests, RAM {report.budget_fraction:g} of the working set; "
-                        f"engine ratio {a.engine_ratio:.3f} vs simulator {a.simulator_ratio:.3f} "
-                        f"(gap {a.relative_gap:.1%}, bar {TARGET_AGREEMENT:.0%})")
-    for column in ("run", "saved (vLLM)", "saved (kvci)", "saved share", "kept", "TTFT p50", "TTFT p90"):
+    table = Table(
+        title=f"{report.requests} requests, RAM {report.budget_fraction:g} of the working set; "
+        f"engine ratio {a.engine_ratio:.3f} vs simulator {a.simulator_ratio:.3f} "
+        f"(gap {a.relative_gap:.1%}, bar {TARGET_AGREEMENT:.0%})"
+    )
+    for column in (
+        "run",
+        "saved (vLLM)",
+        "saved (kvci)",
+        "saved share",
+        "kept",
+        "TTFT p50",
+        "TTFT p90",
+    ):
         table.add_column(column, justify="left" if column == "run" else "right")
     for name, run in report.runs.items():
-        table.add_row(name, str(run.saved_vllm_tokens), str(run.saved_kvci_tokens), f"{run.saved_share:.1%}",
-                      str(run.kept_requests), f"{run.ttft_p50_s * 1000:.1f} ms", f"{run.ttft_p90_s * 1000:.1f} ms")
+        table.add_row(
+            name,
+            str(run.saved_vllm_tokens),
+            str(run.saved_kvci_tokens),
+            f"{run.saved_share:.1%}",
+            str(run.kept_requests),
+            f"{run.ttft_p50_s * 1000:.1f} ms",
+            f"{run.ttft_p90_s * 1000:.1f} ms",
+        )
     for policy, sim in report.simulated.items():
         table.add_row(f"simulator {policy}", "", str(sim.saved_tokens), f"{sim.saved_share:.1%}",
                       str(sim.admitted_requests), "", "")

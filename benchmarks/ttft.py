@@ -139,7 +139,11 @@ SOURCE = "doc:handbook"
 SOURCES = {SOURCE: {"classification": "INTERNAL", "residency_regions": ["eu"],
                     "retention_days": 30, "mandatory_markings": []}}
 # vLLM's CPU settings this benchmark reads back into its report (the command line names them).
-VLLM_CPU_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+VLLM_CPU_ENV = (
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU",
+)
 
 # The issue's targets (at 4k-token prompts).
 TARGET_RAM_VS_PREFIX_CACHE = 1.1  # kvci RAM hit TTFT / vLLM prefix-cache hit TTFT, at most
@@ -161,16 +165,33 @@ PATHS: dict[str, tuple[str, str]] = {
     "chunked_kvci_miss": ("chunked prefill: kvci on, nothing to hit", "chunked_kvci_miss"),
     "chunked_kvci_disk_hit": ("chunked prefill: kvci disk hit", "chunked_kvci_miss"),
     "chunked_kvci_ram_hit": ("chunked prefill: kvci RAM hit", "chunked_kvci_miss"),
-    "chunked_prefix_cache_hit": ("chunked prefill: vLLM prefix-cache hit (floor)", "chunked_kvci_miss"),
-    "chunked_example_connector_hit": ("chunked prefill: ExampleConnector disk hit", "chunked_kvci_miss"),
+    "chunked_prefix_cache_hit": (
+        "chunked prefill: vLLM prefix-cache hit (floor)",
+        "chunked_kvci_miss",
+    ),
+    "chunked_example_connector_hit": (
+        "chunked prefill: ExampleConnector disk hit",
+        "chunked_kvci_miss",
+    ),
 }
 # The hits whose phases the connector's hook timestamps break down (``benchmarks.ttft_trace``);
 # vLLM's prefix-cache hit runs no connector: its TTFT is the floor, whole.
-TRACED_PATHS = ("kvci_ram_hit", "kvci_attached_prefix_cache_hit", "example_connector_hit", "kvci_disk_hit",
-                "chunked_kvci_disk_hit", "chunked_kvci_ram_hit", "chunked_example_connector_hit")
-DECODE_PATHS = {"decode_off": "no connector", "decode_off_again": "no connector, a second engine",
-                "decode_on": "kvci on, no hits", "decode_on_again": "kvci on, no hits, a second engine",
-                "decode_example_connector": "ExampleConnector: vLLM's connector plumbing alone"}
+TRACED_PATHS = (
+    "kvci_ram_hit",
+    "kvci_attached_prefix_cache_hit",
+    "example_connector_hit",
+    "kvci_disk_hit",
+    "chunked_kvci_disk_hit",
+    "chunked_kvci_ram_hit",
+    "chunked_example_connector_hit",
+)
+DECODE_PATHS = {
+    "decode_off": "no connector",
+    "decode_off_again": "no connector, a second engine",
+    "decode_on": "kvci on, no hits",
+    "decode_on_again": "kvci on, no hits, a second engine",
+    "decode_example_connector": "ExampleConnector: vLLM's connector plumbing alone",
+}
 # The decode engines whose connector's share of a step is measured (in its traced twin engine).
 DECODE_TRACED = ("decode_on", "decode_example_connector")
 # Traced decode requests per connector (each of ``--decode-tokens`` steps).
@@ -196,7 +217,13 @@ class ModelShape(BaseModel):
     @property
     def kv_bytes_per_token(self) -> int:
         itemsize = 4 if self.dtype == "float32" else 2
-        return self.num_layers * self.num_kv_heads * (self.hidden_size // self.num_heads) * 2 * itemsize
+        return (
+            self.num_layers
+            * self.num_kv_heads
+            * (self.hidden_size // self.num_heads)
+            * 2
+            * itemsize
+        )
 
 
 # The demo's model (``make demo`` shows what this benchmark measures).
@@ -260,7 +287,9 @@ class DecodeRate(BaseModel):
         return self
 
     @classmethod
-    def of(cls, engine: str, tokens_per_s: Sequence[float], step: StepShare | None = None) -> DecodeRate:
+    def of(
+        cls, engine: str, tokens_per_s: Sequence[float], step: StepShare | None = None
+    ) -> DecodeRate:
         return cls(engine=engine, tokens_per_s=tuple(tokens_per_s),
                    median_tokens_per_s=statistics.median(tokens_per_s), step=step)
 
@@ -268,17 +297,27 @@ class DecodeRate(BaseModel):
 def vs_no_connector(rate: DecodeRate, off: DecodeRate) -> float:
     """``rate``'s speed over the plain engine's: the median over the prompts, each taken by both
     in the same round."""
-    return statistics.median(a / b for a, b in zip(rate.tokens_per_s, off.tokens_per_s, strict=True))
+    return statistics.median(
+        a / b for a, b in zip(rate.tokens_per_s, off.tokens_per_s, strict=True)
+    )
 
 
 def pooled_vs_no_connector(decode: dict[str, DecodeRate]) -> float:
     """kvci's two engines' summed speed over the two plain engines', the median over the
     prompts: an engine's own speed (up to 10 % apart between engines started alike here) weighs
     half as much as in one pair."""
-    on = [a + b for a, b in zip(decode["decode_on"].tokens_per_s, decode["decode_on_again"].tokens_per_s,
-                                strict=True)]
-    off = [a + b for a, b in zip(decode["decode_off"].tokens_per_s, decode["decode_off_again"].tokens_per_s,
-                                 strict=True)]
+    on = [
+        a + b
+        for a, b in zip(
+            decode["decode_on"].tokens_per_s, decode["decode_on_again"].tokens_per_s, strict=True
+        )
+    ]
+    off = [
+        a + b
+        for a, b in zip(
+            decode["decode_off"].tokens_per_s, decode["decode_off_again"].tokens_per_s, strict=True
+        )
+    ]
     return statistics.median(a / b for a, b in zip(on, off, strict=True))
 
 
@@ -295,12 +334,12 @@ class HitPhases(BaseModel):
     waits within ``forward_s``; ExampleConnector: reading and scattering; kvci disk, with
     nothing else to run: the whole disk load); ``disk_load_s``: a kvci disk load on its I/O
     thread (within ``queue_s`` when asynchronous, within ``load_s`` when read in the forward's
-    step), ``read_s`` of it reading and verifying the blobs and ``scatter_s`` copying them in (0 when the
-    forward copies them in a layer at a time, within ``forward_s``, as on the CPU when the load is
-    read in the forward's step); ``forward_s``: the model's forward; ``layer_wait_s``: of it, the
-    time in ``wait_for_layer_load`` (kvci on the CPU: waiting for layers copied beside the forward,
-    or copying them where no core is beside it; ExampleConnector's returns at once); ``back_s``:
-    from the forward's end to ``LLM.generate`` returning (sampling, output processing);
+    step), ``read_s`` of it reading and verifying the blobs and ``scatter_s`` copying them in (0
+    when the forward copies them in a layer at a time, within ``forward_s``, as on the CPU when the
+    load is read in the forward's step); ``forward_s``: the model's forward; ``layer_wait_s``: of
+    it, the time in ``wait_for_layer_load`` (kvci on the CPU: waiting for layers copied beside the
+    forward, or copying them where no core is beside it; ExampleConnector's returns at once);
+    ``back_s``: from the forward's end to ``LLM.generate`` returning (sampling, output processing);
     ``finish_s``: of it, the connector's ``request_finished`` (kvci: its recommendation, the
     reply's advisory, the tier's offer), which the reply waits for."""
 
@@ -362,7 +401,9 @@ class PairedHits(BaseModel):
         return self
 
     @classmethod
-    def of(cls, engine_blocks: int | None, kvci_s: Sequence[float], anchor_s: Sequence[float]) -> PairedHits:
+    def of(
+        cls, engine_blocks: int | None, kvci_s: Sequence[float], anchor_s: Sequence[float]
+    ) -> PairedHits:
         pairs = list(zip(kvci_s, anchor_s, strict=True))
         return cls.model_construct(
             engine_blocks=engine_blocks, kvci_s=tuple(kvci_s), anchor_s=tuple(anchor_s),
@@ -422,23 +463,51 @@ class TTFTReport(BaseModel):
             raise ValueError(f"decode must measure exactly {sorted(DECODE_PATHS)}")
         if len({len(rate.tokens_per_s) for rate in self.decode.values()}) != 1:
             raise ValueError("every decode engine must take the same prompts (paired by round)")
-        if {path for path, rate in self.decode.items() if rate.step is not None} != set(DECODE_TRACED):
-            raise ValueError(f"exactly the decode engines {sorted(DECODE_TRACED)} carry a step share")
+        if {path for path, rate in self.decode.items() if rate.step is not None} != set(
+            DECODE_TRACED
+        ):
+            raise ValueError(
+                f"exactly the decode engines {sorted(DECODE_TRACED)} carry a step share"
+            )
         if set(self.phases) != set(TRACED_PATHS):
             raise ValueError(f"phases must break down exactly the hits {sorted(TRACED_PATHS)}")
-        if any(len(p.kvci_s) != self.hit_samples
-               for p in (self.paired_ram, self.paired_disk, self.paired_chunked_ram, self.paired_chunked_disk)):
-            raise ValueError("every pair (paired_ram, paired_disk, paired_chunked_ram, paired_chunked_disk) "
-                             "must hold one round per hit sample")
-        if self.targets != evaluate_targets(self.ttft, self.decode, self.floors, self.paired_ram, self.paired_disk,
-                                            self.paired_chunked_ram, self.paired_chunked_disk):
-            raise ValueError("targets must be the ones evaluate_targets derives from ttft, decode and the pairs")
+        if any(
+            len(p.kvci_s) != self.hit_samples
+            for p in (
+                self.paired_ram,
+                self.paired_disk,
+                self.paired_chunked_ram,
+                self.paired_chunked_disk,
+            )
+        ):
+            raise ValueError(
+                "every pair (paired_ram, paired_disk, paired_chunked_ram, paired_chunked_disk) "
+                "must hold one round per hit sample"
+            )
+        if self.targets != evaluate_targets(
+            self.ttft,
+            self.decode,
+            self.floors,
+            self.paired_ram,
+            self.paired_disk,
+            self.paired_chunked_ram,
+            self.paired_chunked_disk,
+        ):
+            raise ValueError(
+                "targets must be the ones evaluate_targets derives from ttft, decode and the pairs"
+            )
         return self
 
 
-def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], floors: Floors,
-                     paired_ram: PairedHits, paired_disk: PairedHits,
-                     paired_chunked_ram: PairedHits, paired_chunked_disk: PairedHits) -> tuple[TargetCheck, ...]:
+def evaluate_targets(
+    ttft: dict[str, PathTiming],
+    decode: dict[str, DecodeRate],
+    floors: Floors,
+    paired_ram: PairedHits,
+    paired_disk: PairedHits,
+    paired_chunked_ram: PairedHits,
+    paired_chunked_disk: PairedHits,
+) -> tuple[TargetCheck, ...]:
     def med(path: str) -> float:
         return ttft[path].median_s
 
@@ -446,33 +515,78 @@ def evaluate_targets(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate],
     step = decode["decode_on"].step
     if step is None:
         raise ValueError("decode_on carries no step share")
-    copy = floors.copy_cold_all_threads_s  # the hit's pages are not in the cache when it copies them
+    copy = (
+        floors.copy_cold_all_threads_s
+    )  # the hit's pages are not in the cache when it copies them
     rows = [("ram_speedup", "recompute TTFT / kvci RAM hit TTFT",
              med("recompute") / med("kvci_ram_hit"), "ratio", TARGET_RAM_SPEEDUP, False)]
-    for prefix, what, paired in (("", "", paired_ram), ("chunked_", "chunked prefill, ", paired_chunked_ram)):
+    for prefix, what, paired in (
+        ("", "", paired_ram),
+        ("chunked_", "chunked prefill, ", paired_chunked_ram),
+    ):
         rows += [
-            (f"paired_{prefix}ram_vs_prefix_cache",
-             f"{what}one engine, paired by round: kvci RAM hit TTFT / vLLM prefix-cache hit TTFT",
-             paired.ratio_median, "ratio", TARGET_RAM_VS_PREFIX_CACHE, True),
-            (f"paired_{prefix}ram_extra_vs_copy",
-             f"{what}one engine, paired by round: (kvci RAM hit - prefix-cache hit) / one plain cold all-thread copy",
-             paired.extra_median_s / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True)]
-    rows += [(f"paired_{prefix}disk_vs_example_connector",
-              f"{what}one engine, paired by round: kvci disk hit TTFT / ExampleConnector disk hit TTFT",
-              paired.ratio_median, "ratio", TARGET_DISK_VS_EXAMPLE, True)
-             for prefix, what, paired in (("", "", paired_disk), ("chunked_", "chunked prefill, ", paired_chunked_disk))]
+            (
+                f"paired_{prefix}ram_vs_prefix_cache",
+                f"{what}one engine, paired by round: kvci RAM hit TTFT / vLLM prefix-cache hit "
+                "TTFT",
+                paired.ratio_median,
+                "ratio",
+                TARGET_RAM_VS_PREFIX_CACHE,
+                True,
+            ),
+            (
+                f"paired_{prefix}ram_extra_vs_copy",
+                f"{what}one engine, paired by round: (kvci RAM hit - prefix-cache hit) / one plain "
+                "cold all-thread copy",
+                paired.extra_median_s / copy,
+                "ratio",
+                TARGET_RAM_EXTRA_VS_COPY,
+                True,
+            ),
+        ]
+    rows += [
+        (
+            f"paired_{prefix}disk_vs_example_connector",
+            f"{what}one engine, paired by round: kvci disk hit TTFT / ExampleConnector disk hit "
+            "TTFT",
+            paired.ratio_median,
+            "ratio",
+            TARGET_DISK_VS_EXAMPLE,
+            True,
+        )
+        for prefix, what, paired in (
+            ("", "", paired_disk),
+            ("chunked_", "chunked prefill, ", paired_chunked_disk),
+        )
+    ]
     for prefix, what in (("", ""), ("chunked_", "chunked prefill: ")):
         floor = med(f"{prefix}prefix_cache_hit")  # the same engine settings, vLLM's own cache
         rows += [
-            (f"{prefix}ram_vs_prefix_cache", f"{what}kvci RAM hit TTFT / vLLM prefix-cache hit TTFT",
-             med(f"{prefix}kvci_ram_hit") / floor, "ratio", TARGET_RAM_VS_PREFIX_CACHE, True),
-            (f"{prefix}ram_extra_vs_copy",
-             f"{what}(kvci RAM hit - prefix-cache hit) / one plain cold all-thread copy of its bytes",
-             (med(f"{prefix}kvci_ram_hit") - floor) / copy, "ratio", TARGET_RAM_EXTRA_VS_COPY, True),
-            (f"{prefix}disk_vs_example_connector",
-             f"{what}kvci disk hit TTFT / ExampleConnector disk hit TTFT",
-             med(f"{prefix}kvci_disk_hit") / med(f"{prefix}example_connector_hit"), "ratio",
-             TARGET_DISK_VS_EXAMPLE, True),
+            (
+                f"{prefix}ram_vs_prefix_cache",
+                f"{what}kvci RAM hit TTFT / vLLM prefix-cache hit TTFT",
+                med(f"{prefix}kvci_ram_hit") / floor,
+                "ratio",
+                TARGET_RAM_VS_PREFIX_CACHE,
+                True,
+            ),
+            (
+                f"{prefix}ram_extra_vs_copy",
+                f"{what}(kvci RAM hit - prefix-cache hit) / one plain cold all-thread copy of its "
+                "bytes",
+                (med(f"{prefix}kvci_ram_hit") - floor) / copy,
+                "ratio",
+                TARGET_RAM_EXTRA_VS_COPY,
+                True,
+            ),
+            (
+                f"{prefix}disk_vs_example_connector",
+                f"{what}kvci disk hit TTFT / ExampleConnector disk hit TTFT",
+                med(f"{prefix}kvci_disk_hit") / med(f"{prefix}example_connector_hit"),
+                "ratio",
+                TARGET_DISK_VS_EXAMPLE,
+                True,
+            ),
         ]
     rows += [("decode_overhead", "decode tokens/s lost with kvci on (no hits), two engines each",
               overhead, "fraction", TARGET_DECODE_OVERHEAD, True),
@@ -521,10 +635,11 @@ def measure_floors(nbytes: int, folder: Path, repeats: int = 15) -> Floors:
     try:
         torch.set_num_threads(1)
         one = median_time(lambda: dst.copy_(src))
-        cold_one = median_time(lambda: dst.copy_(src), before=lambda: evict.fill_(1))
+        # The lambdas run before the `del evict` below (ruff cannot tell).
+        cold_one = median_time(lambda: dst.copy_(src), before=lambda: evict.fill_(1))  # noqa: F821
         torch.set_num_threads(cpus)
         every = median_time(lambda: dst.copy_(src))
-        cold_every = median_time(lambda: dst.copy_(src), before=lambda: evict.fill_(1))
+        cold_every = median_time(lambda: dst.copy_(src), before=lambda: evict.fill_(1))  # noqa: F821
     finally:
         torch.set_num_threads(threads)
     del evict
@@ -587,14 +702,18 @@ def hit_phases(records: Sequence[tuple[str, str, float, float, Any]],
     for t0, t1 in windows:
         mine = [r for r in records if t0 <= r[2] <= t1]
         sched = [r for r in mine if r[0] == "scheduler"]
-        lookups = [r for r in sched if r[1] in ("get_num_new_matched_tokens", "update_state_after_alloc")]
+        lookups = [
+            r for r in sched if r[1] in ("get_num_new_matched_tokens", "update_state_after_alloc")
+        ]
         metas = [r for r in sched if r[1] == "build_connector_meta"]
         forward = next(i for i, r in enumerate(metas) if r[4])  # the first step with tokens
         steps: list[dict[str, tuple[float, float]]] = []
         waits: list[float] = []  # per step, the time in wait_for_layer_load (once per layer)
         stats: list[dict[str, list[float]]] = []
         # The tracer's own writes are not the step's (one is written with the next step's records).
-        for _, hook, start, end, extra in (r for r in mine if r[0] == "worker" and r[1] != "trace_flush"):
+        for _, hook, start, end, extra in (
+            r for r in mine if r[0] == "worker" and r[1] != "trace_flush"
+        ):
             if hook == "bind_connector_metadata":
                 steps.append({})
                 waits.append(0.0)
@@ -605,16 +724,23 @@ def hit_phases(records: Sequence[tuple[str, str, float, float, Any]],
             if hook == "get_kv_connector_stats" and extra:
                 stats.append(extra)
         # The worker runs the forward's step once the scheduler has built its metadata.
-        at = next(i for i, st in enumerate(steps) if st["bind_connector_metadata"][0] >= metas[forward][3])
+        at = next(
+            i for i, st in enumerate(steps) if st["bind_connector_metadata"][0] >= metas[forward][3]
+        )
         step = steps[at]
-        bind, load, save = step["bind_connector_metadata"], step["start_load_kv"], step["wait_for_save"]
+        bind, load, save = (
+            step["bind_connector_metadata"],
+            step["start_load_kv"],
+            step["wait_for_save"],
+        )
         # vLLM starts a step's loads before its forward when it has synchronous ones, else after:
         # either way the forward runs between the metadata's binding and wait_for_save.
         load_s = load[1] - load[0]
         forward_s = save[0] - bind[1] - load_s
 
+        # Called within this iteration only: ``stats`` is this iteration's (B023).
         def stat(name: str) -> float:
-            return sum(sum(s.get(name, [])) for s in stats)
+            return sum(sum(s.get(name, [])) for s in stats)  # noqa: B023
 
         # The first step's lookup: vLLM looks an asynchronous load up again once it has landed.
         lookup_start = lookups[0][2]
@@ -649,7 +775,9 @@ class Prompts:
     prelude: list[int]  # kept in kvci's RAM tier by the paired engines: its hit leads each round's
 
 
-def make_prompts(prompt_tokens: int, samples: int, vocab_size: int, rounds: int, seed: int = 2026) -> Prompts:
+def make_prompts(
+    prompt_tokens: int, samples: int, vocab_size: int, rounds: int, seed: int = 2026
+) -> Prompts:
     rng = random.Random(seed)
 
     def toks(n: int) -> list[int]:
@@ -680,8 +808,12 @@ class Bench:
         self.workdir = workdir
         spec = TinyModelSpec(**shape.model_dump())
         self.model = make_tiny_model(spec)
-        self.prompts = make_prompts(args.prompt_tokens, args.samples, spec.vocab_size, args.hit_samples)
-        self.max_model_len = max(args.prompt_tokens, DECODE_PROMPT_TOKENS + args.decode_tokens) + BLOCK_SIZE
+        self.prompts = make_prompts(
+            args.prompt_tokens, args.samples, spec.vocab_size, args.hit_samples
+        )
+        self.max_model_len = (
+            max(args.prompt_tokens, DECODE_PROMPT_TOKENS + args.decode_tokens) + BLOCK_SIZE
+        )
         key = write_hmac_key_file(workdir / "hs256.key")
         (workdir / "labels.json").write_text(json.dumps(SOURCES))
         self.disk_root = workdir / "disk"
@@ -690,10 +822,15 @@ class Bench:
         # Each tier holds the one kept prompt with room to spare; misses are never kept.
         kv_mib = max(64, (4 * args.prompt_tokens * shape.kv_bytes_per_token) >> 20)
         self.kvci_extra = {
-            "ram_bytes": f"{kv_mib}MiB", "state_dir": str(workdir / "state"), "system_trigger": False,
-            "disk_root": str(self.disk_root), "disk_bytes": f"{kv_mib}MiB", "disk_region": "eu",
+            "ram_bytes": f"{kv_mib}MiB",
+            "state_dir": str(workdir / "state"),
+            "system_trigger": False,
+            "disk_root": str(self.disk_root),
+            "disk_bytes": f"{kv_mib}MiB",
+            "disk_region": "eu",
             "credentials": {"algorithm": "HS256", "key_file": str(key)},
-            "label_catalog": str(workdir / "labels.sqlite3"), "label_catalog_json": str(workdir / "labels.json"),
+            "label_catalog": str(workdir / "labels.sqlite3"),
+            "label_catalog_json": str(workdir / "labels.json"),
         }
         self.session_token = CredentialIssuer.from_key_file("HS256", key).issue_session(
             actor="bench", tenant=TENANT, scopes=["kv:persist"], clearance="CONFIDENTIAL",
@@ -703,7 +840,9 @@ class Bench:
         self.decode: dict[str, DecodeRate] = {}
         self.steps: dict[str, StepShare] = {}  # decode path -> its connector's share of a step
         self.paired: dict[str, PairedHits] = {}
-        self._llc = torch.empty(2 * cache_bytes(), dtype=torch.uint8)  # written before each timed hit
+        self._llc = torch.empty(
+            2 * cache_bytes(), dtype=torch.uint8
+        )  # written before each timed hit
 
     # ---- engines -------------------------------------------------------------------------------
 
@@ -713,9 +852,13 @@ class Bench:
         return str(folder)
 
     def _kvci_config(self, engine: str) -> dict[str, Any]:
-        return {"kv_connector": "TracedKVCheckpointConnector", "kv_connector_module_path": TRACE_MODULE,
-                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {**self.kvci_extra, TRACE_KEY: self._trace_dir(engine)}}
+        return {
+            "kv_connector": "TracedKVCheckpointConnector",
+            "kv_connector_module_path": TRACE_MODULE,
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {**self.kvci_extra, TRACE_KEY: self._trace_dir(engine)},
+        }
 
     def _example_config(self, engine: str) -> dict[str, Any]:
         return {"kv_connector": "TracedExampleConnector", "kv_connector_module_path": TRACE_MODULE,
@@ -727,14 +870,26 @@ class Bench:
         """kvci as a user runs it, with the benchmark's settings on folders of its own (a disk
         root serves one engine)."""
         own = self.workdir / "decode" / engine
-        return {"kv_connector": "KVCheckpointConnector", "kv_connector_module_path": "kvci_plugin.connector",
-                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {**self.kvci_extra, "state_dir": str(own / "state"),
-                                              "disk_root": str(own / "disk")}}
+        return {
+            "kv_connector": "KVCheckpointConnector",
+            "kv_connector_module_path": "kvci_plugin.connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                **self.kvci_extra,
+                "state_dir": str(own / "state"),
+                "disk_root": str(own / "disk"),
+            },
+        }
 
     def _untraced_example_config(self, engine: str) -> dict[str, Any]:
-        return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                "kv_connector_extra_config": {"shared_storage_path": str(self.workdir / "decode" / engine)}}
+        return {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "shared_storage_path": str(self.workdir / "decode" / engine)
+            },
+        }
 
     @contextmanager
     def engine(self, name: str, *, kv_transfer_config: dict[str, Any] | None = None,
@@ -766,7 +921,9 @@ class Bench:
         from vllm.inputs import TokensPrompt
 
         extra = {"kv_transfer_params": {"kvci": kvci}} if kvci is not None else None
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra)
+        sp = SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra
+        )
         start = time.perf_counter()
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=tokens)], sp, use_tqdm=False)
         return time.perf_counter() - start, out
@@ -815,7 +972,9 @@ class Bench:
         for i, tokens in enumerate(self.prompts.decode):
             for path in order[i % len(order):] + order[: i % len(order)]:
                 _, llm, kvci = engines[path]
-                rates[path].append(self.args.decode_tokens / self._decode_request(llm, path, tokens, kvci)[0])
+                rates[path].append(
+                    self.args.decode_tokens / self._decode_request(llm, path, tokens, kvci)[0]
+                )
         for path, (engine, _, _) in engines.items():
             self.decode[path] = DecodeRate.of(engine, rates[path], self.steps.get(path))
             _say(f"{path}: median {self.decode[path].median_tokens_per_s:.1f} tokens/s")
@@ -825,7 +984,9 @@ class Bench:
         """One checked decode request: its seconds and its window."""
         start = time.perf_counter()
         elapsed, out = self._request(llm, tokens, max_tokens=self.args.decode_tokens, kvci=kvci)
-        if (out.num_cached_tokens or 0) > 0 or len(out.outputs[0].token_ids) != self.args.decode_tokens:
+        if (out.num_cached_tokens or 0) > 0 or len(
+            out.outputs[0].token_ids
+        ) != self.args.decode_tokens:
             raise MissedHit(f"{path}: expected {self.args.decode_tokens} tokens and no hit")
         return elapsed, (start, time.perf_counter())
 
@@ -840,12 +1001,31 @@ class Bench:
     def _multi_config(self, engine: str) -> dict[str, Any]:
         """kvci first, then ExampleConnector, in one engine (vLLM's MultiConnector): a request's
         load is the first connector's that finds it; both connectors' hooks run on every request."""
-        return {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {"connectors": [
-                    self._kvci_config(f"{engine}_kvci"), self._example_config(f"{engine}_example")]}}
+        return {
+            "kv_connector": "MultiConnector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "connectors": [
+                    self._kvci_config(f"{engine}_kvci"),
+                    self._example_config(f"{engine}_example"),
+                ]
+            },
+        }
 
-    def _paired_hit(self, llm: Any, name: str, i: int, source: str, *, kvci: dict[str, Any] | None,
-                    cached: int, loaded: int, tier: str | None = None, prompt: list[int] | None = None) -> float:
+    def _paired_hit(
+        self,
+        llm: Any,
+        name: str,
+        i: int,
+        source: str,
+        *,
+        kvci: dict[str, Any] | None,
+        cached: int,
+        loaded: int,
+        tier: str | None = None,
+        prompt: list[int] | None = None,
+    ) -> float:
         """One timed hit of a paired round (of ``prompt``, by default the hit's), checked:
         ``cached`` tokens found, ``loaded`` by kvci; taken as every timed hit is (``_before_hit``),
         so that neither hit of a round finds the pages the other just read or wrote."""
@@ -853,10 +1033,17 @@ class Bench:
         elapsed, out = self._request(llm, self.prompts.hit if prompt is None else prompt, kvci=kvci)
         reply = (out.kv_transfer_params or {}).get("kvci", {})
         got = reply.get("hit_tokens") or 0
-        if (out.num_cached_tokens or 0) != cached or got != loaded or (loaded and reply.get("hit_tier") != tier):
-            raise MissedHit(f"{name}: round {i}, {source}: {out.num_cached_tokens} tokens cached, {got} loaded by "
-                            f"kvci from {reply.get('hit_tier')!r}; expected {cached} cached, {loaded} loaded by kvci"
-                            + (f" from {tier!r}" if loaded else ""))
+        if (
+            (out.num_cached_tokens or 0) != cached
+            or got != loaded
+            or (loaded and reply.get("hit_tier") != tier)
+        ):
+            raise MissedHit(
+                f"{name}: round {i}, {source}: {out.num_cached_tokens} tokens cached, {got} loaded "
+                f"by kvci from {reply.get('hit_tier')!r}; expected {cached} cached, {loaded} "
+                "loaded by kvci"
+                + (f" from {tier!r}" if loaded else "")
+            )
         return elapsed
 
     def _paired_ram(self, llm: Any, engine_blocks: int, name: str) -> PairedHits:
@@ -917,13 +1104,19 @@ class Bench:
             return False
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
         try:
-            row = conn.execute("SELECT 1 FROM checkpoints WHERE checkpoint_id = ?", (checkpoint_id,)).fetchone()
+            row = conn.execute(
+                "SELECT 1 FROM checkpoints WHERE checkpoint_id = ?", (checkpoint_id,)
+            ).fetchone()
         finally:
             conn.close()
         return row is not None
 
-    def _keep(self, llm: Any, path: str, prompt: list[int] | None = None, **kvci: Any) -> dict[str, Any]:
-        _, out = self._request(llm, self.prompts.hit if prompt is None else prompt, kvci={"tenant": TENANT, **kvci})
+    def _keep(
+        self, llm: Any, path: str, prompt: list[int] | None = None, **kvci: Any
+    ) -> dict[str, Any]:
+        _, out = self._request(
+            llm, self.prompts.hit if prompt is None else prompt, kvci={"tenant": TENANT, **kvci}
+        )
         reply = (out.kv_transfer_params or {}).get("kvci", {})
         if reply.get("tier") != "ram":
             raise MissedHit(f"{path}: the prompt was not kept in RAM: {reply.get('not_kept')!r}")
@@ -947,7 +1140,9 @@ class Bench:
             deadline = time.monotonic() + 300
             while not self._persisted(reply["checkpoint_id"]):
                 if time.monotonic() > deadline:
-                    raise MissedHit("kvci_disk_hit: the persisted checkpoint never reached the catalog")
+                    raise MissedHit(
+                        "kvci_disk_hit: the persisted checkpoint never reached the catalog"
+                    )
                 self._request(llm, p.step)  # steps the engine so the persist job reaches the worker
             self._hits(llm, "kvci", "kvci_ram_hit", kvci=kvci, tier="ram")
             self._step_share(llm, "kvci", "decode_on", kvci)
@@ -956,7 +1151,9 @@ class Bench:
             self._hits(llm, "prefix_cache", "prefix_cache_hit")
         with self.engine("kvci_prefix", kv_transfer_config=self._kvci_config("kvci_prefix"),
                          prefix_caching=True) as llm:
-            self._request(llm, p.hit)  # now in vLLM's prefix cache: kvci's lookup finds nothing more
+            self._request(
+                llm, p.hit
+            )  # now in vLLM's prefix cache: kvci's lookup finds nothing more
             self._hits(llm, "kvci_prefix", "kvci_attached_prefix_cache_hit", kvci=kvci)
         # vLLM's cache holds a whole-context request and two blocks more: one prompt, not two.
         blocks = -(-self.max_model_len // BLOCK_SIZE) + 2
@@ -969,10 +1166,14 @@ class Bench:
             self._request(llm, p.hit)  # writes the prompt's KV files
             self._hits(llm, "example_connector", "example_connector_hit")
             self._step_share(llm, "example_connector", "decode_example_connector", None)
-        with self.engine("kvci_restarted", kv_transfer_config=self._kvci_config("kvci_restarted")) as llm:
+        with self.engine(
+            "kvci_restarted", kv_transfer_config=self._kvci_config("kvci_restarted")
+        ) as llm:
             self._hits(llm, "kvci_restarted", "kvci_disk_hit", kvci=kvci, tier="disk")
         # Both folders hold the prompt: kvci's disk tier (RAM empty again) and ExampleConnector's.
-        with self.engine("paired_disk", kv_transfer_config=self._multi_config("paired_disk")) as llm:
+        with self.engine(
+            "paired_disk", kv_transfer_config=self._multi_config("paired_disk")
+        ) as llm:
             self.paired["disk"] = self._paired_disk(llm, "paired_disk")
         chunked = "kvci_chunked"
         with self.engine(chunked, kv_transfer_config=self._kvci_config(chunked),
@@ -985,23 +1186,39 @@ class Bench:
                          batched_tokens=self.args.chunk_tokens) as llm:
             self._request(llm, p.hit)
             self._hits(llm, "prefix_cache_chunked", "chunked_prefix_cache_hit")
-        with self.engine("kvci_paired_chunked", kv_transfer_config=self._kvci_config("kvci_paired_chunked"),
-                         prefix_caching=True, gpu_blocks=blocks, batched_tokens=self.args.chunk_tokens) as llm:
+        with self.engine(
+            "kvci_paired_chunked",
+            kv_transfer_config=self._kvci_config("kvci_paired_chunked"),
+            prefix_caching=True,
+            gpu_blocks=blocks,
+            batched_tokens=self.args.chunk_tokens,
+        ) as llm:
             self._keep(llm, "paired_chunked_ram", checkpoint="now")
             self.paired["chunked_ram"] = self._paired_ram(llm, blocks, "paired_chunked_ram")
         # ExampleConnector's files are the unchunked engine's; kvci's disk tier is as above.
-        with self.engine("example_connector_chunked", batched_tokens=self.args.chunk_tokens,
-                         kv_transfer_config=self._example_config("example_connector_chunked")) as llm:
+        with self.engine(
+            "example_connector_chunked",
+            batched_tokens=self.args.chunk_tokens,
+            kv_transfer_config=self._example_config("example_connector_chunked"),
+        ) as llm:
             self._hits(llm, "example_connector_chunked", "chunked_example_connector_hit")
-        with self.engine("paired_chunked_disk", kv_transfer_config=self._multi_config("paired_chunked_disk"),
-                         batched_tokens=self.args.chunk_tokens) as llm:
+        with self.engine(
+            "paired_chunked_disk",
+            kv_transfer_config=self._multi_config("paired_chunked_disk"),
+            batched_tokens=self.args.chunk_tokens,
+        ) as llm:
             self.paired["chunked_disk"] = self._paired_disk(llm, "paired_chunked_disk")
         with ExitStack() as stack:
             engines = {}
             for path in DECODE_PATHS:
                 engine = path.removeprefix("decode_")
-                config = (None if path.startswith("decode_off") else self._untraced_example_config(engine)
-                          if path == "decode_example_connector" else self._untraced_kvci_config(engine))
+                config = (
+                    None
+                    if path.startswith("decode_off")
+                    else self._untraced_example_config(engine)
+                    if path == "decode_example_connector"
+                    else self._untraced_kvci_config(engine)
+                )
                 llm = stack.enter_context(self.engine(engine, kv_transfer_config=config))
                 engines[path] = (engine, llm, kvci if path.startswith("decode_on") else None)
             self._decode(engines)
@@ -1010,21 +1227,51 @@ class Bench:
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ttft", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompt-tokens", type=int, help="prompt length (default 4096; --quick 512)")
-    parser.add_argument("--samples", type=int, help="recompute and decode samples per path (default 5; --quick 2)")
-    parser.add_argument("--hit-samples", type=int, help="samples per hit path (default 15; --quick 3)")
-    parser.add_argument("--hit-rest", type=float,
-                        help="seconds the engine idles before each timed hit (default 1.0; --quick 0.2)")
-    parser.add_argument("--decode-tokens", type=int, help="tokens per decode sample (default 256; --quick 32)")
-    parser.add_argument("--chunk-tokens", type=int,
-                        help="max_num_batched_tokens of the chunked-prefill engine (default 1024; --quick 128)")
-    parser.add_argument("--quick", action="store_true", help="smallest model, short prompts, few samples")
-    parser.add_argument("--json", type=Path, help=f"report to write (default {DEFAULT_JSON}; --quick: none)")
+    parser.add_argument(
+        "--prompt-tokens", type=int, help="prompt length (default 4096; --quick 512)"
+    )
+    parser.add_argument(
+        "--samples", type=int, help="recompute and decode samples per path (default 5; --quick 2)"
+    )
+    parser.add_argument(
+        "--hit-samples", type=int, help="samples per hit path (default 15; --quick 3)"
+    )
+    parser.add_argument(
+        "--hit-rest",
+        type=float,
+        help="seconds the engine idles before each timed hit (default 1.0; --quick 0.2)",
+    )
+    parser.add_argument(
+        "--decode-tokens", type=int, help="tokens per decode sample (default 256; --quick 32)"
+    )
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        help="max_num_batched_tokens of the chunked-prefill engine (default 1024; --quick 128)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smallest model, short prompts, few samples"
+    )
+    parser.add_argument(
+        "--json", type=Path, help=f"report to write (default {DEFAULT_JSON}; --quick: none)"
+    )
     args = parser.parse_args(argv)
     defaults = (
-        {"prompt_tokens": 512, "samples": 2, "hit_samples": 3, "decode_tokens": 32, "chunk_tokens": 128}
-        if args.quick else
-        {"prompt_tokens": 4096, "samples": 5, "hit_samples": 15, "decode_tokens": 256, "chunk_tokens": 1024}
+        {
+            "prompt_tokens": 512,
+            "samples": 2,
+            "hit_samples": 3,
+            "decode_tokens": 32,
+            "chunk_tokens": 128,
+        }
+        if args.quick
+        else {
+            "prompt_tokens": 4096,
+            "samples": 5,
+            "hit_samples": 15,
+            "decode_tokens": 256,
+            "chunk_tokens": 1024,
+        }
     )
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -1061,8 +1308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape = QUICK_MODEL if args.quick else FULL_MODEL
     kv_gib = shape.kv_bytes_per_token * (args.prompt_tokens + BLOCK_SIZE) * 2 / (1 << 30)
     if kv_gib > float(os.environ["VLLM_CPU_KVCACHE_SPACE"]):
-        raise SystemExit(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB is too small "
-                         f"for two {args.prompt_tokens}-token prompts ({kv_gib:.2f} GiB)")
+        raise SystemExit(
+            f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB is too small "
+            f"for two {args.prompt_tokens}-token prompts ({kv_gib:.2f} GiB)"
+        )
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     workdir = Path(tempfile.mkdtemp(prefix="kvci-ttft-"))
     try:
@@ -1074,18 +1323,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     env = {name: os.environ.get(name, "") for name in VLLM_CPU_ENV if name in os.environ}
-    command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python -m benchmarks.ttft",
-                        *map(shlex.quote, argv)])
-    pairs = {f"paired_{name}": bench.paired[name] for name in ("ram", "disk", "chunked_ram", "chunked_disk")}
+    command = " ".join(
+        [
+            *(f"{k}={shlex.quote(v)}" for k, v in env.items()),
+            "python -m benchmarks.ttft",
+            *map(shlex.quote, argv),
+        ]
+    )
+    pairs = {
+        f"paired_{name}": bench.paired[name]
+        for name in ("ram", "disk", "chunked_ram", "chunked_disk")
+    }
     report = TTFTReport(
-        command=command, runtime_s=round(time.perf_counter() - started, 1), vllm_version=vllm.__version__,
-        vllm_cpu_env=env, cpus=os.cpu_count() or 1, load_average=(load_start, os.getloadavg()[0]),
-        model=shape, block_size=BLOCK_SIZE, prompt_tokens=args.prompt_tokens,
-        batched_tokens=bench.max_model_len, chunk_tokens=args.chunk_tokens, samples=args.samples,
-        hit_samples=args.hit_samples, hit_rest_s=args.hit_rest, decode_tokens=args.decode_tokens,
+        command=command,
+        runtime_s=round(time.perf_counter() - started, 1),
+        vllm_version=vllm.__version__,
+        vllm_cpu_env=env,
+        cpus=os.cpu_count() or 1,
+        load_average=(load_start, os.getloadavg()[0]),
+        model=shape,
+        block_size=BLOCK_SIZE,
+        prompt_tokens=args.prompt_tokens,
+        batched_tokens=bench.max_model_len,
+        chunk_tokens=args.chunk_tokens,
+        samples=args.samples,
+        hit_samples=args.hit_samples,
+        hit_rest_s=args.hit_rest,
+        decode_tokens=args.decode_tokens,
         decode_prompt_tokens=DECODE_PROMPT_TOKENS,
-        ttft=bench.ttft, phases=bench.phases, floors=floors, decode=bench.decode, **pairs,
-        targets=evaluate_targets(bench.ttft, bench.decode, floors, *pairs.values()))
+        ttft=bench.ttft,
+        phases=bench.phases,
+        floors=floors,
+        decode=bench.decode,
+        **pairs,
+        targets=evaluate_targets(bench.ttft, bench.decode, floors, *pairs.values()),
+    )
     print(summary(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -1102,19 +1374,30 @@ def summary(report: TTFTReport) -> str:
                      f"cached {timing.cached_tokens}")
     lines.append("Phases of a hit (ms, medians; steps: engine steps up to the forward's):")
     names = [n for n in HitPhases.model_fields if n != "steps"]
-    lines.append(f"  {'path':30s} {'steps':>5s} " + " ".join(f"{n.removesuffix('_s'):>8s}" for n in names))
+    lines.append(
+        f"  {'path':30s} {'steps':>5s} " + " ".join(f"{n.removesuffix('_s'):>8s}" for n in names)
+    )
     for path, ph in report.phases.items():
         lines.append(f"  {path:30s} {ph.steps:5.0f} "
                      + " ".join(f"{getattr(ph, n) * 1e3:8.2f}" for n in names))
     f = report.floors
-    lines.append(f"Floors for the hit's {f.nbytes / (1 << 20):.1f} MiB (ms): copy {f.copy_one_thread_s * 1e3:.2f} "
-                 f"(1 thread), {f.copy_all_threads_s * 1e3:.2f} ({f.threads} threads); cold copy "
-                 f"{f.copy_cold_one_thread_s * 1e3:.2f}, {f.copy_cold_all_threads_s * 1e3:.2f}; page-cache read "
-                 f"{f.read_page_cache_s * 1e3:.2f}; XXH3-128 {f.xxh3_s * 1e3:.2f}")
+    lines.append(
+        f"Floors for the hit's {f.nbytes / (1 << 20):.1f} MiB (ms): copy "
+        f"{f.copy_one_thread_s * 1e3:.2f} (1 thread), {f.copy_all_threads_s * 1e3:.2f} "
+        f"({f.threads} threads); cold copy {f.copy_cold_one_thread_s * 1e3:.2f}, "
+        f"{f.copy_cold_all_threads_s * 1e3:.2f}; page-cache read {f.read_page_cache_s * 1e3:.2f}; "
+        f"XXH3-128 {f.xxh3_s * 1e3:.2f}"
+    )
     off = report.decode["decode_off"]
     for path, rate in report.decode.items():
-        hooks = "" if rate.step is None else (f"  hooks {rate.step.hooks_per_step_s * 1e6:.0f} us/step "
-                                              f"({rate.step.share:.2%} of a step, traced twin)")
+        hooks = (
+            ""
+            if rate.step is None
+            else (
+                f"  hooks {rate.step.hooks_per_step_s * 1e6:.0f} us/step "
+                f"({rate.step.share:.2%} of a step, traced twin)"
+            )
+        )
         lines.append(f"  {path:30s} {rate.median_tokens_per_s:8.1f} tokens/s  "
                      f"{vs_no_connector(rate, off):.3f}x no connector{hooks}")
     for name, pr, anchor in (("RAM", report.paired_ram, "vLLM prefix-cache hit"),
@@ -1124,7 +1407,10 @@ def summary(report: TTFTReport) -> str:
         lines.append(f"Paired in one engine ({len(pr.kvci_s)} rounds): kvci {name} hit "
                      f"{statistics.median(pr.kvci_s):.3f} s, {anchor} "
                      f"{statistics.median(pr.anchor_s):.3f} s, median ratio {pr.ratio_median:.3f}")
-    lines.append(f"  load average {report.load_average[0]:.2f} at the start, {report.load_average[1]:.2f} at the end")
+    lines.append(
+        f"  load average {report.load_average[0]:.2f} at the start, {report.load_average[1]:.2f} "
+        "at the end"
+    )
     for t in report.targets:
         lines.append(f"  target {t.name}: {t.value:.3f} {'<=' if t.at_most else '>='} {t.bound} "
                      f"{'met' if t.met else 'NOT met'}")

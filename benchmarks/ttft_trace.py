@@ -72,7 +72,8 @@ class _Traced:
         super().__init__(vllm_config, role, kv_cache_config)
         self._trace = _Trace(folder, role.name.lower())
 
-    # Every hook vLLM calls in a step of either role, so their sum is what the connector costs a step.
+    # Every hook vLLM calls in a step of either role, so their sum is what the connector costs a
+    # step.
     get_num_new_matched_tokens = _timed("get_num_new_matched_tokens")
     update_state_after_alloc = _timed("update_state_after_alloc")
     build_connector_meta = _timed("build_connector_meta", flush=True)

@@ -30,12 +30,22 @@ def _measure(spec: TinyModelSpec, prompt: list[int]) -> dict[str, object]:
     from vllm.inputs import TokensPrompt
 
     with tempfile.TemporaryDirectory() as state:
-        llm = LLM(model=str(make_tiny_model(spec)), block_size=BLOCK_SIZE, gpu_memory_utilization=0.2,
-                  max_model_len=4096, enable_prefix_caching=False, enforce_eager=True, seed=0,
-                  disable_log_stats=False, kv_transfer_config={
-                      "kv_connector": "KVCheckpointConnector",
-                      "kv_connector_module_path": "kvci_plugin.connector", "kv_role": "kv_both",
-                      "kv_connector_extra_config": {"ram_bytes": "64MiB", "state_dir": state}})
+        llm = LLM(
+            model=str(make_tiny_model(spec)),
+            block_size=BLOCK_SIZE,
+            gpu_memory_utilization=0.2,
+            max_model_len=4096,
+            enable_prefix_caching=False,
+            enforce_eager=True,
+            seed=0,
+            disable_log_stats=False,
+            kv_transfer_config={
+                "kv_connector": "KVCheckpointConnector",
+                "kv_connector_module_path": "kvci_plugin.connector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"ram_bytes": "64MiB", "state_dir": state},
+            },
+        )
         params = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, extra_args={
             "kv_transfer_params": {"kvci": {"tenant": "bench", "checkpoint": "now"}}})
         llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
@@ -45,7 +55,9 @@ def _measure(spec: TinyModelSpec, prompt: list[int]) -> dict[str, object]:
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], again, use_tqdm=False)
         stored = sum(m.value for m in llm.get_metrics()
                      if m.name == "vllm:kvci_stored_bytes" and m.labels.get("tier") == "ram")
-        kv_bytes = torch.empty(0, dtype=llm.llm_engine.vllm_config.model_config.dtype).element_size()
+        kv_bytes = torch.empty(
+            0, dtype=llm.llm_engine.vllm_config.model_config.dtype
+        ).element_size()
         llm.llm_engine.engine_core.shutdown()
     blocks = (len(prompt) + OUT_TOKENS - 1) // BLOCK_SIZE
     layer_page = 2 * spec.num_kv_heads * BLOCK_SIZE * spec.head_dim * kv_bytes
@@ -73,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = {name: _measure(spec, prompt) for name, spec in shapes.items()}
     print(f"\nprompt {len(prompt)} tokens, window {args.window}, block {BLOCK_SIZE}")
-    print(f"{'model':28} {'blocks':>6} {'stored':>12} {'full copy':>12} {'share':>7} {'hit tokens':>10}")
+    print(
+        f"{'model':28} {'blocks':>6} {'stored':>12} {'full copy':>12} {'share':>7} "
+        f"{'hit tokens':>10}"
+    )
     for name, r in rows.items():
         print(f"{name:28} {r['blocks']:>6} {r['stored_bytes']:>12,} {r['full_copy_bytes']:>12,} "
               f"{r['stored_share']:>7.1%} {r['hit_tokens']:>10}")

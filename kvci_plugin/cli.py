@@ -13,9 +13,12 @@
 
 `--json` prints the response body for machines; otherwise a readable table. Credentials are
 read from files (`--session-token-file`), never taken on the command line, where other users
-could read them. Exit status: 0 done (a reset still `pending` too: the engine applies it before
-its next lookup), 1 the endpoint refused or did not answer, 2 bad usage, 3 a promotion the gate
-refused; `kvci doctor`: 0 no problem found, 1 problems (each printed with its way out).
+could read them. The control endpoint's bearer token too: `--token-file`, by default the one the
+engine generated in its state folder (`--state-dir`): the operator's for the action commands, the
+tenants' for `kvci mcp`, whose tool offers an agent its own actions only. Exit status: 0 done (a
+reset still `pending` too: the engine applies it before its next lookup), 1 the endpoint refused
+or did not answer, 2 bad usage, 3 a promotion the eligibility gate refused; `kvci doctor`: 0 no
+problem found, 1 problems (each printed with its way out).
 """
 
 from __future__ import annotations
@@ -31,12 +34,17 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
-from kvci_plugin.api.access import check_bind
-from kvci_plugin.api.client import DEFAULT_CONTROL_PORT, DEFAULT_CONTROL_URL, ControlCallError, ControlClient
+from kvci_plugin.api.access import check_bind, host_name, origin
+from kvci_plugin.api.client import (
+    DEFAULT_CONTROL_PORT,
+    DEFAULT_CONTROL_URL,
+    ControlCallError,
+    ControlClient,
+)
 from kvci_plugin.api.schema import RESET_WAIT_S_DEFAULT, RESET_WAIT_S_MAX
+from kvci_plugin.api.tokens import DEFAULT_STATE_DIR, OPERATOR_TOKEN_NAME, TENANT_TOKEN_NAME
+from kvci_plugin.cli_render import RENDER, render_doctor
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_GATE_REFUSED = 0, 1, 2, 3
 
@@ -47,7 +55,7 @@ class UsageError(Exception):
     """Bad command-line input; the message names the option."""
 
 
-# ---- argument parsing -----------------------------------------------------------------------------
+# ---- argument parsing ----------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvci", description="KV-Checkpoint Intelligence for vLLM",
@@ -60,11 +68,26 @@ def _parser() -> argparse.ArgumentParser:
 
     _serve_parser(sub)
 
-    def control(name: str, help_text: str, *, prints: bool = True) -> argparse.ArgumentParser:
+    def control(name: str, help_text: str, *, prints: bool = True,
+                token: str = OPERATOR_TOKEN_NAME) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, allow_abbrev=False)
         p.add_argument("--control-url", default=DEFAULT_CONTROL_URL,
                        help=f"the engine's control endpoint (default {DEFAULT_CONTROL_URL})")
-        p.add_argument("--token-file", type=Path, help="bearer token file of the control endpoint")
+        p.add_argument(
+            "--token-file",
+            type=Path,
+            help=f"bearer token file of the control endpoint (default: {token} in --state-dir)",
+        )
+        p.add_argument(
+            "--state-dir",
+            type=Path,
+            default=DEFAULT_STATE_DIR,
+            help=f"the engine's state_dir, where it wrote its tokens (default {DEFAULT_STATE_DIR})",
+        )
+        p.add_argument(
+            "--ca-file", type=Path, help="CA certificate(s) that sign an https endpoint's"
+        )
+        p.set_defaults(default_token=token)
         if prints:
             p.add_argument("--json", action="store_true", help="print the response body as JSON")
         return p
@@ -76,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
 
     def credentials(p: argparse.ArgumentParser, delegations: bool = True) -> None:
         p.add_argument("--tenant", help="declared tenant (a verified session's tenant wins)")
-        p.add_argument("--session-token-file", type=Path, help="file holding your session credential")
+        p.add_argument(
+            "--session-token-file", type=Path, help="file holding your session credential"
+        )
         if delegations:
             p.add_argument("--delegation-token-file", type=Path, action="append", default=[],
                            help="file holding a delegation credential (repeatable)")
@@ -84,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     scoring(control("recommend", "score a moment; takes no checkpoint"))
     now = control("checkpoint-now", "keep the KV of a session's next finished request")
     now.add_argument("--session-id", required=True)
-    credentials(now)
+    credentials(now, delegations=False)
     now.add_argument("--trigger", choices=("user", "agent"), default="user")
     now.add_argument("--persist", action="store_true", help="also ask the gate for a disk copy")
     scoring(now)
@@ -95,8 +120,15 @@ def _parser() -> argparse.ArgumentParser:
     explain = control("explain", "why a checkpoint exists and why it is where it is")
     explain.add_argument("checkpoint_id")
     credentials(explain, delegations=False)
-    control("stats", "RAM-tier occupancy, the RAM admission bar, the gate in force, the registered scorers")
-    advisory = control("advisory", "what a session's latest finished request was told (for streaming clients)")
+    stats = control(
+        "stats",
+        "RAM-tier occupancy, the RAM admission bar, the gate in force, the registered "
+        "scorers (a tenant's own bytes with --tenant or --session-token-file)",
+    )
+    credentials(stats, delegations=False)
+    advisory = control(
+        "advisory", "what a session's latest finished request was told (for streaming clients)"
+    )
     advisory.add_argument("--session-id", required=True)
     credentials(advisory, delegations=False)
     reset = control("reset", "fence every checkpoint in kvci's RAM and disk tiers (after a weight "
@@ -115,10 +147,17 @@ def _parser() -> argparse.ArgumentParser:
 
     _doctor_parser(sub)
 
-    mcp = control("mcp", "serve the MCP tool graph_kv_checkpoint", prints=False)
+    mcp = control(
+        "mcp",
+        "serve the MCP tool graph_kv_checkpoint to agents (their own actions only)",
+        prints=False,
+        token=TENANT_TOKEN_NAME,
+    )
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="streamable HTTP address (loopback only)")
-    mcp.add_argument("--port", type=int, default=DEFAULT_CONTROL_PORT + 1, help="streamable HTTP port")
+    mcp.add_argument(
+        "--port", type=int, default=DEFAULT_CONTROL_PORT + 1, help="streamable HTTP port"
+    )
     return parser
 
 
@@ -128,20 +167,27 @@ def _serve_parser(sub: Any) -> None:
         help="start vLLM's OpenAI-compatible server with the kvci connector",
         description="Options not listed here go to vLLM unchanged (e.g. --port, --block-size).")
     p.add_argument("model")
-    p.add_argument("--dry-run", action="store_true", help="print the vLLM command instead of running it")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the vLLM command instead of running it"
+    )
     g = p.add_argument_group("kvci (kv_connector_extra_config)")
     g.add_argument("--ram-bytes", help="host-RAM tier size, e.g. 8GiB")
     g.add_argument("--ram-max-entries", type=int)
     g.add_argument("--tenant-quota-bytes", help="RAM bytes one tenant may hold")
     g.add_argument("--no-system-trigger", action="store_true",
                    help="keep KV only when a client or the control surface asks")
-    g.add_argument("--ram-policy", choices=("value", "lru", "threshold"),
-                   help="what the RAM tier keeps (default value: what is worth more than it evicts)")
+    g.add_argument(
+        "--ram-policy",
+        choices=("value", "lru", "threshold"),
+        help="what the RAM tier keeps (default value: what is worth more than it evicts)",
+    )
     g.add_argument("--ram-threshold", type=float,
                    help="score for tier RAM; alone it fixes the system trigger's bar there")
     g.add_argument("--ram-admission", choices=("pressure", "fixed"),
                    help="the system trigger's RAM bar: moved by the tier's pressure, or fixed")
-    g.add_argument("--ram-threshold-min", type=float, help="lowest RAM bar with --ram-admission pressure")
+    g.add_argument(
+        "--ram-threshold-min", type=float, help="lowest RAM bar with --ram-admission pressure"
+    )
     g.add_argument("--disk-threshold", type=float)
     g.add_argument("--disk-root", type=Path, help="disk tier folder (none: no disk tier)")
     g.add_argument("--disk-bytes")
@@ -155,26 +201,41 @@ def _serve_parser(sub: Any) -> None:
     g.add_argument("--label-catalog-json", type=Path, help="JSON labels imported at start")
     g.add_argument("--state-dir", type=Path)
     g.add_argument("--model-revision")
-    g.add_argument("--control-host", default="127.0.0.1")
+    g.add_argument("--control-host", default="127.0.0.1",
+                   help="control surface address: loopback, or any other with --control-tls-*")
     g.add_argument("--control-port", type=int, default=DEFAULT_CONTROL_PORT)
     g.add_argument("--no-control", action="store_true", help="serve no control surface")
-    g.add_argument("--control-token-file", type=Path, help="bearer token file (required off loopback)")
+    g.add_argument("--control-token-file", type=Path,
+                   help="the operator's bearer token file (default: generated in the state folder)")
+    g.add_argument("--control-tenant-token-file", type=Path,
+                   help="the tenants' bearer token file (default: generated in the state folder)")
+    g.add_argument(
+        "--control-tls-cert-file", type=Path, help="TLS certificate (needed off loopback)"
+    )
+    g.add_argument("--control-tls-key-file", type=Path, help="its private key")
+    g.add_argument("--control-allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name the control surface answers besides loopback (repeatable)")
+    g.add_argument("--control-allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser Origin allowed to call it (repeatable; none by default)")
     g.add_argument("--kvci-config", metavar="JSON", help="further kv_connector_extra_config keys "
                    "(the flags above win over these)")
 
 
 def _doctor_parser(sub: Any) -> None:
-    p = sub.add_parser("doctor", allow_abbrev=False,
-                       help="how kvci sits in this environment (run it first when something is off)",
-                       description="Reports vLLM, torch, the native extension (CPU or CUDA build, the "
-                       "torch it was built against, whether it loads), the connector's registration "
-                       "with vLLM and the state folder with its permissions. Changes nothing.")
+    p = sub.add_parser(
+        "doctor",
+        allow_abbrev=False,
+        help="how kvci sits in this environment (run it first when something is off)",
+        description="Reports vLLM, torch, the native extension (CPU or CUDA build, the "
+        "torch it was built against, whether it loads), the connector's registration "
+        "with vLLM and the state folder with its permissions. Changes nothing.",
+    )
     p.add_argument("--state-dir", type=Path,
                    help="the state folder to check (default: the connector's, ~/.local/state/kvci)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-# ---- serve ----------------------------------------------------------------------------------------
+# ---- serve ---------------------------------------------------------------------------------------
 
 def serve_extra_config(args: argparse.Namespace) -> dict[str, Any]:
     """`kv_connector_extra_config` from the serve flags."""
@@ -192,7 +253,9 @@ def serve_extra_config(args: argparse.Namespace) -> dict[str, Any]:
         "label_catalog_json": args.label_catalog_json, "state_dir": args.state_dir,
         "model_revision": args.model_revision,
     }
-    extra.update({k: str(v) if isinstance(v, Path) else v for k, v in simple.items() if v is not None})
+    extra.update(
+        {k: str(v) if isinstance(v, Path) else v for k, v in simple.items() if v is not None}
+    )
     if args.no_system_trigger:
         extra["system_trigger"] = False
     if (args.credentials_key_file is None) != (args.credentials_algorithm is None):
@@ -208,14 +271,34 @@ def serve_extra_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_control:
         extra.pop("control_port", None)
     else:
-        try:
-            check_bind(args.control_host, args.control_token_file)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
         extra.update(control_host=args.control_host, control_port=args.control_port)
-        if args.control_token_file is not None:
-            extra["control_token_file"] = str(args.control_token_file)
+        _control_extra(args, extra)
     return extra
+
+
+def _control_extra(args: argparse.Namespace, extra: dict[str, Any]) -> None:
+    """The control surface's settings: checked here, so a bad one is a usage error, not an
+    engine that fails to start."""
+    files = {"control_token_file": args.control_token_file,
+             "control_tenant_token_file": args.control_tenant_token_file,
+             "control_tls_cert_file": args.control_tls_cert_file,
+             "control_tls_key_file": args.control_tls_key_file}
+    extra.update({k: str(v) for k, v in files.items() if v is not None})
+    if args.control_allowed_host:
+        extra["control_allowed_hosts"] = list(args.control_allowed_host)
+    if args.control_allowed_origin:
+        extra["control_allowed_origins"] = list(args.control_allowed_origin)
+    tls = extra.get("control_tls_cert_file"), extra.get("control_tls_key_file")
+    try:
+        if (tls[0] is None) != (tls[1] is None):
+            raise ValueError("--control-tls-cert-file and --control-tls-key-file go together")
+        check_bind(str(extra["control_host"]), tls[0] is not None)
+        for name in extra.get("control_allowed_hosts", ()):
+            host_name(name)
+        for value in extra.get("control_allowed_origins", ()):
+            origin(value)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def serve_command(args: argparse.Namespace, vllm_args: Sequence[str]) -> list[str]:
@@ -232,7 +315,7 @@ def serve_command(args: argparse.Namespace, vllm_args: Sequence[str]) -> list[st
             "--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
 
 
-# ---- control actions ------------------------------------------------------------------------------
+# ---- control actions -----------------------------------------------------------------------------
 
 def _json_object(text: str, option: str) -> dict[str, Any]:
     if text.startswith("@"):
@@ -261,10 +344,15 @@ def _secret(path: Path, option: str) -> str:
 
 def control_request(args: argparse.Namespace) -> dict[str, Any]:
     """The `graph_kv_checkpoint` request a control command stands for."""
-    action = {"checkpoint-now": "checkpoint_now", "stats": "ram_stats"}.get(args.command, args.command)
+    action = {"checkpoint-now": "checkpoint_now", "stats": "ram_stats"}.get(
+        args.command, args.command
+    )
     request: dict[str, Any] = {"action": action}
-    for option, field in (("observation", "observation_json"), ("evidence_bundle", "evidence_bundle_json"),
-                          ("context_bundle", "context_bundle_json")):
+    for option, field in (
+        ("observation", "observation_json"),
+        ("evidence_bundle", "evidence_bundle_json"),
+        ("context_bundle", "context_bundle_json"),
+    ):
         value = getattr(args, option, None)
         if value is not None:
             request[field] = _json_object(value, "--" + option.replace("_", "-"))
@@ -282,183 +370,45 @@ def control_request(args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
+def control_token_file(args: argparse.Namespace) -> Path:
+    """`--token-file`, else the engine's own token of this command's role in `--state-dir`."""
+    if args.token_file is not None:
+        return Path(args.token_file)
+    path = Path(args.state_dir) / args.default_token
+    if not os.path.lexists(path):
+        raise UsageError(f"--token-file not given and {path} does not exist: the engine writes it "
+                         "at its first start with the control surface on (--state-dir names the "
+                         "engine's state_dir)")
+    return path
+
+
 def _run_control(args: argparse.Namespace, console: Console) -> int:
     request = control_request(args)
+    token_file = control_token_file(args)
     try:
-        with ControlClient(args.control_url, token_file=args.token_file) as client:
+        with ControlClient(args.control_url, token_file=token_file, ca_file=args.ca_file) as client:
             body = client.call(request)
     except ControlCallError as exc:
         if args.json:
-            print(json.dumps(exc.body or {"error": {"code": exc.code, "message": exc.message}}, indent=2))
+            print(
+                json.dumps(
+                    exc.body or {"error": {"code": exc.code, "message": exc.message}}, indent=2
+                )
+            )
         else:
-            Console(stderr=True).print(f"[bold red]error[/] {escape(exc.code)}: {escape(exc.message)}",
-                                       highlight=False)
+            Console(stderr=True).print(
+                f"[bold red]error[/] {escape(exc.code)}: {escape(exc.message)}", highlight=False
+            )
         return EXIT_REFUSED
     if args.json:
         print(json.dumps(body, indent=2))
     else:
-        _RENDER[body["action"]](body, console)
+        RENDER[body["action"]](body, console)
     refused = body["action"] == "promote" and body["status"] in ("refused", "failed")
     return EXIT_GATE_REFUSED if refused else EXIT_OK
 
 
-# ---- rendering ------------------------------------------------------------------------------------
-
-def _kv_table(title: str, rows: Sequence[tuple[str, Any]]) -> Table:
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    for key, value in rows:
-        table.add_row(key, Text("-" if value is None else str(value)))
-    return table
-
-
-def _render_recommendation(rec: dict[str, Any], console: Console) -> None:
-    score = rec.get("score")
-    console.print(f"score [bold]{'-' if score is None else f'{score:.2f}'}[/], recommended tier "
-                  f"[bold]{rec['tier']}[/] (ram >= {rec['ram_threshold']}, disk >= {rec['disk_threshold']})",
-                  highlight=False)
-    signals = Table(title="signals", title_justify="left")
-    for column in ("scorer", "value", "weight", "reason"):
-        signals.add_column(column)
-    weights = rec.get("weights", {})
-    for s in rec.get("signals", []):
-        value = "abstained" if s.get("value") is None else f"{s['value']:.2f}"
-        signals.add_row(Text(s["name"]), value + (" VETO" if s.get("veto") else ""),
-                        f"{weights.get(s['name'], 0):.2f}", Text(s.get("reason", "")))
-    console.print(signals)
-    for blocker in rec.get("blockers", []):
-        console.print(Text(f"  blocker: {blocker}"))
-
-
-def _render_decision(decision: dict[str, Any] | None, console: Console) -> None:
-    if not decision:
-        return
-    checks = Table(title=escape(f"eligibility gate {decision['gate']}: "
-                                f"{'permitted' if decision['permitted'] else 'refused'}"),
-                   title_justify="left")
-    for column in ("check", "verdict", "detail"):
-        checks.add_column(column)
-    for check in decision["derivation"]["checks"]:
-        checks.add_row(check["name"], check["verdict"], Text(check["detail"]))
-    console.print(checks)
-
-
-def _render_recommend(body: dict[str, Any], console: Console) -> None:
-    _render_recommendation(body["recommendation"], console)
-    if body["advisory"]:
-        console.print(Text(body["advisory"]))
-
-
-def _render_checkpoint_now(body: dict[str, Any], console: Console) -> None:
-    console.print(f"[bold]{escape(body['detail'])}[/] (tenant {escape(body['tenant'])}, "
-                  f"trigger {body['trigger']})", highlight=False)
-    _render_recommendation(body["recommendation"], console)
-
-
-def _render_advisory(body: dict[str, Any], console: Console) -> None:
-    kvci = body["kvci"]
-    if "error" in kvci:
-        console.print(Text(f"session {body['session_id']}: kvci refused the request: {kvci['error']}"))
-        return
-    console.print(_kv_table(escape(f"session {body['session_id']} (tenant {body['tenant']})"), [
-        (key.replace("_", " "), kvci.get(key))
-        for key in ("trigger", "tier", "checkpoint_id", "hit_tokens", "hit_tier", "not_kept")]))
-    _render_recommend(kvci, console)
-
-
-def _render_promote(body: dict[str, Any], console: Console) -> None:
-    console.print(f"checkpoint {body['checkpoint_id']}: [bold]{body['status']}[/] - "
-                  f"{escape(body['reason'])}", highlight=False)
-    _render_decision(body.get("decision"), console)
-
-
-def _render_explain(body: dict[str, Any], console: Console) -> None:
-    e = body["explanation"]
-    console.print(_kv_table(escape(f"checkpoint {e['checkpoint_id']}"), [
-        ("tier", e["tier"]), ("tenant", e["tenant"]), ("trigger", e["trigger"]),
-        ("pages", e["pages"]), ("bytes", e["bytes"]), ("pending", e["pending"]),
-        ("persisting", e.get("persisting")), ("sources", ", ".join(e.get("source_ids", [])) or None),
-        ("gate in force", e["gate_in_force"]), ("refusal", e.get("refusal")),
-        ("persist error", e.get("persist_error")), ("retention expiry", e.get("retention_expiry")),
-    ]))
-    if e.get("recommendation"):
-        _render_recommendation(e["recommendation"], console)
-    _render_decision(e.get("eligibility_decision"), console)
-
-
-def _render_reset(body: dict[str, Any], console: Console) -> None:
-    if body["status"] == "done":
-        console.print(_kv_table("kvci cache reset: done", [
-            ("generation", body["generation"]), ("RAM checkpoints fenced", body["ram_checkpoints"]),
-            ("disk checkpoints fenced", body["disk_checkpoints"])]))
-    else:
-        console.print("kvci cache reset: [bold]pending[/]", highlight=False)
-    console.print(Text(body["detail"]))
-    console.print(Text("resets " + body["scope"]))
-
-
-def _render_forget(body: dict[str, Any], console: Console) -> None:
-    console.print(_kv_table(f"kvci forget: {body['tenant']}", [
-        ("RAM checkpoints forgotten", body["ram_checkpoints"]),
-        ("disk checkpoints forgotten", body["disk_checkpoints"]),
-        ("key material", "destroyed" if body["key_destroyed"] else "none existed")]))
-    console.print(Text(body["detail"]))
-
-
-def _render_stats(body: dict[str, Any], console: Console) -> None:
-    s = body["stats"]
-    console.print(_kv_table("RAM tier", [
-        ("entries", f"{s['entries']} / {s['max_entries']} ({s['pending_entries']} pending)"),
-        ("bytes", f"{s['bytes_used']} / {s['capacity_bytes']}"),
-        ("pages", f"{s['pages']} ({s['pinned_pages']} pinned, {s['slot_bytes']} bytes each)"),
-        ("evictions", s["evictions"]), ("tenant quota bytes", s["tenant_quota_bytes"]),
-        ("persists in flight", s["persists_in_flight"]), ("gate in force", s["gate_in_force"]),
-    ]))
-    bar = s["admission"]
-    console.print(_kv_table("RAM admission bar", [
-        ("mode", bar["mode"]), ("threshold", f"{bar['threshold']:.2f}"),
-        ("wasted writes", bar["wasted_writes"]), ("missed reuses", bar["missed_reuses"]),
-        ("paid writes", bar["paid_writes"]),
-    ]))
-    policy = s["policy"]
-    console.print(_kv_table(f"RAM tier policy ({policy['policy']})", [
-        ("admitted", f"{policy['admitted']} ({policy['admitted_explicit']} explicit)"),
-        ("displaced", policy["displaced"]), ("refused under pressure", policy["refused_under_pressure"]),
-        ("evicted before any hit", policy["evicted_before_hit"]),
-        ("contexts remembered", policy["tracked_anchors"]),
-    ]))
-    scorers = Table(title="registered scorers", title_justify="left")
-    scorers.add_column("scorer")
-    scorers.add_column("weight")
-    for name, weight in s["scorers"].items():
-        scorers.add_row(Text(name), f"{weight:.2f}")
-    console.print(scorers)
-    disk = s.get("disk")
-    if disk:
-        health = disk.get("health") or {}
-        rows = [(k.replace("_", " "), "n/a (degraded)" if v is None else v)
-                for k, v in disk.items() if k != "health"]
-        rows += [("health", health.get("state")), ("failures", health.get("failures"))]
-        if health.get("state") == "degraded":
-            rows += [("degraded for (s)", health.get("degraded_for_s")),
-                     ("last error", health.get("last_error"))]
-        console.print(_kv_table("disk tier", rows))
-
-
-_RENDER = {
-    "recommend": _render_recommend,
-    "checkpoint_now": _render_checkpoint_now,
-    "promote": _render_promote,
-    "explain": _render_explain,
-    "ram_stats": _render_stats,
-    "advisory": _render_advisory,
-    "reset": _render_reset,
-    "forget": _render_forget,
-}
-
-
-# ---- doctor ---------------------------------------------------------------------------------------
+# ---- doctor --------------------------------------------------------------------------------------
 
 def _run_doctor(args: argparse.Namespace, console: Console) -> int:
     from kvci_plugin.doctor import diagnose  # imports torch and vLLM: only for this command
@@ -467,61 +417,11 @@ def _run_doctor(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        _render_doctor(report, console)
+        render_doctor(report, console)
     return EXIT_OK if report["ok"] else EXIT_REFUSED
 
 
-def _render_doctor(report: dict[str, Any], console: Console) -> None:
-    kvci, vllm, torch = report["kvci"], report["vllm"], report["torch"]
-    ext, conn, state = report["extension"], report["connector"], report["state_dir"]
-    secret = state.get("secret") or {}
-    torch_text = "-" if torch is None else (
-        f"{torch.get('version')} (CUDA {torch['cuda']}, {torch.get('cuda_devices', 0)} GPU visible)"
-        if torch.get("cuda") else f"{torch.get('version')} (CPU only)")
-    if torch is not None and not torch.get("imports"):
-        torch_text = f"{torch.get('version')}: does not import"
-    if ext.get("loads"):
-        loads = "yes"
-    elif ext.get("loads") is False:
-        loads = "no: " + ext.get("error", "")
-    else:
-        loads = "-"
-    rows = [
-        ("kvci", f"{kvci['version']} at {kvci['location']}" + (" (editable)" if kvci["editable"] else "")),
-        ("python", report["python"]["version"]),
-        ("vLLM", "not installed" if vllm is None else
-         f"{vllm['distribution']} {vllm['version']}"
-         + (f" (pins {vllm['torch_requirement']})" if vllm.get("torch_requirement") else "")),
-        ("torch", torch_text),
-        ("extension", "no build recorded" if ext.get("kind") is None else
-         f"built for {ext['described']}"),
-        ("extension loads", loads),
-        ("connector", conn["entry_point"] or "no entry point"),
-        ("VLLM_PLUGINS", conn["VLLM_PLUGINS"] or "unset (every plugin loads)"),
-        ("vLLM resolves KVCheckpointConnector",
-         "-" if conn.get("resolves") is None else
-         f"yes: {conn['class']}" if conn["resolves"] else f"no: {conn.get('error')}"),
-        ("state folder", state["path"] + (
-            f" (mode {state['mode']}" + ("" if state.get("owned_by_me") else ", not owned by this user")
-            + ")" if state.get("exists") else f": absent, {state.get('detail', '')}")),
-        ("secret", "-" if not state.get("exists") else
-         f"mode {secret['mode']}, {secret.get('bytes', '?')} bytes" if secret.get("exists")
-         else secret.get("detail", "-")),
-    ]
-    table = Table(title="kvci doctor", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")  # paths and class names whole, wrapped
-    for key, value in rows:
-        table.add_row(key, Text(str(value)))
-    console.print(table)
-    if report["problems"]:
-        for problem in report["problems"]:
-            console.print(Text("problem: ", style="bold red") + Text(problem))
-    else:
-        console.print("[bold green]no problem found[/]", highlight=False)
-
-
-# ---- entry point ----------------------------------------------------------------------------------
+# ---- entry point ---------------------------------------------------------------------------------
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -543,14 +443,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "doctor":
             return _run_doctor(args, Console())
         if args.command == "mcp":
-            from kvci_plugin.api.mcp_server import serve_mcp
+            from kvci_plugin.api.mcp_server import check_mcp_host, serve_mcp
 
-            with ControlClient(args.control_url, token_file=args.token_file) as client:
+            check_mcp_host(args.transport, args.host)
+            with ControlClient(args.control_url, token_file=control_token_file(args),
+                               ca_file=args.ca_file) as client:
                 serve_mcp(client, args.transport, host=args.host, port=args.port)
             return EXIT_OK
         return _run_control(args, Console())
     except (UsageError, ValueError) as exc:
-        Console(stderr=True).print(f"[bold red]kvci {args.command}:[/] {escape(str(exc))}", highlight=False)
+        Console(stderr=True).print(
+            f"[bold red]kvci {args.command}:[/] {escape(str(exc))}", highlight=False
+        )
         return EXIT_USAGE
 
 

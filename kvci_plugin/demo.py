@@ -10,9 +10,9 @@ It prints the advisories, tiers, hit tokens, TTFT of recompute vs RAM hit vs dis
 explain record of one persisted and one refused checkpoint.
 
 The model is the TTFT benchmark's (``benchmarks/ttft.py``): random weights, 4 layers, hidden 512,
-float32, so that a 4k-token prefill costs what a hit saves (about 2 s on one core here, against
-a few tens of ms for a hit); the default tiny model prefills a context in ~20 ms, too little to
-show a hit's worth.
+float32, so that a 4k-token prefill costs what a hit saves (many times a hit's time on a CPU:
+benchmarks/results/README.md, ttft, recompute against the RAM hit); the default tiny model
+prefills a context too fast to show a hit's worth.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ class Demo:
 
         with console.status(f"starting vLLM + kvci ({label})"):
             self.llm = LLM(
-                # float32 as made: vLLM on CPU would run it in bf16, which this CPU lacks a matmul for
+                # float32 as made: vLLM on CPU would run it in bf16, which this CPU lacks a matmul
+                # for
                 model=str(self.model), dtype=DEMO_MODEL.dtype, block_size=BLOCK_SIZE,
                 gpu_memory_utilization=0.2,
                 max_model_len=8192, enable_prefix_caching=False, enforce_eager=True,
@@ -117,8 +118,11 @@ class Demo:
     def control(self, action: str, **body: Any) -> dict[str, Any]:
         import httpx
 
+        # The tenant token the engine wrote into its state folder: the demo acts as tenant acme.
+        token = (self.workdir / "state" / "control-tenant.token").read_text().strip()
         r = httpx.post(f"http://127.0.0.1:{self.control_port}/api/graph/kv_checkpoint",
-                       json={"action": action, **body}, timeout=30)
+                       json={"action": action, **body}, timeout=30,
+                       headers={"Authorization": f"Bearer {token}"})
         return r.json()
 
     def ttft(self, tokens_fn: Any, n: int = 3, **kvci: Any) -> float:
@@ -133,9 +137,11 @@ class Demo:
                        "phase_completed": True, "turns_since_change": 3, "context_rewrites": 0,
                        "sibling_tasks": 3, "contradictions_unresolved": 0,
                        "contradictions_high_severity": 0}
-        evidence = {"items": [{"id": f"e{i}", "novel": i < 2} for i in range(8)],
-                    "claims": [{"id": "c1", "evidence": ["e1", "e2"]}, {"id": "c2", "evidence": ["e3"]}],
-                    "contradictions": []}
+        evidence = {
+            "items": [{"id": f"e{i}", "novel": i < 2} for i in range(8)],
+            "claims": [{"id": "c1", "evidence": ["e1", "e2"]}, {"id": "c2", "evidence": ["e3"]}],
+            "contradictions": [],
+        }
 
         console.rule("turn 1 — the system trigger scores the agent's assembled context")
         out, _ = self.ask(ctx, tenant="acme", session_id=SESSION, source_ids=["doc:handbook"],
@@ -145,7 +151,9 @@ class Demo:
         console.print(f"system trigger: tier={k1['tier']} checkpoint={k1['checkpoint_id']}")
 
         console.rule("turn 2 — the agent acts on the advisory: checkpoint now")
-        turn2 = ctx + list(out.outputs[0].token_ids) + [self.rng.randrange(2, 1000) for _ in range(40)]
+        turn2 = (
+            ctx + list(out.outputs[0].token_ids) + [self.rng.randrange(2, 1000) for _ in range(40)]
+        )
         out, _ = self.ask(turn2, tenant="acme", session_id=SESSION, source_ids=["doc:handbook"],
                           observation=observation, trigger="agent", checkpoint="now")
         k2 = out.kv_transfer_params["kvci"]
@@ -169,8 +177,10 @@ class Demo:
         private = [self.rng.randrange(2, 1000) for _ in range(self.prompt_tokens // 2)]
         out, _ = self.ask(private, tenant="acme", observation=observation, checkpoint="never")
         k_never = out.kv_transfer_params["kvci"]
-        console.print(f"recommended tier={k_never['recommendation']['tier']}, kept tier={k_never['tier']} "
-                      f"— {k_never['not_kept']}")
+        console.print(
+            f"recommended tier={k_never['recommendation']['tier']}, kept tier={k_never['tier']} "
+            f"— {k_never['not_kept']}"
+        )
 
         console.rule("turn 4 — a persist without credentials is refused")
         other = [self.rng.randrange(2, 1000) for _ in range(self.prompt_tokens // 2)]
@@ -183,8 +193,12 @@ class Demo:
         fresh = lambda: [self.rng.randrange(2, 1000) for _ in range(len(turn2))]  # noqa: E731
         t_cold = self.ttft(fresh)
         t_ram = self.ttft(lambda: turn2, tenant="acme")
-        explain_persisted = self.control("explain", checkpoint_id=persisted_id, session_token=self.token)
-        explain_refused = self.control("explain", checkpoint_id=refused_id, session_token=self.token)
+        explain_persisted = self.control(
+            "explain", checkpoint_id=persisted_id, session_token=self.token
+        )
+        explain_refused = self.control(
+            "explain", checkpoint_id=refused_id, session_token=self.token
+        )
         self.stop()
 
         console.rule("restart — a new engine on the same disk tier")
@@ -198,7 +212,12 @@ class Demo:
         for col in ("path", "TTFT (s)", "vs recompute", "hit tokens"):
             table.add_column(col)
         table.add_row("recompute", f"{t_cold:.3f}", "1.00×", "0")
-        table.add_row("kvci RAM hit", f"{t_ram:.3f}", f"{t_cold / t_ram:.2f}×", str(k2["hit_tokens"] or k3["hit_tokens"]))
+        table.add_row(
+            "kvci RAM hit",
+            f"{t_ram:.3f}",
+            f"{t_cold / t_ram:.2f}×",
+            str(k2["hit_tokens"] or k3["hit_tokens"]),
+        )
         table.add_row("kvci disk hit (after restart)", f"{t_disk:.3f}", f"{t_cold / t_disk:.2f}×",
                       f"{k5['hit_tokens']} ({k5['hit_tier']})")
         console.print(table)
@@ -206,16 +225,24 @@ class Demo:
         console.print_json(data=_explain_summary(explain_persisted))
         console.rule("explain — the refused checkpoint")
         console.print_json(data=_explain_summary(explain_refused))
-        ok = (k5["hit_tier"] == "disk" and k4["persist"]["status"] == "refused" and latest["kvci"] == k3
-              and k_never["tier"] == "none")
-        console.print("[bold green]demo complete[/]" if ok else "[bold red]demo finished with surprises[/]")
+        ok = (
+            k5["hit_tier"] == "disk"
+            and k4["persist"]["status"] == "refused"
+            and latest["kvci"] == k3
+            and k_never["tier"] == "none"
+        )
+        console.print(
+            "[bold green]demo complete[/]" if ok else "[bold red]demo finished with surprises[/]"
+        )
         return 0 if ok else 1
 
     def _wait_persisted(self, checkpoint_id: str) -> None:
         with console.status("waiting for the persisted checkpoint to reach disk"):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                info = self.control("explain", checkpoint_id=checkpoint_id, session_token=self.token)
+                info = self.control(
+                    "explain", checkpoint_id=checkpoint_id, session_token=self.token
+                )
                 if "disk" in str(info.get("explanation", info).get("tier", "")):
                     return
                 self.ask([3, 4, 5], max_tokens=1)  # one engine step carries the persist job

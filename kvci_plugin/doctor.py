@@ -85,8 +85,12 @@ def _vllm(problems: list[str]) -> dict[str, Any] | None:
             marker = requirement.partition(";")[2]
             if not marker or _marker_holds(marker):
                 torch_requirement = requirement.split(";")[0].strip()
-    return {"distribution": name, "version": version, "torch_requirement": torch_requirement,
-            **({"also": {k: v for k, v in present.items() if k != name}} if len(present) > 1 else {})}
+    return {
+        "distribution": name,
+        "version": version,
+        "torch_requirement": torch_requirement,
+        **({"also": {k: v for k, v in present.items() if k != name}} if len(present) > 1 else {}),
+    }
 
 
 def _marker_holds(marker: str) -> bool:
@@ -152,21 +156,29 @@ def _extension(torch_info: dict[str, Any] | None, problems: list[str]) -> dict[s
 
 
 def _connector(vllm_info: dict[str, Any] | None, problems: list[str]) -> dict[str, Any]:
-    points = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME]
+    points = [
+        ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME
+    ]
     out: dict[str, Any] = {
-        "entry_point": f"{ENTRY_POINT_GROUP}: {points[0].name} = {points[0].value}" if points else None,
+        "entry_point": f"{ENTRY_POINT_GROUP}: {points[0].name} = {points[0].value}"
+        if points
+        else None,
     }
     if not points:
-        problems.append(f"kvci's {ENTRY_POINT_GROUP} entry point is not installed, so vLLM does not "
-                        "know the name KVCheckpointConnector: reinstall kvci (pip install "
-                        "--no-build-isolation ...), or name the module: "
-                        '"kv_connector_module_path": "kvci_plugin.connector"')
+        problems.append(
+            f"kvci's {ENTRY_POINT_GROUP} entry point is not installed, so vLLM does not "
+            "know the name KVCheckpointConnector: reinstall kvci (pip install "
+            "--no-build-isolation ...), or name the module: "
+            '"kv_connector_module_path": "kvci_plugin.connector"'
+        )
     allowed = os.environ.get("VLLM_PLUGINS")
     out["VLLM_PLUGINS"] = allowed
     if allowed is not None and ENTRY_POINT_NAME not in [p.strip() for p in allowed.split(",")]:
-        problems.append(f"VLLM_PLUGINS={allowed!r} does not name {ENTRY_POINT_NAME}: vLLM will not "
-                        f"load kvci's registration; add {ENTRY_POINT_NAME} to it, or name the module: "
-                        '"kv_connector_module_path": "kvci_plugin.connector"')
+        problems.append(
+            f"VLLM_PLUGINS={allowed!r} does not name {ENTRY_POINT_NAME}: vLLM will not "
+            f"load kvci's registration; add {ENTRY_POINT_NAME} to it, or name the module: "
+            '"kv_connector_module_path": "kvci_plugin.connector"'
+        )
     if vllm_info is None or not points:
         out["resolves"] = None
         return out
@@ -204,16 +216,22 @@ def _state_dir(path: Path, problems: list[str]) -> dict[str, Any]:
     except FileNotFoundError:
         parent = next((p for p in path.parents if p.exists()), None)
         creatable = parent is not None and os.access(parent, os.W_OK | os.X_OK)
-        out.update(exists=False, creatable=creatable, detail="created (0700) on the engine's first start")
+        out.update(
+            exists=False, creatable=creatable, detail="created (0700) on the engine's first start"
+        )
         if not creatable:
-            problems.append(f"state folder {path} does not exist and cannot be created "
-                            f"({parent} is not writable): set state_dir in kv_connector_extra_config "
-                            "to a folder this user owns")
+            problems.append(
+                f"state folder {path} does not exist and cannot be created "
+                f"({parent} is not writable): set state_dir in kv_connector_extra_config "
+                "to a folder this user owns"
+            )
         return out
     except OSError as error:
         problems.append(f"state folder {path}: {error}")
         return {**out, "exists": None, "error": str(error)}
-    out.update(exists=True, mode=_mode(st), owner_uid=st.st_uid, owned_by_me=st.st_uid == os.geteuid())
+    out.update(
+        exists=True, mode=_mode(st), owner_uid=st.st_uid, owned_by_me=st.st_uid == os.geteuid()
+    )
     if not stat.S_ISDIR(st.st_mode):
         problems.append(f"state folder {path} is not a folder")
         return out
@@ -231,7 +249,11 @@ def _secret(path: Path, problems: list[str]) -> dict[str, Any]:
         st = path.lstat()
     except FileNotFoundError:
         return {"exists": False, "detail": "created (0600) on the engine's first start"}
-    out: dict[str, Any] = {"exists": True, "mode": _mode(st), "owned_by_me": st.st_uid == os.geteuid()}
+    out: dict[str, Any] = {
+        "exists": True,
+        "mode": _mode(st),
+        "owned_by_me": st.st_uid == os.geteuid(),
+    }
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
         problems.append(f"secret file {path} is not a regular file: the connector refuses it")
         return out

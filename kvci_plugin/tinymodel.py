@@ -25,13 +25,84 @@ from safetensors.torch import save_file
 # Bumped whenever the generated files change, so a cached model of an older recipe is rebuilt.
 RECIPE_VERSION = 1
 
-_WORDS = (
-    "agent tool call retrieval context cache prefix block token layer tensor memory host disk "
-    "policy tenant session credential checkpoint worth score signal evidence claim source label "
-    "region retention marking scope gate decision explain promote recommend advisory plan phase "
-    "graph node edge query answer report summary paper section figure table value result error "
-    "the a of to and in is for on with as by at from that this it be are was or an not have"
-).split()
+_WORDS = [
+    "agent",
+    "tool",
+    "call",
+    "retrieval",
+    "context",
+    "cache",
+    "prefix",
+    "block",
+    "token",
+    "layer",
+    "tensor",
+    "memory",
+    "host",
+    "disk",
+    "policy",
+    "tenant",
+    "session",
+    "credential",
+    "checkpoint",
+    "worth",
+    "score",
+    "signal",
+    "evidence",
+    "claim",
+    "source",
+    "label",
+    "region",
+    "retention",
+    "marking",
+    "scope",
+    "gate",
+    "decision",
+    "explain",
+    "promote",
+    "recommend",
+    "advisory",
+    "plan",
+    "phase",
+    "graph",
+    "node",
+    "edge",
+    "query",
+    "answer",
+    "report",
+    "summary",
+    "paper",
+    "section",
+    "figure",
+    "table",
+    "value",
+    "result",
+    "error",
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "be",
+    "are",
+    "was",
+    "or",
+    "an",
+    "not",
+    "have",
+]
 
 
 @dataclass(frozen=True)
@@ -186,10 +257,14 @@ def make_tiny_model(spec: TinyModelSpec | None = None, cache_dir: Path | None = 
     try:
         trained = _train_tokenizer(spec, tmp)
         if trained > spec.vocab_size:
-            raise ValueError(f"tokenizer has {trained} tokens, more than vocab_size {spec.vocab_size}")
+            raise ValueError(
+                f"tokenizer has {trained} tokens, more than vocab_size {spec.vocab_size}"
+            )
         save_file(_weights(spec), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(_config(spec), indent=2))
-        (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+        (tmp / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": 0, "eos_token_id": 1})
+        )
         try:
             tmp.rename(final)
         except OSError:

@@ -71,7 +71,8 @@ def catalog_rows(disk_root: Path) -> dict[str, int]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
         rows = conn.execute(
-            "SELECT checkpoint_id, COUNT(*) FROM checkpoint_pages GROUP BY checkpoint_id").fetchall()
+            "SELECT checkpoint_id, COUNT(*) FROM checkpoint_pages GROUP BY checkpoint_id"
+        ).fetchall()
         return {cid: n for cid, n in rows}
     finally:
         conn.close()
@@ -93,8 +94,10 @@ def blob_paths(disk_root: Path) -> list[Path]:
 def checkpoint_blob_keys(disk_root: Path, checkpoint_id: str) -> list[str]:
     conn = sqlite3.connect(f"file:{disk_root / 'catalog.sqlite3'}?mode=ro", uri=True, timeout=10)
     try:
-        rows = conn.execute("SELECT key FROM checkpoint_pages WHERE checkpoint_id=? ORDER BY position",
-                            (checkpoint_id,)).fetchall()
+        rows = conn.execute(
+            "SELECT key FROM checkpoint_pages WHERE checkpoint_id=? ORDER BY position",
+            (checkpoint_id,),
+        ).fetchall()
         return [r[0] for r in rows]
     finally:
         conn.close()

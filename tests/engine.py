@@ -78,7 +78,9 @@ def generate_one(llm: Any, tokens: list[int], sp: Any) -> Any:
     return out
 
 
-def baseline_outputs(model: Path, prompts: dict[str, list[int]], **kwargs: Any) -> dict[str, list[int]]:
+def baseline_outputs(
+    model: Path, prompts: dict[str, list[int]], **kwargs: Any
+) -> dict[str, list[int]]:
     """Greedy output tokens of an engine without the connector: what every hit must reproduce."""
     llm = make_llm(model, **kwargs)
     outs = {name: list(generate_one(llm, toks, greedy()).outputs[0].token_ids)

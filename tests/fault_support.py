@@ -1,27 +1,28 @@
 """Fault injection for the containment tests (tests/connector/test_connector_faults_*.py).
 
-- Servers a test may stop, restart, freeze and cut off: `PostgresServer` and `RedisServer`, each
-  a private server on loopback (the session-wide `postgres_url` / `redis_url` servers are shared
-  with other tests and must never be faulted).
+- Servers a test may stop, restart, freeze and cut off are `tools/servers.py`'s
+  `PostgresServer` and `RedisServer`, each a private server on loopback (the session-wide
+  `postgres_url` / `redis_url` servers are shared with other tests and must never be faulted);
+  `shared_extra` puts an engine's disk tier on them. A tmpfs that fills up (`tmpfs`, `fill`).
 - The prompts every fault test sends and their no-connector greedy outputs, computed once per
   test session (one baseline engine for every fault module).
 - Bounded calls: an engine call that hangs fails its test (`bounded`), and `hang_guard` dumps
   every thread and ends the process should anything else hang (a CI run never blocks forever).
 - Reading kvci's fault counter and the disk tier's health gauge from the engine's Prometheus
   registry, and waiting, as a liveness bound, for disk hits to come back.
+- What every fault module sets up: its `base` and `no_hang` fixtures (`base_fixture`,
+  `no_hang_fixture`), its engine (`ModuleEngine`, a context manager) and the prompts it holds on
+  disk only (`persisted_to_disk`).
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
-import pwd
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,11 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psycopg
 import pytest
-import redis
 from engine import BLOCK_SIZE, baseline_outputs, generate_one, greedy, kvci_params
-from services import _as_postgres_user, _postgres_bin, _wait, free_port
 
 T = TypeVar("T")
 
@@ -54,227 +52,7 @@ CALL_BOUND_S = 60.0
 FAULT_KINDS = ("unavailable", "timeout", "internal")
 
 
-# ---- servers the tests may fault ---------------------------------------------------------------
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-class PostgresServer:
-    """A private PostgreSQL cluster on loopback: `stop()` (fast shutdown: sessions are
-    terminated), `start()` again on the same data folder and port, `freeze()` / `thaw()` the
-    postmaster and every backend (SIGSTOP / SIGCONT), `terminate_connections(db)`."""
-
-    def __init__(self) -> None:
-        self._bindir = _postgres_bin()
-        # As root, the cluster is the `postgres` user's (PostgreSQL refuses to run as root).
-        prefix, self._uid = _as_postgres_user()
-        self._gid = None if self._uid is None else pwd.getpwuid(self._uid).pw_gid
-        self.folder = Path(tempfile.mkdtemp(prefix="kvci-fault-pg-"))
-        self._data, self._sockets = self.folder / "data", self.folder / "run"
-        self._sockets.mkdir()
-        if self._uid is not None:
-            for path in (self.folder, self._sockets):
-                os.chown(path, self._uid, self._gid)
-        subprocess.run(
-            [*prefix, str(self._bindir / "initdb"), "-D", str(self._data), "-A", "trust", "-U",
-             "kvci", "--no-sync", "-E", "UTF8"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.port = free_port()
-        self.url = f"postgresql://kvci@127.0.0.1:{self.port}/postgres"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._frozen = False
-        self.start()
-
-    @property
-    def pid(self) -> int:
-        """The postmaster's pid."""
-        assert self._proc is not None, "the server is stopped"
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self) -> None:
-        """Start the server on its data folder and port; returns once it answers. The
-        postmaster is run directly (not through runuser), so that `pid` is its own."""
-        assert not self.running
-        user = {} if self._uid is None else {"user": self._uid, "group": self._gid,
-                                              "extra_groups": []}
-        self._proc = subprocess.Popen(
-            [str(self._bindir / "postgres"), "-D", str(self._data), "-h", "127.0.0.1", "-p",
-             str(self.port), "-k", str(self._sockets), "-c", "fsync=off", "-c",
-             "max_connections=200"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, **user)
-        _wait(lambda: psycopg.connect(self.url, connect_timeout=2).close(), "PostgreSQL")
-
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT): every session is terminated, the data folder kept."""
-        if self._proc is None:
-            return
-        self.thaw()
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGINT)
-            try:
-                self._proc.wait(30)
-            except subprocess.TimeoutExpired:
-                _signal_group(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(30)
-        self._proc = None
-
-    def _processes(self) -> list[int]:
-        """The postmaster and its children (each backend is a process group of its own)."""
-        assert self._proc is not None
-        pids = [self._proc.pid]
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == self._proc.pid:
-                    pids.append(int(entry))
-        return pids
-
-    def freeze(self) -> None:
-        """SIGSTOP the postmaster and every backend: connections hang, none is refused."""
-        self._frozen = True
-        for pid in self._processes():
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
-
-    def thaw(self) -> None:
-        if self._frozen and self._proc is not None:
-            for pid in self._processes():
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-        self._frozen = False
-
-    def new_database(self) -> str:
-        """A new empty database; its URL."""
-        from services import new_database
-
-        return new_database(self.url)
-
-    def backends(self, database_url: str) -> list[int]:
-        """The pids of the sessions on the database of `database_url`, but this call's own."""
-        name = database_url.rsplit("/", 1)[1]
-        with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
-            rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s "
-                                "AND pid <> pg_backend_pid()", (name,)).fetchall()
-        return [r[0] for r in rows]
-
-    def terminate_connections(self, database_url: str) -> int:
-        """The server terminates every session on that database but this call's own (as an
-        administrator or a failover does); how many it terminated."""
-        name = database_url.rsplit("/", 1)[1]
-        with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
-            rows = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                "AND pid <> pg_backend_pid()", (name,)).fetchall()
-        return sum(1 for (done,) in rows if done)
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-class RedisServer:
-    """A private Redis server on loopback with AOF (fsync every write), so a blob survives
-    `stop()` / `start()`; `freeze()` / `thaw()` stop and continue the process."""
-
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("Redis is not installed: run `make setup` (apt redis-server)")
-        self._binary = binary
-        self.folder = Path(tempfile.mkdtemp(prefix="kvci-fault-redis-"))
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._frozen = False
-        self.start()
-
-    @property
-    def pid(self) -> int:
-        assert self._proc is not None, "the server is stopped"
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self) -> None:
-        assert not self.running
-        self._proc = subprocess.Popen(
-            [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-             str(self.folder), "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--protected-mode", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait(lambda: redis.Redis.from_url(self.url, socket_timeout=2).ping(), "Redis")
-
-    def stop(self) -> None:
-        """SIGTERM: Redis syncs its AOF and exits; the folder is kept."""
-        if self._proc is None:
-            return
-        self.thaw()
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(30)
-        self._proc = None
-
-    def freeze(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
-        self._frozen = True
-
-    def thaw(self) -> None:
-        if self._frozen and self._proc is not None:
-            os.kill(self._proc.pid, signal.SIGCONT)
-        self._frozen = False
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_timeout=5)
-
-    def terminate_connections(self) -> int:
-        """The server closes every client connection but this call's own (as a restart of a
-        proxy or a `timeout` setting does); how many it closed."""
-        with self.client() as client:
-            return int(client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"))
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-@contextmanager
-def private_postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@contextmanager
-def private_redis() -> Iterator[RedisServer]:
-    server = RedisServer()
-    try:
-        yield server
-    finally:
-        server.close()
+# ---- filesystems the tests may fill ------------------------------------------------------------
 
 
 @contextmanager
@@ -344,6 +122,16 @@ def baseline(model: Path) -> dict[str, list[int]]:
         outs = baseline_outputs(model, {**PROMPTS, "alive": ALIVE}, **ENGINE)
         _baselines[key] = outs
     return _baselines[key]
+
+
+def base_fixture() -> Any:
+    """A fault module's `base` fixture (`base = base_fixture()`): `baseline(tiny_model)`."""
+
+    @pytest.fixture(scope="module")
+    def base(tiny_model: Path) -> dict[str, list[int]]:
+        return baseline(tiny_model)
+
+    return base
 
 
 # ---- bounded engine calls ------------------------------------------------------------------------
@@ -570,20 +358,25 @@ def step_until(llm: Any, done: Callable[[], bool], what: str, bound_s: float = 6
 _floods = [0]
 
 
-def flood_ram(llm: Any, rounds: int = 8) -> None:
-    """Keep `rounds` new 4-page checkpoints (each under a tenant never used before, so its pages
-    are new) in RAM, so that an LRU RAM tier of 24 pages has evicted whatever it held before (a
-    later lookup of it goes to the disk tier)."""
+def flood_ram(llm: Any, root: Path, rounds: int = 8) -> None:
+    """Keep `rounds` new 4-page checkpoints (each under a verified tenant never used before, so
+    its pages are new) in RAM, so that an LRU RAM tier of 24 pages has evicted whatever it held
+    before (a later lookup of it goes to the disk tier). Each flood tenant is a fair-share pool
+    of its own: the tenant that held the tier is then far past its share, and yields it all."""
+    from durable_support import session_token
+
     for i in range(rounds):
         _floods[0] += 1
-        out = send(llm, f"flood{i}", tenant=f"flood-{_floods[0]}", checkpoint="now")
+        tenant = f"flood-{_floods[0]}"
+        out = send(llm, f"flood{i}", tenant=tenant, checkpoint="now",
+                   session_token=session_token(root, tenant=tenant))
         assert out.kv_transfer_params["kvci"]["tier"] == "ram", out.kv_transfer_params["kvci"]
 
 
-def evict_to_disk(llm: Any, names: list[str], base: dict[str, list[int]],
+def evict_to_disk(llm: Any, root: Path, names: list[str], base: dict[str, list[int]],
                   tenant: str = "acme") -> None:
     """Flood the RAM tier until each of `names` (persisted) is served from disk; asserts it."""
-    flood_ram(llm)
+    flood_ram(llm, root)
     for name in names:
         out, served = send_disk(llm, name, base, tenant)
         assert served, (name, out.num_cached_tokens, out.kv_transfer_params["kvci"])
@@ -600,6 +393,27 @@ def durable_extra(root: Path, **over: Any) -> dict[str, Any]:
     return extra
 
 
+def shared_extra(root: Path, catalog_url: str, blob_url: str, **over: Any) -> dict[str, Any]:
+    """`durable_extra` with the shared disk tier: the catalog in PostgreSQL at `catalog_url`,
+    the blobs in Redis at `blob_url` (no disk folder)."""
+    extra = durable_extra(root, catalog_url=catalog_url, blob_url=blob_url, **over)
+    del extra["disk_root"]
+    return extra
+
+
+def persisted_to_disk(llm: Any, root: Path, names: list[str], base: dict[str, list[int]],
+                      catalog_ids: Callable[[], set[str]], tenant: str = "acme",
+                      what: str = "the persisted checkpoints reaching the catalog"
+                      ) -> dict[str, str]:
+    """Persist each prompt (`persist`), step the engine until `catalog_ids()` holds every
+    checkpoint, then flood the RAM tier until each is served from disk only (`evict_to_disk`,
+    asserted); name -> checkpoint id."""
+    ids = persist(llm, root, names, tenant=tenant)
+    step_until(llm, lambda: set(ids.values()) <= catalog_ids(), what)
+    evict_to_disk(llm, root, names, base, tenant=tenant)
+    return ids
+
+
 # ---- hangs ---------------------------------------------------------------------------------------
 
 
@@ -612,6 +426,18 @@ def hang_guard(seconds: float) -> Iterator[None]:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def no_hang_fixture(seconds: float) -> Any:
+    """A fault module's autouse `no_hang` fixture (`no_hang = no_hang_fixture(s)`): each test
+    runs under `hang_guard(seconds)`."""
+
+    @pytest.fixture(autouse=True)
+    def no_hang() -> Iterator[None]:
+        with hang_guard(seconds):
+            yield
+
+    return no_hang
 
 
 def unblock_fifo(path: Path) -> None:
@@ -665,3 +491,9 @@ class ModuleEngine:
             shutdown(self.llm)
         except Exception as exc:
             print(f"engine shutdown failed: {exc}", file=sys.stderr)
+
+    def __enter__(self) -> ModuleEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from engine import BLOCK_SIZE, kv_transfer_config
 
 
@@ -53,7 +52,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = str(model)
 
-    def wait(self, timeout: float = 600) -> "Server":
+    def wait(self, timeout: float = 600) -> Server:
         wait_healthy(self.proc, self.url, Path(self._log.name), timeout)
         return self
 

@@ -4,12 +4,15 @@ import a test module)."""
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
 import torch
 
-from kvci_plugin.tiering.blob_backend import BlobRoot, open_blob_root
+from kvci_plugin.tiering.blobs.backend import BlobRoot
+from kvci_plugin.tiering.blobs.factory import open_blob_root
 
 NS = hashlib.sha256(b"shared-ns").digest()
 OTHER_NS = hashlib.sha256(b"other-ns").digest()
@@ -21,7 +24,9 @@ def key_of(i: int) -> bytes:
 
 
 def page_of(key: bytes, salt: bytes = b"") -> torch.Tensor:
-    return torch.frombuffer(bytearray(hashlib.shake_128(salt + key).digest(SLOT)), dtype=torch.uint8)
+    return torch.frombuffer(
+        bytearray(hashlib.shake_128(salt + key).digest(SLOT)), dtype=torch.uint8
+    )
 
 
 class Location:
@@ -37,7 +42,13 @@ class Location:
         return open_blob_root(self.address, None)
 
     def _path(self, ns: bytes, key: bytes) -> Path:
-        return Path(self.address) / "blobs" / ns.hex()[:32] / key.hex()[:2] / f"{key.hex()}.safetensors"
+        return (
+            Path(self.address)
+            / "blobs"
+            / ns.hex()[:32]
+            / key.hex()[:2]
+            / f"{key.hex()}.safetensors"
+        )
 
     def _name(self, ns: bytes, key: bytes) -> str:
         return f"kvci:blob:{ns.hex()[:32]}:{key.hex()}"
@@ -66,15 +77,15 @@ def hammer(kind: str, address: str, salt: bytes, rounds: int) -> None:
 
 
 def open_node(kind: str, address: str, catalog_url: str, *, disk_bytes: int = 1 << 30,
-              lease_s: float = 600.0):
-    """One node's view of the shared disk tier."""
-    from kvci_plugin.tiering.disk_store import KVCheckpointStore
+              lease_s: float = 600.0, clock: Callable[[], float] = time.time):
+    """One node's view of the shared disk tier (``clock``: that node's, which may be skewed)."""
+    from support.disk_tier import DiskTierForTests
 
     if kind == "folder":
-        return KVCheckpointStore(Path(address), NS, disk_bytes, catalog_url=catalog_url,
+        return DiskTierForTests(Path(address), NS, disk_bytes, clock, catalog_url=catalog_url,
                                  lease_s=lease_s)
-    return KVCheckpointStore(None, NS, disk_bytes, catalog_url=catalog_url, blob_url=address,
-                             lease_s=lease_s)
+    return DiskTierForTests(None, NS, disk_bytes, clock, catalog_url=catalog_url,
+                             blob_url=address, lease_s=lease_s)
 
 
 def checkpoint_keys(node: int, i: int) -> list[bytes]:

@@ -30,7 +30,8 @@ STANDARDS = ("c++17", "c++20")
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(
-    NVCC is None, reason="nvcc not found (no CUDA toolkit): the CUDA sources cannot be compile-checked"
+    NVCC is None,
+    reason="nvcc not found (no CUDA toolkit): the CUDA sources cannot be compile-checked",
 )
 
 
@@ -48,8 +49,17 @@ def compiled(
     out = tmp_path_factory.mktemp("nvcc")
     running = {
         (source, std): subprocess.Popen(
-            [NVCC, "-c", f"-std={std}", *NVCC_FLAGS, "-I", str(CSRC), "-o", str(out / f"{i}-{std}.o"),
-             str(source)],
+            [
+                NVCC,
+                "-c",
+                f"-std={std}",
+                *NVCC_FLAGS,
+                "-I",
+                str(CSRC),
+                "-o",
+                str(out / f"{i}-{std}.o"),
+                str(source),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -132,12 +142,16 @@ HEADERS_CACHE = REPO / "build" / "cuda-torch-headers" / CUDA_TORCH.replace("==",
 
 
 def _cuda_torch_include() -> Path:
-    """torch/include of the CUDA wheel, unpacked once under build/ (the wheel itself is not kept)."""
+    """torch/include of the CUDA wheel, unpacked once under build/ (the wheel itself is not
+    kept)."""
     include = HEADERS_CACHE / "torch" / "include"
     if include.is_dir():
         return include
     HEADERS_CACHE.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as wheels, tempfile.TemporaryDirectory(dir=HEADERS_CACHE.parent) as part:
+    with (
+        tempfile.TemporaryDirectory() as wheels,
+        tempfile.TemporaryDirectory(dir=HEADERS_CACHE.parent) as part,
+    ):
         fetched = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
              "-d", wheels, CUDA_TORCH],
@@ -147,10 +161,14 @@ def _cuda_torch_include() -> Path:
             timeout=900,
         )
         if fetched.returncode != 0:
-            pytest.skip(f"pip could not fetch {CUDA_TORCH} for its CUDA headers: {fetched.stderr[-500:]}")
+            pytest.skip(
+                f"pip could not fetch {CUDA_TORCH} for its CUDA headers: {fetched.stderr[-500:]}"
+            )
         (wheel,) = Path(wheels).glob("torch-*.whl")
         with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(part, [n for n in archive.namelist() if n.startswith("torch/include/")])
+            archive.extractall(
+                part, [n for n in archive.namelist() if n.startswith("torch/include/")]
+            )
         # Renamed whole, so an interrupted unpack is never taken for the headers.
         Path(part).rename(HEADERS_CACHE)
     return include
@@ -162,9 +180,18 @@ def test_torch_binding_compiles_against_cuda_torch(binding: Path, tmp_path: Path
     # The flags torch's cpp_extension gives a CUDA build (C++20 since torch 2.14); torch's own
     # headers are system headers, so -Werror holds the bindings alone to -Wall.
     include = _cuda_torch_include()
-    _host_compile(binding, tmp_path / "binding.o", "-std=c++20",
-                  "-isystem", str(include), "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
-                  "-DKVCI_WITH_CUDA=1", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C")
+    _host_compile(
+        binding,
+        tmp_path / "binding.o",
+        "-std=c++20",
+        "-isystem",
+        str(include),
+        "-isystem",
+        str(include / "torch" / "csrc" / "api" / "include"),
+        "-DKVCI_WITH_CUDA=1",
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        "-DTORCH_EXTENSION_NAME=_C",
+    )
 
 
 def test_every_kernel_has_a_checked_binding() -> None:

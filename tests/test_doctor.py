@@ -54,8 +54,15 @@ def test_the_default_state_folder_is_the_connectors(capsys):
 def test_the_readable_report(capsys, tmp_path):
     code, out = _run(capsys, "--state-dir", str(tmp_path))
     assert code == 0
-    for row in ("vLLM", "torch", "extension loads", "vllm.general_plugins", "state folder", "secret",
-                "no problem found"):
+    for row in (
+        "vLLM",
+        "torch",
+        "extension loads",
+        "vllm.general_plugins",
+        "state folder",
+        "secret",
+        "no problem found",
+    ):
         assert row in out, row
 
 
@@ -101,7 +108,10 @@ def test_an_extension_built_for_another_torch_is_a_problem(capsys, monkeypatch, 
     assert code == 1 and report["extension"]["matches_torch"] is False
     assert report["extension"]["described"] == "torch 2.0.0 (CUDA 11.8), a CUDA build for 8.0+PTX"
     (problem,) = [p for p in report["problems"] if "built for torch" in p]
-    assert f"built for torch 2.0.0, but this environment has torch {metadata.version('torch')}" in problem
+    assert (
+        f"built for torch 2.0.0, but this environment has torch {metadata.version('torch')}"
+        in problem
+    )
     assert "pip install --no-build-isolation" in problem
 
 
@@ -131,8 +141,11 @@ def test_the_load_error_of_an_extension_never_built(monkeypatch):
 
     monkeypatch.setattr(_native, "read_build_info", lambda: None)
     real_find_spec = _native.importlib.util.find_spec
-    monkeypatch.setattr(_native.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "kvci_plugin._C" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        _native.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "kvci_plugin._C" else real_find_spec(name, *a),
+    )
     text = _native.load_error(ImportError("cannot import name '_C' from 'kvci_plugin'"))
     assert text.startswith("kvci_plugin._C, the native extension, is not built")
     assert "pip install --no-build-isolation" in text and "build_ext --inplace" in text

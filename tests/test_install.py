@@ -56,7 +56,9 @@ def _pypi_unreachable() -> str | None:
                                     context=context) as response:
             response.read(0)
     except (urllib.error.URLError, OSError, ssl.SSLError) as error:
-        return f"PyPI is unreachable from this machine ({PYPI}: {error}): cannot install vLLM afresh"
+        return (
+            f"PyPI is unreachable from this machine ({PYPI}: {error}): cannot install vLLM afresh"
+        )
     return None
 
 
@@ -67,8 +69,14 @@ def online() -> None:
         pytest.skip(reason)
 
 
-def _run(cmd: list[str | Path], *, timeout: float = 1800, check: bool = True,
-         env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    cmd: list[str | Path],
+    *,
+    timeout: float = 1800,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
                             env=env, cwd=cwd)
     if check and result.returncode != 0:
@@ -102,8 +110,10 @@ def _checkout(dest: Path) -> Path:
 
 def _version_in(python: Path, distribution: str) -> str | None:
     # -I: not the current folder's metadata (a checkout's kvci.egg-info), only the venv's.
-    result = _run([python, "-I", "-c", f"import importlib.metadata as m; print(m.version({distribution!r}))"],
-                  check=False)
+    result = _run(
+        [python, "-I", "-c", f"import importlib.metadata as m; print(m.version({distribution!r}))"],
+        check=False,
+    )
     return result.stdout.strip() if result.returncode == 0 else None
 
 
@@ -126,7 +136,9 @@ def _doctor(python: Path, state_dir: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def _complete(url: str, model: str, tokens: list[int], kvci: dict | None = None) -> tuple[str, dict | None]:
+def _complete(
+    url: str, model: str, tokens: list[int], kvci: dict | None = None
+) -> tuple[str, dict | None]:
     body = {"model": model, "prompt": tokens, "max_tokens": 12, "temperature": 0.0}
     if kvci is not None:
         body["kv_transfer_params"] = {"kvci": kvci}
@@ -137,7 +149,9 @@ def _complete(url: str, model: str, tokens: list[int], kvci: dict | None = None)
 
 
 @pytest.mark.engine
-def test_pip_install_into_a_vllm_environment_and_serve_the_short_config(vllm_python, tiny_model, tmp_path):
+def test_pip_install_into_a_vllm_environment_and_serve_the_short_config(
+    vllm_python, tiny_model, tmp_path
+):
     checkout = _checkout(tmp_path / "kvci")
     torch_version = _version_in(vllm_python, "torch")
     assert torch_version is not None
@@ -166,11 +180,29 @@ def test_pip_install_into_a_vllm_environment_and_serve_the_short_config(vllm_pyt
     port = free_port()
     log = tmp_path / "server.log"
     env = dict(os.environ, HOME=str(home), VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1")
-    cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-           "--kv-transfer-config", json.dumps(SHORT_CONFIG),
-           "--block-size", str(BLOCK_SIZE), "--gpu-memory-utilization", "0.2", "--max-model-len", "4096",
-           "--enforce-eager", "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
-           "--seed", "0"]
+    cmd = [
+        str(vllm_python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model),
+        "--kv-transfer-config",
+        json.dumps(SHORT_CONFIG),
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--gpu-memory-utilization",
+        "0.2",
+        "--max-model-len",
+        "4096",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--seed",
+        "0",
+    ]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
                                 start_new_session=True)
@@ -204,7 +236,7 @@ def test_pip_install_into_a_vllm_environment_and_serve_the_short_config(vllm_pyt
     assert report["extension"]["torch"] == torch_version
 
 
-# ---- the wheel -------------------------------------------------------------------------------------
+# ---- the wheel -----------------------------------------------------------------------------------
 
 def _stub_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
     """A distribution of metadata alone: stands for an installed package pip must reckon with."""
@@ -212,11 +244,14 @@ def _stub_wheel(folder: Path, name: str, version: str, requires: list[str]) -> N
     files = {
         f"{name.replace('-', '_')}_stub/__init__.py": "",
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                            + "".join(f"Requires-Dist: {r}\n" for r in requires),
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: kvci-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: kvci-tests\nRoot-Is-Purelib: true\nTag: "
+                         "py3-none-any\n",
     }
     record = []
-    with zipfile.ZipFile(folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl", "w") as wheel:
+    with zipfile.ZipFile(
+        folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl", "w"
+    ) as wheel:
         for path, text in files.items():
             wheel.writestr(path, text)
             digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
@@ -227,16 +262,22 @@ def _stub_wheel(folder: Path, name: str, version: str, requires: list[str]) -> N
 def test_a_built_wheel_pins_its_torch_and_is_refused_beside_another(online, tmp_path):
     checkout = _checkout(tmp_path / "kvci")
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, checkout], timeout=1800,
-         cwd=tmp_path)
+    _run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, checkout],
+        timeout=1800,
+        cwd=tmp_path,
+    )
     (wheel,) = dist.glob("kvci-*.whl")
     (sdist,) = dist.glob("kvci-*.tar.gz")
     torch_version = metadata.version("torch")
 
     with zipfile.ZipFile(wheel) as archive:
         (meta,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
-        requires = [line.split(":", 1)[1].strip() for line in archive.read(meta).decode().splitlines()
-                    if line.startswith("Requires-Dist:")]
+        requires = [
+            line.split(":", 1)[1].strip()
+            for line in archive.read(meta).decode().splitlines()
+            if line.startswith("Requires-Dist:")
+        ]
         build_info = json.loads(archive.read("kvci_plugin/_build_info.json"))
         assert any(n.startswith("kvci_plugin/_C.") for n in archive.namelist())
     assert f"torch=={torch_version}" in requires and "torch>=2.11" not in requires

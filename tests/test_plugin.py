@@ -20,7 +20,9 @@ def test_the_entry_point_is_declared_and_installed():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["entry-points"][ENTRY_POINT_GROUP] == {
         ENTRY_POINT_NAME: "kvci_plugin.plugin:register"}
-    installed = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME]
+    installed = [
+        ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME
+    ]
     assert [ep.value for ep in installed] == ["kvci_plugin.plugin:register"], \
         "reinstall kvci (make setup) to install its entry point"
 
@@ -32,7 +34,10 @@ def test_register_is_idempotent_and_resolves_every_name():
     register()  # vLLM may load plugins more than once per process
     from kvci_plugin.connector import KVCheckpointConnector
 
-    assert KVConnectorFactory.get_connector_class_by_name("KVCheckpointConnector") is KVCheckpointConnector
+    assert (
+        KVConnectorFactory.get_connector_class_by_name("KVCheckpointConnector")
+        is KVCheckpointConnector
+    )
     assert set(CONNECTORS) <= set(KVConnectorFactory._registry)
 
 
@@ -61,6 +66,12 @@ def test_register_imports_no_kvci_module_and_names_lmcache_lazily():
         "loaded = sorted(m for m in sys.modules if m.startswith(('kvci_plugin.', 'lmcache')))\n"
         "print(loaded)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            cwd=ROOT, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=True,
+    )
     assert result.stdout.strip().splitlines()[-1] == "['kvci_plugin.plugin']"

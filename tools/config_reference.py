@@ -1,7 +1,8 @@
 """Render the `kv_connector_extra_config` and `kv_transfer_params.kvci` references from the code.
 
-`python tools/config_reference.py --write` refreshes the blocks in README.md between the
-`<!-- config:... -->` markers; a test fails when the README and the models disagree.
+`python tools/config_reference.py --write` refreshes the blocks in docs/configuration.md between
+the `<!-- config:... -->` markers; a test (tests/test_readme_reference.py) fails when that page
+and the models disagree.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Annotated, Any, get_args, get_origin
 from pydantic import BaseModel
 
 from kvci_plugin.connector.config import CacheGateSettings, KVCIConfig, TimeoutSettings
-from kvci_plugin.connector.params import KVCIRequestParams
+from kvci_plugin.request.params import KVCIRequestParams
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
 def _default(field: Any) -> str:
@@ -43,7 +44,7 @@ def _type(field: Any) -> str:
     text = str(_plain(field.annotation)).replace("typing.", "").replace("pydantic.types.", "")
     text = re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
     text = text.replace("pathlib.", "").replace("kvci_plugin.governance.credential_config.", "")
-    text = text.replace("kvci_plugin.connector.params.", "")
+    text = text.replace("kvci_plugin.request.params.", "")
     return text.replace(" | ", " or ").replace("Optional[", "").replace("]]", "]")
 
 
@@ -66,15 +67,15 @@ def render(text: str) -> str:
     for name, make in BLOCKS.items():
         pattern = re.compile(rf"(<!-- {name} -->\n).*?(<!-- /{name} -->)", re.S)
         if not pattern.search(text):
-            raise SystemExit(f"README.md lacks the <!-- {name} --> block")
-        text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)
+            raise SystemExit(f"{REFERENCE.name} lacks the <!-- {name} --> block")
+        text = pattern.sub(lambda m: m.group(1) + make() + "\n" + m.group(2), text)  # noqa: B023
     return text
 
 
 if __name__ == "__main__":
-    current = README.read_text()
+    current = REFERENCE.read_text()
     fresh = render(current)
     if "--write" in sys.argv:
-        README.write_text(fresh)
+        REFERENCE.write_text(fresh)
     elif fresh != current:
-        raise SystemExit("README.md configuration reference is stale: run tools/config_reference.py --write")
+        raise SystemExit("docs/configuration.md is stale: run tools/config_reference.py --write")

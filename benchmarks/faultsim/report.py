@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,23 +31,25 @@ class Sample(BaseModel):
     index: NonNegativeInt  # in the measured slice: the same request on every engine
     # By the fault run's send time; None in the anchor's and the floor's runs, whose phases are
     # each fault run's (the same requests).
-    phase: Optional[Phase] = None
+    phase: Phase | None = None
     due_s: float  # when the schedule sends it
-    sent_s: Optional[float]  # None: never sent (the engine had died)
-    ttft_s: Optional[float]  # None: no token came back
+    sent_s: float | None  # None: never sent (the engine had died)
+    ttft_s: float | None  # None: no token came back
     prompt_tokens: NonNegativeInt
     cached_tokens: NonNegativeInt  # RequestOutput.num_cached_tokens: vLLM's and kvci's together
     kvci_tokens: NonNegativeInt  # of those, loaded by kvci (its reply's hit_tokens)
-    hit_tier: Optional[str]  # kvci's reply: where its hit came from (None: no kvci hit)
+    hit_tier: str | None  # kvci's reply: where its hit came from (None: no kvci hit)
     failed: bool  # no normal finish: an error, an abort, or never answered
-    kvci_error: Optional[str] = None  # kvci's reply carried an error
-    persist: Optional[str] = None  # kvci's reply: the persist's status
-    mismatch: Optional[bool] = None  # greedy output differs from the no-connector run's
+    kvci_error: str | None = None  # kvci's reply carried an error
+    persist: str | None = None  # kvci's reply: the persist's status
+    mismatch: bool | None = None  # greedy output differs from the no-connector run's
     worst_step_s: float = 0.0  # longest `llm_engine.step()` call while it was in flight
     steps: NonNegativeInt = 0
 
 
-def step_phase(start: float, seconds: float, injected: Optional[float], answered: Optional[float]) -> Phase:
+def step_phase(
+    start: float, seconds: float, injected: float | None, answered: float | None
+) -> Phase:
     """The phase of a ``step()`` call: one that ended before the fault began is before it, one that
     overlaps the fault window (from going down to answering again) is the fault's."""
     if injected is None or start + seconds <= injected:
@@ -57,7 +59,7 @@ def step_phase(start: float, seconds: float, injected: Optional[float], answered
     return "after"
 
 
-def quantile(values: Sequence[float], q: float) -> Optional[float]:
+def quantile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     if len(values) == 1:
@@ -75,8 +77,8 @@ class PhaseStats(BaseModel):
     kvci_errors: NonNegativeInt
     mismatches: NonNegativeInt
     compared: NonNegativeInt  # requests whose output was compared with the no-connector run's
-    ttft_p50_s: Optional[float]
-    ttft_p90_s: Optional[float]
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
     prompt_tokens: NonNegativeInt
     saved_tokens: NonNegativeInt  # every source
     saved_disk_tokens: NonNegativeInt  # loaded from kvci's disk tier
@@ -85,7 +87,7 @@ class PhaseStats(BaseModel):
     disk_hits: NonNegativeInt
     # Of the `step()` calls in the phase's time window (a call that overlaps the fault window is
     # the fault's): the longest, and how many.
-    worst_step_s: Optional[float]
+    worst_step_s: float | None
     steps: NonNegativeInt
     persist: dict[str, int]  # kvci's persist statuses, by status
 
@@ -108,7 +110,7 @@ class PhaseStats(BaseModel):
             persist=dict(sorted(Counter(s.persist for s in samples if s.persist).items())))
 
 
-def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else a / b
 
 
@@ -120,10 +122,10 @@ class PhaseView(BaseModel):
     kvci: PhaseStats
     anchor: PhaseStats  # kvci with no disk tier, the same requests
     floor: PhaseStats  # no connector, no prefix cache: every prompt recomputed
-    ttft_p50_vs_anchor: Optional[float]
-    ttft_p90_vs_anchor: Optional[float]
-    worst_step_vs_anchor: Optional[float]
-    ttft_p50_vs_floor: Optional[float]
+    ttft_p50_vs_anchor: float | None
+    ttft_p90_vs_anchor: float | None
+    worst_step_vs_anchor: float | None
+    ttft_p50_vs_floor: float | None
 
     @classmethod
     def of(cls, kvci: PhaseStats, anchor: PhaseStats, floor: PhaseStats) -> PhaseView:
@@ -149,15 +151,15 @@ class EngineRun(BaseModel):
     model_config = _FROZEN
 
     name: str
-    extra_config: Optional[dict[str, Any]]  # kv_connector_extra_config; None: no connector
-    engine_start_s: Optional[float]  # None: it did not start
+    extra_config: dict[str, Any] | None  # kv_connector_extra_config; None: no connector
+    engine_start_s: float | None  # None: it did not start
     warm_requests: NonNegativeInt
     warm_s: float
     measured_s: float
     engine_died: bool
     hung: bool  # a step outlasted --hang-s and the benchmark killed the engine's core
-    died_at_s: Optional[float]  # since the measured start (None: alive, or died before it)
-    error: Optional[str]
+    died_at_s: float | None  # since the measured start (None: alive, or died before it)
+    error: str | None
     log_lines: list[LogLine]  # kvci's lines and every error / traceback line of the run
     kvci_metrics: dict[str, float]  # vllm:kvci_* series: counters as this run's increase
     samples: list[Sample]
@@ -174,8 +176,8 @@ class Recovery(BaseModel):
 
     model_config = _FROZEN
 
-    first_disk_hit_s: Optional[float]  # dependency answering -> first request served from disk sent
-    requests_before_first_disk_hit: Optional[int]  # requests sent in between (none from disk)
+    first_disk_hit_s: float | None  # dependency answering -> first request served from disk sent
+    requests_before_first_disk_hit: int | None  # requests sent in between (none from disk)
     disk_hits_during: NonNegativeInt  # requests served from disk while the fault held
 
 
@@ -184,10 +186,10 @@ class FaultRun(BaseModel):
 
     fault: str
     description: str
-    injected_at_s: Optional[float]  # since the measured start
-    restored_at_s: Optional[float]
-    answered_at_s: Optional[float]
-    fault_error: Optional[str]  # applying or undoing the fault failed
+    injected_at_s: float | None  # since the measured start
+    restored_at_s: float | None
+    answered_at_s: float | None
+    fault_error: str | None  # applying or undoing the fault failed
     terminated_backends: NonNegativeInt
     run: EngineRun
     phases: dict[str, PhaseView]

@@ -41,7 +41,8 @@ TRANSFER_BYTES = {"large": 512 << 20, "small": 32 << 20}
 CACHE_BYTES = 2 << 30  # per layout and block size; the pages moved are a random subset of it
 REPS = 10
 KEY_BLOCK_SIZE = 16
-# The done-criteria of the issue, for 16-token pages: at least this share of (a), this many times (b).
+# The done-criteria of the issue, for 16-token pages: at least this share of (a), this many times
+# (b).
 MIN_SHARE_OF_LARGE_MEMCPY = 0.8
 MIN_TIMES_PER_PAGE_MEMCPY = 2.0
 
@@ -73,10 +74,14 @@ def page_views(layout: str, block_size: int, num_blocks: int) -> list[torch.Tens
     views = []
     for _ in range(LAYERS):
         if layout == "flash_attn_nhd":
-            cache = torch.empty((2, num_blocks, block_size, KV_HEADS, HEAD_SIZE), dtype=KV_DTYPE, device="cuda")
+            cache = torch.empty(
+                (2, num_blocks, block_size, KV_HEADS, HEAD_SIZE), dtype=KV_DTYPE, device="cuda"
+            )
             views += [cache[kv].view(torch.uint8).view(num_blocks, -1) for kv in (0, 1)]
         else:
-            cache = torch.empty((num_blocks, 2, KV_HEADS, block_size, HEAD_SIZE), dtype=KV_DTYPE, device="cuda")
+            cache = torch.empty(
+                (num_blocks, 2, KV_HEADS, block_size, HEAD_SIZE), dtype=KV_DTYPE, device="cuda"
+            )
             views.append(cache.view(torch.uint8).view(num_blocks, -1))
     return views
 
@@ -150,7 +155,9 @@ def memcpy_per_page(t: Transfer, to_host: bool, library: ctypes.CDLL) -> Run:
 def torch_indexing(t: Transfer, to_host: bool) -> Run:
     blocks = t.blocks.cuda()
     if to_host:
-        return lambda: t.pool.copy_(torch.cat([v.index_select(0, blocks) for v in t.views], 1), non_blocking=True)
+        return lambda: t.pool.copy_(
+            torch.cat([v.index_select(0, blocks) for v in t.views], 1), non_blocking=True
+        )
 
     def run() -> None:
         staged = t.pool.to("cuda", non_blocking=True)
@@ -221,7 +228,7 @@ def measure_overlap(t: Transfer) -> list[dict]:
         products = max(1, round(copy_ms / product_ms))
         compute = repeated(lambda: torch.matmul(a, b, out=c), products)
         compute_ms = wall_ms(compute)
-        both_ms = wall_ms(lambda: (copy_on_side(), compute()))
+        both_ms = wall_ms(lambda: (copy_on_side(), compute()))  # noqa: B023
         rows.append(
             {
                 "direction": "d2h" if to_host else "h2d",
@@ -230,7 +237,8 @@ def measure_overlap(t: Transfer) -> list[dict]:
                 "copy_ms": copy_ms,
                 "compute_ms": compute_ms,
                 "both_ms": both_ms,
-                # 1.0: the shorter of the two hid completely behind the longer; 0.0: they ran in turn.
+                # 1.0: the shorter of the two hid completely behind the longer; 0.0: they ran in
+                # turn.
                 "overlap": (copy_ms + compute_ms - both_ms) / min(copy_ms, compute_ms),
                 "compute_slowdown": both_ms / compute_ms,
             }
@@ -258,17 +266,21 @@ def measure_keys() -> list[dict]:
         ("1024 requests x 512 tokens", [512] * 1024),
         ("1 request x 131072 tokens", [131072]),
     ):
-        tokens = torch.randint(0, 2**31 - 1, (sum(lengths),), generator=generator, dtype=torch.int32)
+        tokens = torch.randint(
+            0, 2**31 - 1, (sum(lengths),), generator=generator, dtype=torch.int32
+        )
         on_cpu = list(tokens.split(lengths))
         on_gpu = list(tokens.cuda().split(lengths))
-        subkeys = torch.randint(0, 256, (32 * len(lengths),), generator=generator, dtype=torch.uint8)
+        subkeys = torch.randint(
+            0, 256, (32 * len(lengths),), generator=generator, dtype=torch.uint8
+        )
         identical = all(
             torch.equal(g.cpu().view(torch.int64), c.view(torch.int64))
             for g, c in zip(keys_of(on_gpu, subkeys), keys_of(on_cpu, subkeys), strict=True)
         )
-        cpu_ms = wall_ms(lambda: keys_of(on_cpu, subkeys))
-        gpu_ms = wall_ms(lambda: keys_of(on_gpu, subkeys))
-        upload_ms = wall_ms(lambda: keys_of(list(tokens.cuda().split(lengths)), subkeys))
+        cpu_ms = wall_ms(lambda: keys_of(on_cpu, subkeys))  # noqa: B023
+        gpu_ms = wall_ms(lambda: keys_of(on_gpu, subkeys))  # noqa: B023
+        upload_ms = wall_ms(lambda: keys_of(list(tokens.cuda().split(lengths)), subkeys))  # noqa: B023
         rows.append(
             {
                 "batch": name,
@@ -325,21 +337,28 @@ def print_report(report: dict) -> None:
           f"{'kvci/(a)':>10}{'kvci/(b)':>10}{'kvci/(c)':>10}")
     for row in report["transfers"]:
         g = row["gb_per_s"]
-        print(f"{row['layout']:<15}{row['block_size']:>4}{row['bytes'] >> 20:>6}{row['direction']:>5}"
-              f"{g['kvci']:>8.1f}{g['a_one_large_memcpy']:>8.1f}{g['b_memcpy_per_page']:>8.1f}"
-              f"{g['c_torch_indexing']:>8.1f}{row['kvci_share_of_a']:>10.2f}{row['kvci_times_b']:>10.2f}"
-              f"{row['kvci_times_c']:>10.2f}")
+        print(
+            f"{row['layout']:<15}{row['block_size']:>4}{row['bytes'] >> 20:>6}{row['direction']:>5}"
+            f"{g['kvci']:>8.1f}{g['a_one_large_memcpy']:>8.1f}{g['b_memcpy_per_page']:>8.1f}"
+            f"{g['c_torch_indexing']:>8.1f}{row['kvci_share_of_a']:>10.2f}{row['kvci_times_b']:>10.2f}"
+            f"{row['kvci_times_c']:>10.2f}"
+        )
     print(f"kvci gather equals the torch gather byte for byte: {report['kvci_matches_torch']}")
     print("\noverlap with bf16 matrix products (kvci on a side stream)")
     for row in report["overlap"]:
-        print(f"  {row['direction']}: copy {row['copy_ms']:.1f} ms, compute {row['compute_ms']:.1f} ms "
-              f"({row['matmuls']} products), both {row['both_ms']:.1f} ms: overlap {row['overlap']:.2f}, "
-              f"compute slowed x{row['compute_slowdown']:.2f}")
+        print(
+            f"  {row['direction']}: copy {row['copy_ms']:.1f} ms, compute {row['compute_ms']:.1f} "
+            f"ms ({row['matmuls']} products), both {row['both_ms']:.1f} ms: overlap "
+            f"{row['overlap']:.2f}, compute slowed x{row['compute_slowdown']:.2f}"
+        )
     print("\nprefix keys, block size 16")
     for row in report["keys"]:
-        print(f"  {row['batch']:<28} identical={row['identical']}  C++ {row['cpu_ms']:.2f} ms "
-              f"({row['cpu_threads']} threads), CUDA {row['gpu_ms']:.2f} ms (x{row['gpu_speedup']:.1f}), "
-              f"with token upload {row['gpu_with_token_upload_ms']:.2f} ms (x{row['gpu_with_upload_speedup']:.1f})")
+        print(
+            f"  {row['batch']:<28} identical={row['identical']}  C++ {row['cpu_ms']:.2f} ms "
+            f"({row['cpu_threads']} threads), CUDA {row['gpu_ms']:.2f} ms "
+            f"(x{row['gpu_speedup']:.1f}), with token upload {row['gpu_with_token_upload_ms']:.2f} "
+            f"ms (x{row['gpu_with_upload_speedup']:.1f})"
+        )
     print(f"\ndone-criteria, 16-token pages: >= {MIN_SHARE_OF_LARGE_MEMCPY:.0%} of (a) and "
           f">= {MIN_TIMES_PER_PAGE_MEMCPY:.0f}x (b)")
     for row in report["criteria"]:
@@ -357,7 +376,10 @@ def main() -> None:
         raise SystemExit("bench_gpu.py needs a CUDA device")
     torch.cuda.init()  # loads torch's CUDA runtime first, so the baseline library binds to it
     library = ctypes.CDLL(str(args.memcpy_each_lib))
-    library.kvci_bench_memcpy_each.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_void_p]
+    library.kvci_bench_memcpy_each.argtypes = [ctypes.c_void_p] * 3 + [
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
     library.kvci_bench_memcpy_each.restype = ctypes.c_int
 
     generator = torch.Generator().manual_seed(0)

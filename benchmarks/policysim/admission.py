@@ -38,7 +38,8 @@ class AdmissionPolicy(Protocol):
 
 
 class StoreEverything:
-    """Every block of every request to every tier: vLLM's native offloading and LMCache by default."""
+    """Every block of every request to every tier: vLLM's native offloading and LMCache by
+    default."""
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -57,7 +57,9 @@ def next_uses(requests: Sequence[TraceRequest]) -> list[list[int]]:
     out: list[list[int]] = [[] for _ in requests]
     for index in range(len(requests) - 1, -1, -1):
         request = requests[index]
-        out[index] = [following.get(block, never) for block in request.hash_ids[: request.full_blocks]]
+        out[index] = [
+            following.get(block, never) for block in request.hash_ids[: request.full_blocks]
+        ]
         for block in request.hash_ids[: request.hit_blocks]:
             following[block] = index
     return out
@@ -123,7 +125,9 @@ class BeladyBound:
     def admit(self, request: TraceRequest, context: RequestContext, hit_tokens: int) -> Admission:
         self._now += 1
         if self._now >= len(self._chains) or self._chains[self._now] != request.hash_ids:
-            raise ValueError(f"request {self._now + 1} is not the bound's trace's request {self._now + 1}")
+            raise ValueError(
+                f"request {self._now + 1} is not the bound's trace's request {self._now + 1}"
+            )
         if self._planned:
             raise ValueError(f"the replay did not write planned blocks {sorted(self._planned)}")
         chain, nexts = request.hash_ids[: request.full_blocks], self._next[self._now]

@@ -12,7 +12,7 @@ turn count, carry a signal. Sessions and turn counts are the ones the simulator 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Optional, TypeVar
+from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,11 +36,11 @@ class FollowUpRate(BaseModel):
 
     # The bucket holds values from ``low`` to ``high`` inclusive; ``high`` None: no upper bound.
     low: NonNegativeInt
-    high: Optional[NonNegativeInt]
+    high: NonNegativeInt | None
     requests: NonNegativeInt
     followed_up: NonNegativeInt
     # followed_up / requests; None when the bucket is empty.
-    rate: Optional[float]
+    rate: float | None
 
 
 class FollowUpTable(BaseModel):
@@ -58,7 +58,9 @@ def follow_up_table(
 ) -> FollowUpTable:
     """``continued[i]``: a later request continues request i's session (``continued_later``)."""
     if not len(requests) == len(contexts) == len(continued):
-        raise ValueError(f"{len(requests)} requests, {len(contexts)} contexts, {len(continued)} continuations")
+        raise ValueError(
+            f"{len(requests)} requests, {len(contexts)} contexts, {len(continued)} continuations"
+        )
     # (request, turn, followed up) for every request that has a session.
     turns = [
         (request, context.observed_reuse + 1, followed)
@@ -67,20 +69,30 @@ def follow_up_table(
     ]
     first = [(request, followed) for request, turn, followed in turns if turn == 1]
     return FollowUpTable(
-        first_turns_by_input_blocks=_rates(first, INPUT_BLOCK_BOUNDS, lambda request: len(request.hash_ids)),
-        first_turns_by_output_tokens=_rates(first, OUTPUT_TOKEN_BOUNDS, lambda request: request.output_length),
-        by_turn=_rates([(turn, followed) for _, turn, followed in turns], TURN_BOUNDS, lambda turn: turn),
+        first_turns_by_input_blocks=_rates(
+            first, INPUT_BLOCK_BOUNDS, lambda request: len(request.hash_ids)
+        ),
+        first_turns_by_output_tokens=_rates(
+            first, OUTPUT_TOKEN_BOUNDS, lambda request: request.output_length
+        ),
+        by_turn=_rates(
+            [(turn, followed) for _, turn, followed in turns], TURN_BOUNDS, lambda turn: turn
+        ),
     )
 
 
 def _rates(
     rows: Sequence[tuple[T, bool]], bounds: Sequence[int], value: Callable[[T], int]
 ) -> tuple[FollowUpRate, ...]:
-    highs: list[Optional[int]] = [bound - 1 for bound in bounds[1:]]
+    highs: list[int | None] = [bound - 1 for bound in bounds[1:]]
     highs.append(None)
     rates = []
     for low, high in zip(bounds, highs):
-        inside = [followed for item, followed in rows if low <= value(item) and (high is None or value(item) <= high)]
+        inside = [
+            followed
+            for item, followed in rows
+            if low <= value(item) and (high is None or value(item) <= high)
+        ]
         rates.append(
             FollowUpRate(
                 low=low,

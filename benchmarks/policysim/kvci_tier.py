@@ -3,15 +3,16 @@
 Per request, in the connector's order (``connector/scheduler.py``): the lookup tells the real
 ``RAMIndex`` the prompt's keys (``observe_lookup``: the policy learns which remembered contexts
 came back) and hits the longest run the index holds, pinned and released as a load is; when the
-request finishes, the observation is what the connector measures (its prompt and output, the
-tokens it found cached, the whole prompt's prefill at the measured prefill rate: here the
-prompt over the configured rate) with what the real ``RequestHistory`` measures (the session's
-turn, the context's observed reuse), the real ``CheckpointAdvisor`` scores it, the real ``CacheGate`` may
-pause the system trigger (a churn pause still offers what the session's rewrites kept:
-``churn_keeps``), ``system_may_offer`` decides whether the request is offered, and
-``offer_for`` builds the offer the index's policy weighs in ``reserve``. Only full blocks are
-offered, as the engine keeps them. The policy is the connector's default (``ValuePolicy``, no
-settings) unless another is passed.
+request finishes, the product's own ``KeepDecider`` (``kvci_plugin.policy.keep_decider``) decides
+what to keep, from what the connector measures (its prompt and output, the tokens it found
+cached, the whole prompt's prefill at the prefill rate measured as the connector measures it:
+the product's ``LoadOrRecompute`` timing the prompts that loaded nothing, each taking its
+uncached tokens over the configured rate) and what the real ``RequestHistory`` measures (the
+session's turn, the context's observed reuse): the real ``CheckpointAdvisor`` scores, the real
+``CacheGate`` may pause the system trigger (a churn pause still offers what the session's
+rewrites kept), and the offer the index's policy weighs in ``reserve`` is sighted. Only full
+blocks are offered, as the engine keeps them. The policy is the connector's default
+(``ValuePolicy``, no settings) unless another is passed.
 
 With an ``EngineView`` (an engine replay's prediction) vLLM's own prefix cache sits in front:
 kvci loads only past the blocks it holds, and the observation counts engine tokens.
@@ -40,23 +41,22 @@ from benchmarks.policysim.sessions import RequestContext
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
 from benchmarks.policysim.worthiness_admission import TraceClock
 from kvci_plugin.policy import (
+    FinishedRequest,
+    KeepDecider,
+    KeepOutcome,
+    KeepPlan,
     TierPolicy,
-    ValuePolicy,
-    default_hit_rate_floor,
-    offer_for,
-    system_may_offer,
+    ram_policy_for,
 )
-from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
+from kvci_plugin.tiering.ram.index import RAMIndex
 from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
 from kvci_plugin.worthiness import (
     CacheGate,
     CheckpointAdvisor,
     CheckpointObservation,
     CheckpointTier,
-    RebuildCostModel,
     RequestHistory,
-    SessionTurn,
-    churn_keeps,
 )
 
 TENANT = "trace"
@@ -77,33 +77,33 @@ class KVCITier:
         engine: EngineView | None = None,
         told: Sequence[bool | None] | None = None,
     ) -> None:
-        self.policy = policy if policy is not None else ValuePolicy()
+        ram = ram_policy_for("value")  # the connector's default ram_policy
+        self.policy = policy if policy is not None else ram.tier_policy()
         self.name = name or self.policy.name
         self._clock = TraceClock()
-        self.index = RAMIndex(capacity_blocks, 1, capacity_blocks, policy=self.policy, clock=self._clock)
+        self.index = RAMIndex(
+            capacity_blocks, 1, capacity_blocks, policy=self.policy, clock=self._clock
+        )
         self.advisor = CheckpointAdvisor()
-        self.gate = CacheGate(clock=self._clock, hit_rate_floor=default_hit_rate_floor("value"))
+        self.gate = CacheGate(clock=self._clock, hit_rate_floor=ram.hit_rate_floor)
+        self.decider = KeepDecider(
+            ram=ram, advisor=self.advisor, gate=self.gate, sight=self.index.sight
+        )
         self.prefill_tokens_per_second = prefill_tokens_per_second
-        self._rebuild = RebuildCostModel()
+        self._prefill = LoadOrRecompute()  # the connector's own measure of the prefill rate
         self.history = RequestHistory()
         self.engine = engine
         self._engine_cache = EngineCache(engine) if engine is not None else None
         self._outcomes: Counter[str] = Counter()
         self._recommended: Counter[str] = Counter()
         self._gate_refusals: Counter[str] = Counter()
-        self._kept_any = False
         self._told = tuple(told) if told is not None else None
         self._steps = 0
 
     def step(self, request: TraceRequest, context: RequestContext, tally: Tally) -> None:
         """One request: its lookup, then what the connector keeps of it when it finishes."""
         self._clock.now_s = request.timestamp_ms / 1000.0
-        pending = None
-        if self._told is not None:
-            if self._steps >= len(self._told):
-                raise IndexError(f"told covers {len(self._told)} requests; request {self._steps + 1} arrived")
-            pending = self._told[self._steps]
-        self._steps += 1
+        pending = self._pending()
         keys = [page_key(block) for block in request.hash_ids[: request.full_blocks]]
         local = self._engine_cache.lookup(request) if self._engine_cache is not None else 0
         self.index.observe_lookup(keys)
@@ -115,73 +115,93 @@ class KVCITier:
             self.index.unpin(keys[local:run])
             self.history.record_hit(keys[run - 1])
         account_lookup(tally, request, loaded, 0, local)
-        if self._kept_any:
-            self.gate.record_lookup(loaded > 0)
-        observation, turn = self._observation(request, context, keys, local + loaded, loaded > 0, pending)
-        rec = self.advisor.recommend(observation)
-        self._recommended[rec.tier.value] += 1
+        self.decider.looked_up(loaded > 0)
+        plan = self.decider.decide(self._finished(request, context, keys, local, loaded, pending))
+        self._recommended[plan.recommendation.tier.value] += 1
         if self._engine_cache is not None:
             self._engine_cache.finished(request)
+        kept = self._keep(keys, plan, tally)
+        self.decider.learn(plan, None if plan.trigger is None else KeepOutcome(kept=kept))
+
+    def _pending(self) -> bool | None:
+        """What this request's client said of its turn's end (None: nothing)."""
+        pending = None
+        if self._told is not None:
+            if self._steps >= len(self._told):
+                raise IndexError(
+                    f"told covers {len(self._told)} requests; request {self._steps + 1} arrived"
+                )
+            pending = self._told[self._steps]
+        self._steps += 1
+        return pending
+
+    def _keep(self, keys: list[bytes], plan: KeepPlan, tally: Tally) -> bool:
+        """Carry ``plan`` out on the index, as the connector's manager does; whether it was kept."""
         if not keys:
             self._outcomes["no_full_block"] += 1
-            return
-        offer = offer_for(rec, observation, anchor=keys[-1], explicit=False, pages=len(keys),
-                          rebuild=self._rebuild)
-        self.index.sight(offer)
-        if not system_may_offer(rec):
+            return False
+        if plan.gate is None:  # the gate is asked of every request the system trigger offers
             self._outcomes["not_offered"] += 1
-            return
-        decision = self.gate.decide(context.session_id)
-        if not decision.allow:
-            self._gate_refusals[decision.rule.value] += 1
-            keep = churn_keeps(decision, turn)
-            if not keep:
+            return False
+        if not plan.gate.allow:
+            self._gate_refusals[plan.gate.rule.value] += 1
+            if plan.trigger is None:
                 self._outcomes["cache_gate_paused"] += 1
-                return
+                return False
             self._outcomes["cache_gate_kept_prefix"] += 1
-            if keep < len(keys):
-                keys = keys[:keep]
-                offer = dataclasses.replace(offer, anchor=keys[-1])
-                self.index.sight(offer)
         cid = uuid.uuid4().hex
         try:
-            reservation = self.index.reserve(cid, TENANT, keys, offer=offer)
+            reservation = self.index.reserve(cid, TENANT, keys[: plan.blocks], offer=plan.offer)
         except NotWorthDisplacingError:
             self._outcomes["refused_under_pressure"] += 1
-            return
+            return False
         except DoesNotFitError:
             self._outcomes["does_not_fit"] += 1
-            return
+            return False
         self.index.commit(cid)
         if self.index.keep_resent_prefix(cid, uuid.uuid4().hex):
             self._outcomes["kept_resent_prefix"] += 1
-        self._kept_any = True
         self._outcomes["kept"] += 1
         tally.admitted_requests += 1
         tally.ram_blocks_written += len(reservation.new)
+        return True
 
-    def _observation(self, request: TraceRequest, context: RequestContext, keys: list[bytes], cached_blocks: int,
-                     loaded: bool, pending: bool | None) -> tuple[CheckpointObservation, SessionTurn | None]:
-        """What the connector's scheduler measures when the request finishes, and the session's
-        turn it measured."""
+    def _finished(
+        self,
+        request: TraceRequest,
+        context: RequestContext,
+        keys: list[bytes],
+        local: int,
+        loaded: int,
+        pending: bool | None,
+    ) -> FinishedRequest:
+        """What the connector's scheduler tells the keep decision when the request finishes."""
         if self.engine is None:
             prompt, output, block_tokens = request.input_length, request.output_length, BLOCK_TOKENS
         else:
             prompt, output = self.engine.prompt_tokens(request), self.engine.output_tokens(request)
             block_tokens = self.engine.block_tokens
-        fields: dict[str, int | float | bool | None] = {
-            "context_tokens": prompt, "output_tokens": output, "tool_call_pending": pending,
-            "cached_tokens": min(cached_blocks * block_tokens, prompt),
-            "wall_time_s": prompt / self.prefill_tokens_per_second,
-        }
-        measured = self.history.measure(context.session_id, keys, keys[cached_blocks - 1] if loaded else None)
-        fields["observed_reuse"] = measured.observed_reuse
-        if (turn := measured.turn) is not None:
-            if turn.rewrote:
-                self.gate.record_context_change(context.session_id)
-            fields.update(context_rewrites=turn.context_rewrites, turns_since_change=turn.turns_since_change,
-                          retrieved_items=turn.retrieved_items, novel_items=turn.novel_items)
-        return CheckpointObservation(**fields), turn
+        computed = prompt - local * block_tokens
+        # The connector times a prompt that loaded nothing in the step after its prefill (one
+        # that ends with its first token has no such step), and only a block or more of it.
+        if not loaded and computed >= block_tokens and output > 1:
+            self._prefill.observe_prefill(computed, computed / self.prefill_tokens_per_second)
+        cached = local + loaded
+        measured = self.history.measure(
+            context.session_id, keys, keys[cached - 1] if loaded else None
+        )
+        return FinishedRequest(
+            tenant=TENANT,
+            observation=CheckpointObservation(tool_call_pending=pending),
+            session_id=context.session_id,
+            context_tokens=prompt,
+            output_tokens=output,
+            cached_tokens=min(cached * block_tokens, prompt),
+            rebuild_s=self._prefill.recompute_s(prompt),
+            history=measured,
+            prompt_keys=keys,
+            blocks=len(keys),
+        )
 
     def stats(self) -> dict[str, JsonValue]:
         return {
@@ -192,7 +212,9 @@ class KVCITier:
         }
 
 
-def replay_kvci(requests: list[TraceRequest], contexts: list[RequestContext], tier: KVCITier) -> Tally:
+def replay_kvci(
+    requests: list[TraceRequest], contexts: list[RequestContext], tier: KVCITier
+) -> Tally:
     if len(requests) != len(contexts):
         raise ValueError(f"{len(requests)} requests but {len(contexts)} contexts")
     tally = Tally()

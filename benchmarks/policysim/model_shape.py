@@ -39,4 +39,6 @@ def model_shape(name: str) -> ModelShape:
     try:
         return MODEL_SHAPES[name]
     except KeyError:
-        raise ValueError(f"unknown model shape {name!r} (known: {', '.join(sorted(MODEL_SHAPES))})") from None
+        raise ValueError(
+            f"unknown model shape {name!r} (known: {', '.join(sorted(MODEL_SHAPES))})"
+        ) from None

@@ -13,7 +13,6 @@ nothing known when a first request finishes tells whether it will be continued.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional
 
 from pydantic import JsonValue
 
@@ -42,15 +41,22 @@ class ContinuationOracle:
     refused regardless, and only later turns are admitted iff their session continues.
     """
 
-    def __init__(self, continued: Sequence[bool], *, first_turns: Optional[bool] = None) -> None:
+    def __init__(self, continued: Sequence[bool], *, first_turns: bool | None = None) -> None:
         self._continued = tuple(continued)
         self._next = 0
         self._first_turns = first_turns
-        self.name = "oracle" if first_turns is None else f"oracle-later-first-{'all' if first_turns else 'none'}"
+        self.name = (
+            "oracle"
+            if first_turns is None
+            else f"oracle-later-first-{'all' if first_turns else 'none'}"
+        )
 
     def admit(self, request: TraceRequest, context: RequestContext, hit_tokens: int) -> Admission:
         if self._next >= len(self._continued):
-            raise IndexError(f"the oracle knows {len(self._continued)} requests; request {self._next + 1} was offered")
+            raise IndexError(
+                f"the oracle knows {len(self._continued)} requests; request {self._next + 1} was "
+                "offered"
+            )
         admitted = self._continued[self._next]
         self._next += 1
         if self._first_turns is not None and context.observed_reuse == 0:

@@ -31,22 +31,42 @@ def plot_report(report: SimulationReport, path: Path) -> None:
         results = [(run.policy(name), run.policy(BASELINE)) for run in report.runs]
         saved = [result.saved_tokens / 1e6 for result, _ in results]
         # A ratio is undefined where LRU saved (or wrote) nothing: left out of the line.
-        saved_ratio = [result.saved_tokens / lru.saved_tokens if lru.saved_tokens else nan for result, lru in results]
-        written = [result.bytes_written / lru.bytes_written if lru.bytes_written else nan for result, lru in results]
-        for axis, values in ((saved_axis, saved), (ratio_axis, saved_ratio), (written_axis, written)):
+        saved_ratio = [
+            result.saved_tokens / lru.saved_tokens if lru.saved_tokens else nan
+            for result, lru in results
+        ]
+        written = [
+            result.bytes_written / lru.bytes_written if lru.bytes_written else nan
+            for result, lru in results
+        ]
+        for axis, values in (
+            (saved_axis, saved),
+            (ratio_axis, saved_ratio),
+            (written_axis, written),
+        ):
             axis.plot(budgets, values, style, marker="o", color=colour, label=name)
-    saved_axis.axhline(report.ceiling_saved_tokens / 1e6, color="grey", linestyle=":", label="never evicts (ceiling)")
+    saved_axis.axhline(
+        report.ceiling_saved_tokens / 1e6,
+        color="grey",
+        linestyle=":",
+        label="never evicts (ceiling)",
+    )
     ratio_axis.axhline(1.0, color="grey", linestyle=":")
     targets = [(run.ram_bytes / GIB, target_for(run.budget_fraction)) for run in report.runs]
     marked = [(budget, target.saved_ratio) for budget, target in targets if target is not None]
     if marked:
-        ratio_axis.plot(*zip(*marked), "k_", markersize=18, markeredgewidth=2, label=f"{TARGET_POLICY} target")
+        ratio_axis.plot(
+            *zip(*marked), "k_", markersize=18, markeredgewidth=2, label=f"{TARGET_POLICY} target"
+        )
     labels = [f"{run.budget_fraction:.1%}\n{run.ram_bytes / GIB:,.0f}" for run in report.runs]
     for axis in (saved_axis, ratio_axis, written_axis):
         axis.set_xscale("log")
         axis.set_xticks(budgets, labels)
         axis.minorticks_off()
-        axis.set_xlabel(f"RAM budget: share of the working set, GiB ({report.model.name}, {report.bytes_per_token:,} B/token)")
+        axis.set_xlabel(
+            f"RAM budget: share of the working set, GiB ({report.model.name}, "
+            f"{report.bytes_per_token:,} B/token)"
+        )
         axis.grid(True, alpha=0.3)
     written_axis.set_yscale("log")
     saved_axis.set_ylabel("saved prefill tokens (millions)")
@@ -55,7 +75,8 @@ def plot_report(report: SimulationReport, path: Path) -> None:
     ratio_axis.legend(fontsize="small")
     trace = Path(report.trace.path).name
     figure.suptitle(
-        f"{report.label} ({trace}): {report.trace.requests} requests, working set {report.working_set_bytes / TIB:.1f} TiB"
+        f"{report.label} ({trace}): {report.trace.requests} requests, working set "
+        f"{report.working_set_bytes / TIB:.1f} TiB"
     )
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

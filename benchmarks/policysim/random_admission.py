@@ -18,7 +18,11 @@ from benchmarks.policysim.trace import TraceRequest
 
 class RandomAdmission:
     def __init__(self, probability: float, *, seed: int) -> None:
-        if isinstance(probability, bool) or not isinstance(probability, (int, float)) or not 0.0 <= probability <= 1.0:
+        if (
+            isinstance(probability, bool)
+            or not isinstance(probability, (int, float))
+            or not 0.0 <= probability <= 1.0
+        ):
             raise ValueError(f"probability must be a number in [0, 1], got {probability!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")

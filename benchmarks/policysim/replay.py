@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 from benchmarks.policysim.admission import AdmissionPolicy
 from benchmarks.policysim.block_cache import BlockCache, leading_run
@@ -56,8 +55,8 @@ def replay(
     contexts: Sequence[RequestContext],
     policy: AdmissionPolicy,
     ram: BlockCache,
-    disk: Optional[BlockCache] = None,
-    engine: Optional[EngineView] = None,
+    disk: BlockCache | None = None,
+    engine: EngineView | None = None,
 ) -> Tally:
     if len(requests) != len(contexts):
         raise ValueError(f"{len(requests)} requests but {len(contexts)} contexts")
@@ -75,12 +74,20 @@ def replay(
         saved = (ram_run + disk_run) * BLOCK_TOKENS
 
         admission = policy.admit(request, context, saved)
-        for tier, blocks in (("ram_blocks", admission.ram_blocks), ("disk_blocks", admission.disk_blocks)):
+        for tier, blocks in (
+            ("ram_blocks", admission.ram_blocks),
+            ("disk_blocks", admission.disk_blocks),
+        ):
             if not 0 <= blocks <= len(request.hash_ids):
                 raise ValueError(
-                    f"policy {policy.name!r} admitted {tier}={blocks} of a {len(request.hash_ids)}-block chain")
+                    f"policy {policy.name!r} admitted {tier}={blocks} of a "
+                    f"{len(request.hash_ids)}-block chain"
+                )
         chain = request.hash_ids[: request.full_blocks]
-        ram_blocks, disk_blocks = min(admission.ram_blocks, len(chain)), min(admission.disk_blocks, len(chain))
+        ram_blocks, disk_blocks = (
+            min(admission.ram_blocks, len(chain)),
+            min(admission.disk_blocks, len(chain)),
+        )
         tally.admitted_requests += ram_blocks > 0 or disk_blocks > 0
         tally.ram_blocks_written += _serve(ram, chain, local, ram_end, ram_blocks)
         if disk is not None:
@@ -90,7 +97,9 @@ def replay(
     return tally
 
 
-def account_lookup(tally: Tally, request: TraceRequest, ram_run: int, disk_run: int, engine_run: int = 0) -> int:
+def account_lookup(
+    tally: Tally, request: TraceRequest, ram_run: int, disk_run: int, engine_run: int = 0
+) -> int:
     """Count a lookup that found ``engine_run`` blocks in the engine's own cache, then ``ram_run``
     in RAM and then ``disk_run`` on disk (within ``request.hit_blocks``); returns the prefill
     tokens it saved."""
@@ -113,8 +122,11 @@ def account_lookup(tally: Tally, request: TraceRequest, ram_run: int, disk_run: 
     return saved
 
 
-def _serve(cache: BlockCache, chain: Sequence[int], hit_start: int, hit_end: int, admitted: int) -> int:
-    """Touch the blocks this tier served, write the admitted ones it lacks; return blocks written."""
+def _serve(
+    cache: BlockCache, chain: Sequence[int], hit_start: int, hit_end: int, admitted: int
+) -> int:
+    """Touch the blocks this tier served, write the admitted ones it lacks; return blocks
+    written."""
     served = chain[hit_start:hit_end]
     # Touched first, as a lookup does, so that this request's own writes do not evict them.
     for block in reversed(served):

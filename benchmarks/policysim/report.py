@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -31,7 +31,7 @@ class BudgetTarget:
     budget_fraction: float
     saved_ratio: float
     # LRU bytes written / the policy's; None: no write target at this budget.
-    write_reduction: Optional[float]
+    write_reduction: float | None
 
 
 TARGETS = (
@@ -43,7 +43,7 @@ TARGETS = (
 )
 
 
-def target_for(budget_fraction: float) -> Optional[BudgetTarget]:
+def target_for(budget_fraction: float) -> BudgetTarget | None:
     for target in TARGETS:
         if math.isclose(target.budget_fraction, budget_fraction):
             return target
@@ -91,7 +91,7 @@ class PolicyResult(BaseModel):
     disk_bytes_written: NonNegativeInt
     bytes_written: NonNegativeInt
     # None when nothing was written.
-    saved_tokens_per_gb_written: Optional[float]
+    saved_tokens_per_gb_written: float | None
     stats: dict[str, JsonValue]
 
     @property
@@ -101,7 +101,13 @@ class PolicyResult(BaseModel):
 
     @classmethod
     def from_tally(
-        cls, name: str, eviction: str, role: Role, tally: Tally, block_bytes: int, stats: dict[str, JsonValue]
+        cls,
+        name: str,
+        eviction: str,
+        role: Role,
+        tally: Tally,
+        block_bytes: int,
+        stats: dict[str, JsonValue],
     ) -> PolicyResult:
         saved = tally.saved_tokens
         ram_bytes = tally.ram_blocks_written * block_bytes
@@ -121,7 +127,10 @@ class PolicyResult(BaseModel):
             ram_saved_tokens=tally.ram_saved_tokens,
             disk_saved_tokens=tally.disk_saved_tokens,
             saved_tokens=saved,
-            block_hit_rate=ratio(tally.ram_hit_blocks + tally.disk_hit_blocks, tally.requested_blocks) or 0.0,
+            block_hit_rate=ratio(
+                tally.ram_hit_blocks + tally.disk_hit_blocks, tally.requested_blocks
+            )
+            or 0.0,
             token_hit_rate=ratio(saved, tally.input_tokens) or 0.0,
             ram_blocks_written=tally.ram_blocks_written,
             disk_blocks_written=tally.disk_blocks_written,
@@ -140,19 +149,19 @@ class Comparison(BaseModel):
 
     policy: str
     # policy saved tokens / LRU saved tokens; None when LRU saved none.
-    saved_ratio: Optional[float]
+    saved_ratio: float | None
     # LRU bytes written / policy bytes written; None when the policy wrote nothing.
-    write_reduction: Optional[float]
+    write_reduction: float | None
     # The share of the offline bound's gain over LRU this policy captured:
     # (saved - LRU saved) / (bound saved - LRU saved); None when the bound gains nothing.
-    bound_share: Optional[float]
+    bound_share: float | None
     # Whether a target applies (the policy named TARGET_POLICY, at a budget TARGETS names), what
     # it asks, and whether it is met: saved and writes against LRU, and saved >= the best online.
     target_applies: bool
-    target_saved_ratio: Optional[float]
-    target_write_reduction: Optional[float]
-    at_least_best_online: Optional[bool]
-    target_met: Optional[bool]
+    target_saved_ratio: float | None
+    target_write_reduction: float | None
+    at_least_best_online: bool | None
+    target_met: bool | None
 
 
 class BudgetRun(BaseModel):
@@ -164,12 +173,12 @@ class BudgetRun(BaseModel):
     disk_bytes: NonNegativeInt
     disk_blocks: NonNegativeInt
     # The most any policy could save, over what LRU saved at this budget (None when LRU saved none).
-    ceiling_saved_ratio: Optional[float]
+    ceiling_saved_ratio: float | None
     # The offline bound's saved tokens over LRU's (None when it was not run or LRU saved none).
-    bound_saved_ratio: Optional[float]
+    bound_saved_ratio: float | None
     # The baseline that saved the most (ties: the first run), and its saved tokens over LRU's.
     best_online: str
-    best_online_saved_ratio: Optional[float]
+    best_online_saved_ratio: float | None
     policies: tuple[PolicyResult, ...]
     comparisons: tuple[Comparison, ...]
 
@@ -183,7 +192,7 @@ class BudgetRun(BaseModel):
 class SweepSettings(BaseModel):
     model_config = _FROZEN
 
-    limit: Optional[int]
+    limit: int | None
     budget_fractions: tuple[float, ...]
     disk_fraction: float
     store_threshold: int
@@ -231,7 +240,10 @@ def budget_run(
     by_name = {result.name: result for result in results}
     baseline = by_name[BASELINE]
     bound = by_name.get(OFFLINE_BOUND)
-    best = max((result for result in results if result.role == "baseline"), key=lambda result: result.saved_tokens)
+    best = max(
+        (result for result in results if result.role == "baseline"),
+        key=lambda result: result.saved_tokens,
+    )
     return BudgetRun(
         budget_fraction=budget_fraction,
         ram_bytes=ram_blocks * block_bytes,
@@ -239,12 +251,16 @@ def budget_run(
         disk_bytes=disk_blocks * block_bytes,
         disk_blocks=disk_blocks,
         ceiling_saved_ratio=ratio(ceiling_saved_tokens, baseline.saved_tokens),
-        bound_saved_ratio=ratio(bound.saved_tokens, baseline.saved_tokens) if bound is not None else None,
+        bound_saved_ratio=ratio(bound.saved_tokens, baseline.saved_tokens)
+        if bound is not None
+        else None,
         best_online=best.name,
         best_online_saved_ratio=ratio(best.saved_tokens, baseline.saved_tokens),
         policies=tuple(results),
         comparisons=tuple(
-            compare(result, baseline, bound, best, budget_fraction) for result in results if result is not baseline
+            compare(result, baseline, bound, best, budget_fraction)
+            for result in results
+            if result is not baseline
         ),
     )
 
@@ -252,7 +268,7 @@ def budget_run(
 def compare(
     result: PolicyResult,
     baseline: PolicyResult,
-    bound: Optional[PolicyResult],
+    bound: PolicyResult | None,
     best_online: PolicyResult,
     budget_fraction: float,
 ) -> Comparison:
@@ -260,7 +276,9 @@ def compare(
     write_reduction = ratio(baseline.bytes_written, result.bytes_written)
     bound_share = None
     if bound is not None and bound.saved_tokens > baseline.saved_tokens:
-        bound_share = (result.saved_tokens - baseline.saved_tokens) / (bound.saved_tokens - baseline.saved_tokens)
+        bound_share = (result.saved_tokens - baseline.saved_tokens) / (
+            bound.saved_tokens - baseline.saved_tokens
+        )
     target = target_for(budget_fraction) if result.name == TARGET_POLICY else None
     at_least_best = met = None
     if target is not None:
@@ -270,7 +288,11 @@ def compare(
             and saved_ratio is not None
             and saved_ratio >= target.saved_ratio
             # None: it wrote nothing, fewer bytes than any reduction asks.
-            and (target.write_reduction is None or write_reduction is None or write_reduction >= target.write_reduction)
+            and (
+                target.write_reduction is None
+                or write_reduction is None
+                or write_reduction >= target.write_reduction
+            )
         )
     return Comparison(
         policy=result.name,
@@ -285,5 +307,5 @@ def compare(
     )
 
 
-def ratio(numerator: float, denominator: float) -> Optional[float]:
+def ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None

@@ -12,17 +12,17 @@ file is worth.
 
 from __future__ import annotations
 
-import tempfile
 import dataclasses
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import JsonValue
 
-from benchmarks.policysim.kvci_tier import KVCITier
 from benchmarks.policysim.admission import StoreEverything
 from benchmarks.policysim.block_cache import BlockCache
 from benchmarks.policysim.engine_view import EngineView
+from benchmarks.policysim.kvci_tier import KVCITier
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.replay import Tally, replay
 from benchmarks.policysim.sessions import RequestContext
@@ -61,8 +61,11 @@ def replay_restarted(
     saved_before = tally.saved_tokens
     for request, context in zip(requests[middle:], contexts[middle:]):
         after.step(request, context, tally)
-    return tally, {"restart_at_request": middle, "saved_tokens_after_restart": tally.saved_tokens - saved_before,
-                   "after_restart": after.stats()}
+    return tally, {
+        "restart_at_request": middle,
+        "saved_tokens_after_restart": tally.saved_tokens - saved_before,
+        "after_restart": after.stats(),
+    }
 
 
 def replay_lru_restarted(
@@ -76,10 +79,24 @@ def replay_lru_restarted(
     for the second half; ``disk`` is kept. Returns the tally and, as ``replay_restarted``'s,
     where the restart fell and what was saved after it."""
     middle = _middle(requests, contexts)
-    halves = [replay(requests[part], contexts[part], StoreEverything(LRU_NAME), LRUBlockCache(capacity_blocks),
-                     disk, engine) for part in (slice(None, middle), slice(middle, None))]
-    tally = Tally(**{f.name: sum(getattr(t, f.name) for t in halves) for f in dataclasses.fields(Tally)})
-    return tally, {"restart_at_request": middle, "saved_tokens_after_restart": halves[1].saved_tokens}
+    halves = [
+        replay(
+            requests[part],
+            contexts[part],
+            StoreEverything(LRU_NAME),
+            LRUBlockCache(capacity_blocks),
+            disk,
+            engine,
+        )
+        for part in (slice(None, middle), slice(middle, None))
+    ]
+    tally = Tally(
+        **{f.name: sum(getattr(t, f.name) for t in halves) for f in dataclasses.fields(Tally)}
+    )
+    return tally, {
+        "restart_at_request": middle,
+        "saved_tokens_after_restart": halves[1].saved_tokens,
+    }
 
 
 def _middle(requests: list[TraceRequest], contexts: list[RequestContext]) -> int:

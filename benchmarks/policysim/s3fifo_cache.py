@@ -29,7 +29,9 @@ DEFAULT_MOVE_TO_MAIN_HITS = 2
 
 
 class S3FIFOBlockCache:
-    def __init__(self, capacity: int, *, move_to_main_hits: int = DEFAULT_MOVE_TO_MAIN_HITS) -> None:
+    def __init__(
+        self, capacity: int, *, move_to_main_hits: int = DEFAULT_MOVE_TO_MAIN_HITS
+    ) -> None:
         self.capacity = check_capacity(capacity)
         self.small_target = max(1, int(SMALL_FRACTION * capacity))
         self.move_to_main_hits = move_to_main_hits

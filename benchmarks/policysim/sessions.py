@@ -14,9 +14,10 @@ everything after the point where a rewrite diverged, every block of a session's 
 Everything here is counted from earlier requests only: nothing reads the future.
 
 ``threads=True`` (``policy_sim``'s default) infers sessions without a key: a request continues
-the earlier thread whose last prompt it extends, and any other request starts its own. Where many users share a long
-system prompt (a production trace), keying by the first blocks puts them all in one session that
-"rewrites" with every request; threads keep them apart, at the price of never seeing a rewrite.
+the earlier thread whose last prompt it extends, and any other request starts its own. Where many
+users share a long system prompt (a production trace), keying by the first blocks puts them all in
+one session that "rewrites" with every request; threads keep them apart, at the price of never
+seeing a rewrite.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional
 
 from benchmarks.policysim.trace import TraceRequest
 
@@ -38,7 +38,7 @@ DEFAULT_REWRITE_WINDOW_S = 300.0
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     # None when the chain is shorter than the session key.
-    session_id: Optional[str]
+    session_id: str | None
     # Earlier requests of this session still in the bounded history.
     observed_reuse: int
     # Requests since the session's context was last rewritten (0: created or rewritten now).
@@ -49,7 +49,7 @@ class RequestContext:
     rewrote: bool
     # Blocks of this prompt that the session's previous prompt did not hold (all of them in a
     # session's first request); None when the request has no session.
-    novel_blocks: Optional[int]
+    novel_blocks: int | None
 
 
 @dataclass(slots=True)
@@ -72,14 +72,19 @@ class SessionTracker:
         for name, value in (("key_blocks", key_blocks), ("max_sessions", max_sessions)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(rewrite_window_s, bool) or not isinstance(rewrite_window_s, (int, float)) or not rewrite_window_s > 0:
+        if (
+            isinstance(rewrite_window_s, bool)
+            or not isinstance(rewrite_window_s, (int, float))
+            or not rewrite_window_s > 0
+        ):
             raise ValueError(f"rewrite_window_s must be a number > 0, got {rewrite_window_s!r}")
         self.key_blocks = key_blocks
         self.max_sessions = max_sessions
         self.rewrite_window_ms = rewrite_window_s * 1000.0
         self._sessions: OrderedDict[tuple[int, ...], _Session] = OrderedDict()
         self.threads = threads
-        # Threads by the id of their last prompt's last full block (chained ids: equal id, equal prefix).
+        # Threads by the id of their last prompt's last full block (chained ids: equal id, equal
+        # prefix).
         self._threads: OrderedDict[int, tuple[str, _Session]] = OrderedDict()
         self._thread_count = 0
 
@@ -100,8 +105,14 @@ class SessionTracker:
         else:
             session_id, session = found
             session.turns_since_change += 1
-            context = RequestContext(session_id, session.requests, session.turns_since_change, 0, False,
-                                     len(chain) - common_prefix(session.last_chain, chain))
+            context = RequestContext(
+                session_id,
+                session.requests,
+                session.turns_since_change,
+                0,
+                False,
+                len(chain) - common_prefix(session.last_chain, chain),
+            )
             session.requests += 1
             session.last_chain = chain
         if len(chain) >= 2:
@@ -132,7 +143,10 @@ class SessionTracker:
             session.rewrites_ms.append(request.timestamp_ms)
         else:
             session.turns_since_change += 1
-        while session.rewrites_ms and session.rewrites_ms[0] <= request.timestamp_ms - self.rewrite_window_ms:
+        while (
+            session.rewrites_ms
+            and session.rewrites_ms[0] <= request.timestamp_ms - self.rewrite_window_ms
+        ):
             session.rewrites_ms.popleft()
         context = RequestContext(
             session_id,
@@ -164,5 +178,7 @@ def common_prefix(previous: Sequence[int], chain: Sequence[int]) -> int:
     return shared
 
 
-def session_contexts(requests: Sequence[TraceRequest], tracker: SessionTracker) -> list[RequestContext]:
+def session_contexts(
+    requests: Sequence[TraceRequest], tracker: SessionTracker
+) -> list[RequestContext]:
     return [tracker.observe(request) for request in requests]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 # Tokens per hash id in the Mooncake release.
 BLOCK_TOKENS = 512
@@ -35,7 +35,7 @@ class TraceRequest:
         return max(0, self.input_length - 1) // BLOCK_TOKENS
 
 
-def load_trace(path: Path, limit: Optional[int] = None) -> list[TraceRequest]:
+def load_trace(path: Path, limit: int | None = None) -> list[TraceRequest]:
     """The first ``limit`` requests of the trace (all when None), checked line by line."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive int, got {limit!r}")
@@ -50,7 +50,8 @@ def load_trace(path: Path, limit: Optional[int] = None) -> list[TraceRequest]:
             request = _parse(line, f"{path}:{number}")
             if request.timestamp_ms < previous_ms:
                 raise ValueError(
-                    f"{path}:{number}: timestamp {request.timestamp_ms} goes back in time (previous {previous_ms})"
+                    f"{path}:{number}: timestamp {request.timestamp_ms} goes back in time "
+                    f"(previous {previous_ms})"
                 )
             previous_ms = request.timestamp_ms
             requests.append(request)
@@ -75,7 +76,8 @@ def _parse(line: str, where: str) -> TraceRequest:
     blocks = -(-input_length // BLOCK_TOKENS)
     if len(hash_ids) != blocks:
         raise ValueError(
-            f"{where}: {len(hash_ids)} hash_ids for input_length {input_length} (expected {blocks} blocks of {BLOCK_TOKENS})"
+            f"{where}: {len(hash_ids)} hash_ids for input_length {input_length} (expected {blocks} "
+            f"blocks of {BLOCK_TOKENS})"
         )
     return TraceRequest(timestamp, input_length, output_length, tuple(hash_ids))
 

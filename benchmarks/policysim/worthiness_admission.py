@@ -30,7 +30,7 @@ from pydantic import JsonValue
 from benchmarks.policysim.admission import NOTHING, Admission
 from benchmarks.policysim.sessions import RequestContext
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
-from kvci_plugin.tiering.admission import PressureAwareAdmission
+from kvci_plugin.policy.admission import PressureAwareAdmission
 from kvci_plugin.worthiness import (
     DEFAULT_RAM_THRESHOLD,
     CacheGate,
@@ -61,12 +61,21 @@ class WorthinessAdmission:
     ) -> None:
         if not isinstance(advisor, CheckpointAdvisor):
             raise TypeError(f"advisor must be a CheckpointAdvisor, got {type(advisor).__name__}")
-        if isinstance(prefill_tokens_per_second, bool) or not isinstance(prefill_tokens_per_second, (int, float)):
-            raise TypeError(f"prefill_tokens_per_second must be a number, got {type(prefill_tokens_per_second).__name__}")
+        if isinstance(prefill_tokens_per_second, bool) or not isinstance(
+            prefill_tokens_per_second, (int, float)
+        ):
+            raise TypeError(
+                "prefill_tokens_per_second must be a number, got "
+                f"{type(prefill_tokens_per_second).__name__}"
+            )
         if not prefill_tokens_per_second > 0:
-            raise ValueError(f"prefill_tokens_per_second must be > 0, got {prefill_tokens_per_second!r}")
+            raise ValueError(
+                f"prefill_tokens_per_second must be > 0, got {prefill_tokens_per_second!r}"
+            )
         if pressure is not None and not isinstance(pressure, PressureAwareAdmission):
-            raise TypeError(f"pressure must be a PressureAwareAdmission, got {type(pressure).__name__}")
+            raise TypeError(
+                f"pressure must be a PressureAwareAdmission, got {type(pressure).__name__}"
+            )
         if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1:
             raise ValueError(f"block_bytes must be an int >= 1, got {block_bytes!r}")
         self.advisor = advisor
@@ -114,7 +123,9 @@ class WorthinessAdmission:
         blocks = len(chain)
         return Admission(blocks, blocks if tier is CheckpointTier.DISK else 0)
 
-    def observation(self, request: TraceRequest, context: RequestContext, hit_tokens: int) -> CheckpointObservation:
+    def observation(
+        self, request: TraceRequest, context: RequestContext, hit_tokens: int
+    ) -> CheckpointObservation:
         return trace_observation(request, context, hit_tokens, self.prefill_tokens_per_second)
 
     def evicted(self, block: int) -> None:
@@ -136,7 +147,10 @@ class WorthinessAdmission:
 
 
 def trace_observation(
-    request: TraceRequest, context: RequestContext, hit_tokens: int, prefill_tokens_per_second: float
+    request: TraceRequest,
+    context: RequestContext,
+    hit_tokens: int,
+    prefill_tokens_per_second: float,
 ) -> CheckpointObservation:
     """What the engine knows about ``request`` when it finishes, as the advisor reads it."""
     return CheckpointObservation(

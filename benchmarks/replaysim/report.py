@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -55,7 +55,7 @@ class EngineRun(BaseModel):
     model_config = _FROZEN
 
     name: str
-    extra_config: Optional[dict[str, Any]]  # kv_connector_extra_config; None: no connector
+    extra_config: dict[str, Any] | None  # kv_connector_extra_config; None: no connector
     engine_start_s: float
     replay_s: float
     prompt_tokens: NonNegativeInt
@@ -78,7 +78,7 @@ class EngineRun(BaseModel):
         return self
 
     @classmethod
-    def of(cls, name: str, extra_config: Optional[dict[str, Any]], engine_start_s: float,
+    def of(cls, name: str, extra_config: dict[str, Any] | None, engine_start_s: float,
            replay_s: float, kvci_metrics: dict[str, float],
            samples: Sequence[RequestSample]) -> EngineRun:
         ttft = sorted(s.ttft_s for s in samples)
@@ -119,9 +119,9 @@ class Agreement(BaseModel):
     model_config = _FROZEN
 
     # None where the denominator saved nothing (no ratio to compare).
-    engine_ratio: Optional[float]  # kvci saved / kvci-keeping-everything saved, on the engine
-    simulator_ratio: Optional[float]  # kvci saved / lru saved, in the simulator
-    relative_gap: Optional[float]  # |engine / simulator - 1|
+    engine_ratio: float | None  # kvci saved / kvci-keeping-everything saved, on the engine
+    simulator_ratio: float | None  # kvci saved / lru saved, in the simulator
+    relative_gap: float | None  # |engine / simulator - 1|
     agrees: bool  # relative_gap <= TARGET_AGREEMENT
     kvci_not_worse: bool  # engine: kvci saved >= kvci keeping everything saved
 
@@ -135,7 +135,7 @@ def agreement(runs: dict[str, EngineRun], kvci: SimulatedPolicy, lru: SimulatedP
                      kvci_not_worse=runs["kvci"].saved_tokens >= runs["kvci_keep_all"].saved_tokens)
 
 
-def _ratio(num: int, den: int) -> Optional[float]:
+def _ratio(num: int, den: int) -> float | None:
     return num / den if den else None
 
 
@@ -171,11 +171,11 @@ class ReplayReport(BaseModel):
     # The product's own keep-everything policy (the RAM index with ram_policy lru, checkpoint by
     # checkpoint, as the engine runs it) replayed on the kvci_keep_all run's timeline, and the
     # agreement against it; None in a report written before it was measured.
-    simulated_product_lru: Optional[SimulatedPolicy] = None
-    product_agreement: Optional[Agreement] = None
+    simulated_product_lru: SimulatedPolicy | None = None
+    product_agreement: Agreement | None = None
     # The simulator's model of vLLM's prefix cache in front of kvci (blocks), its observations in
     # engine tokens; None in a report whose simulator modelled neither.
-    simulated_engine_cache_blocks: Optional[PositiveInt] = None
+    simulated_engine_cache_blocks: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ReplayReport:
@@ -190,7 +190,9 @@ class ReplayReport(BaseModel):
         if self.agreement != agreement(self.runs, self.simulated["kvci"], self.simulated["lru"]):
             raise ValueError("agreement must be the one the runs and the simulation give")
         product = self.simulated_product_lru
-        expected = None if product is None else agreement(self.runs, self.simulated["kvci"], product)
+        expected = (
+            None if product is None else agreement(self.runs, self.simulated["kvci"], product)
+        )
         if self.product_agreement != expected:
             raise ValueError("product_agreement must be the one simulated_product_lru gives")
         return self

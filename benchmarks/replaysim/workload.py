@@ -43,7 +43,9 @@ def block_token_ids(hash_id: int, vocab_size: int, seed: int = 0) -> list[int]:
     return [rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(ENGINE_BLOCK_TOKENS)]
 
 
-def engine_prompts(requests: Sequence[TraceRequest], vocab_size: int, max_output_tokens: int) -> list[EnginePrompt]:
+def engine_prompts(
+    requests: Sequence[TraceRequest], vocab_size: int, max_output_tokens: int
+) -> list[EnginePrompt]:
     blocks: dict[int, list[int]] = {}
     prompts = []
     for request, context in zip(requests, session_contexts(requests, SessionTracker(threads=True))):
@@ -54,12 +56,19 @@ def engine_prompts(requests: Sequence[TraceRequest], vocab_size: int, max_output
                 blocks[hash_id] = block_token_ids(hash_id, vocab_size)
             tokens.extend(blocks[hash_id])
         del tokens[engine_tokens(request.input_length, len(chain)):]
-        prompts.append(EnginePrompt(tuple(tokens), max(1, min(request.output_length, max_output_tokens)),
-                                    context.session_id))
+        prompts.append(
+            EnginePrompt(
+                tuple(tokens),
+                max(1, min(request.output_length, max_output_tokens)),
+                context.session_id,
+            )
+        )
     return prompts
 
 
-def write_retimed(requests: Sequence[TraceRequest], arrivals_s: Sequence[float], path: Path) -> None:
+def write_retimed(
+    requests: Sequence[TraceRequest], arrivals_s: Sequence[float], path: Path
+) -> None:
     """The slice with each request at the time the engine received it (ms since the first), so
     the simulator's policy sees the idle ages the engine's did."""
     if len(requests) != len(arrivals_s):

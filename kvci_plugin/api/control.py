@@ -1,6 +1,10 @@
-"""ControlPlane: the `graph_kv_checkpoint` actions over the engine's checkpoint manager: the
-seed's five, `advisory`, which hands a streaming client the verdict its response could not carry,
-and `reset`, the operator's cache reset of kvci's tiers.
+"""ControlPlane: the `graph_kv_checkpoint` actions over the engine's checkpoint manager:
+`recommend`, `checkpoint_now`, `promote`, `explain` and `ram_stats`, `advisory`, which hands a
+streaming client the verdict its response could not carry, `reset`, the operator's cache reset of
+kvci's tiers, and `forget`.
+
+Each call comes with the role its bearer token proved (`kvci_plugin.api.roles`): `reset` is the
+operator's; with the tenant token `explain` and `ram_stats` act within the caller's own tenant.
 
 It runs on the control server's threads, beside vLLM's scheduler thread: everything it changes
 goes through `TieredCheckpointManager` (which takes its lock) or through `arm_checkpoint`, and
@@ -20,7 +24,9 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from kvci_plugin.api.errors import ControlError, ErrorCode
+from kvci_plugin.api.roles import OPERATOR_ACTIONS, Role
 from kvci_plugin.api.schema import (
+    RESET_SCOPE,
     AdvisoryRequest,
     AdvisoryResponse,
     CheckpointExplanation,
@@ -33,18 +39,18 @@ from kvci_plugin.api.schema import (
     PromoteRequest,
     PromoteResponse,
     RAMAdmissionStats,
-    RAMTierStats,
     RamStatsRequest,
     RamStatsResponse,
+    RAMTierStats,
     RecommendRequest,
     RecommendResponse,
-    RESET_SCOPE,
     ResetRequest,
     ResetResponse,
 )
-from kvci_plugin.tiering.admission import AdmissionStats
 from kvci_plugin.governance import ForgetRefusedError
-from kvci_plugin.tiering.manager import ForgetOutcome, ResetOutcome, TieredCheckpointManager
+from kvci_plugin.policy.admission import AdmissionStats
+from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.outcomes import ForgetOutcome, ResetOutcome
 from kvci_plugin.tiering.types import (
     CheckpointFencedError,
     CheckpointForgottenError,
@@ -91,10 +97,14 @@ class ControlTarget(Protocol):
 
     def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
                        session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:
-        """Keep the KV of this session's next finished request with this trigger."""
+        """Keep the KV of this session's next finished request with this trigger. The control
+        plane passes no credential (None, ()): the request that spends an arm is not
+        necessarily the caller's, so it persists with its own credential only."""
         ...
 
-    def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
+    def latest_verdict(
+        self, tenant: str, session_id: str, *, verified: bool
+    ) -> PublishedVerdict | None:
         """What this tenant's session's latest finished request was told; None if nothing, or if
         it was published under a verified credential and the caller (``verified``) has none."""
         ...
@@ -122,7 +132,13 @@ class ControlPlane:
     def manager(self) -> TieredCheckpointManager:
         return self._target.manager
 
-    def handle(self, request: ControlRequest) -> ControlResponse:
+    def handle(self, request: ControlRequest, role: Role) -> ControlResponse:
+        """The action's response, for a caller in `role`; ControlError when refused."""
+        if request.action in OPERATOR_ACTIONS and role is not Role.OPERATOR:
+            raise ControlError(
+                ErrorCode.OPERATOR_REQUIRED,
+                f"{request.action} is an operator action: it needs the operator token",
+            )
         if isinstance(request, RecommendRequest):
             return self.recommend(request)
         if isinstance(request, CheckpointNowRequest):
@@ -130,9 +146,9 @@ class ControlPlane:
         if isinstance(request, PromoteRequest):
             return self.promote(request)
         if isinstance(request, ExplainRequest):
-            return self.explain(request)
+            return self.explain(request, role)
         if isinstance(request, RamStatsRequest):
-            return self.ram_stats()
+            return self.ram_stats(request, role)
         if isinstance(request, AdvisoryRequest):
             return self.advisory(request)
         if isinstance(request, ResetRequest):
@@ -145,25 +161,39 @@ class ControlPlane:
 
     def recommend(self, request: RecommendRequest) -> RecommendResponse:
         rec = self._recommend(request)
-        return RecommendResponse(action="recommend", recommendation=rec, advisory=render_advisory(rec))
+        return RecommendResponse(
+            action="recommend", recommendation=rec, advisory=render_advisory(rec)
+        )
 
     def checkpoint_now(self, request: CheckpointNowRequest) -> CheckpointNowResponse:
         tenant = self._verified_tenant(request.tenant, request.session_token)
         rec = self._recommend(request)
+        # No credential goes into the arm: whichever request of this tenant and session finishes
+        # next spends it (with tenancy "declared", any client naming them), so it must not
+        # persist under the caller's authority. It persists with its own, or a promote with yours.
         self._target.arm_checkpoint(
             tenant, request.session_id, trigger=request.trigger, persist=request.persist,
-            session_token=request.session_token, delegation_tokens=tuple(request.delegation_tokens))
-        detail = (f"armed: the next request of session {request.session_id!r} to finish keeps its KV "
-                  "in RAM" + (" and asks the eligibility gate for a disk copy" if request.persist else ""))
+            session_token=None, delegation_tokens=())
+        detail = (
+            f"armed: the next request of session {request.session_id!r} to finish keeps its KV "
+            "in RAM"
+            + (
+                " and asks the eligibility gate for a disk copy with that request's "
+                "own credential (the arm holds none; or promote the checkpoint with "
+                "yours)"
+                if request.persist
+                else ""
+            )
+        )
         return CheckpointNowResponse(
             action="checkpoint_now", armed=True, tenant=tenant, session_id=request.session_id,
             trigger=request.trigger, persist=request.persist, detail=detail, recommendation=rec,
             advisory=render_advisory(rec))
 
     def promote(self, request: PromoteRequest) -> PromoteResponse:
-        # Authority is derived by the gate at the write, from the credential as it stands now.
-        # A credential that does not verify is not an error here: the gate refuses and the
-        # refusal is recorded on the checkpoint for `explain`.
+        # Authority is derived by the eligibility gate at the write, from the credential as it
+        # stands now. A credential that does not verify is not an error here: the gate refuses
+        # and the refusal is recorded on the checkpoint for `explain`.
         try:
             tenant = self._target.resolve_tenant(request.tenant, request.session_token)
         except ValueError:
@@ -179,14 +209,13 @@ class ControlPlane:
                                status=outcome.status, reason=outcome.reason,
                                decision=outcome.decision)
 
-    def explain(self, request: ExplainRequest) -> ExplainResponse:
-        tenant = None
-        if request.session_token is not None or request.tenant is not None:
-            tenant = self._verified_tenant(request.tenant, request.session_token)
+    def explain(self, request: ExplainRequest, role: Role) -> ExplainResponse:
+        tenant = self._caller_tenant(role, request.tenant, request.session_token)
         try:
             raw = self.manager.explain(request.checkpoint_id, tenant)
         except CheckpointFencedError as exc:
-            # Raised to the owning tenant, or to an explain naming none: its message names no tenant.
+            # Raised to the owning tenant, or to an explain naming none: its message names no
+            # tenant.
             raise ControlError(ErrorCode.CHECKPOINT_FENCED, str(exc)) from None
         except CheckpointForgottenError as exc:
             raise ControlError(ErrorCode.CHECKPOINT_FORGOTTEN, str(exc)) from None
@@ -196,8 +225,12 @@ class ControlPlane:
         explanation = CheckpointExplanation.model_validate_json(json.dumps(raw))
         return ExplainResponse(action="explain", explanation=explanation)
 
-    def ram_stats(self) -> RamStatsResponse:
-        stats = RAMTierStats.model_validate({**self.manager.ram_stats(), "admission": self._admission()})
+    def ram_stats(self, request: RamStatsRequest, role: Role) -> RamStatsResponse:
+        tenant = self._caller_tenant(role, request.tenant, request.session_token)
+        raw = self.manager.ram_stats()
+        if tenant is not None:
+            raw = _own_figures(raw, tenant)
+        stats = RAMTierStats.model_validate({**raw, "admission": self._admission()})
         return RamStatsResponse(action="ram_stats", stats=stats)
 
     def advisory(self, request: AdvisoryRequest) -> AdvisoryResponse:
@@ -207,13 +240,15 @@ class ControlPlane:
                                               verified=request.session_token is not None)
         if verdict is None:
             # One answer for "no such session" and "another tenant's session": no existence oracle.
-            raise ControlError(ErrorCode.NO_ADVISORY,
-                               f"no finished request of session {request.session_id!r} for this caller")
+            raise ControlError(
+                ErrorCode.NO_ADVISORY,
+                f"no finished request of session {request.session_id!r} for this caller",
+            )
         return AdvisoryResponse(action="advisory", tenant=tenant, session_id=request.session_id,
                                 finished_at=verdict.finished_at, kvci=verdict.kvci)
 
     def reset(self, request: ResetRequest) -> ResetResponse:
-        # An operator action: reaching this surface at all needs loopback or its bearer token.
+        # An operator action: `handle` let it through for the operator token only.
         asked = self._target.ask_reset()
         wait_for([asked], timeout=request.wait_s)
         if not asked.done():
@@ -233,8 +268,14 @@ class ControlPlane:
                                f"the cache reset failed ({what}); see the engine's log.{suspended} "
                                "Ask again to retry.")
         outcome = asked.result()
-        shared = (", nor by any node from the disk tier its catalog shares (another node's RAM tier "
-                  "needs that node's own reset)") if disk else ""
+        shared = (
+            (
+                ", nor by any node from the disk tier its catalog shares (another node's RAM tier "
+                "needs that node's own reset)"
+            )
+            if disk
+            else ""
+        )
         return ResetResponse(
             action="reset", status="done", generation=outcome.generation,
             ram_checkpoints=outcome.ram_checkpoints, disk_checkpoints=outcome.disk_checkpoints,
@@ -261,7 +302,9 @@ class ControlPlane:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _recommend(self, request: RecommendRequest | CheckpointNowRequest) -> CheckpointRecommendation:
+    def _recommend(
+        self, request: RecommendRequest | CheckpointNowRequest
+    ) -> CheckpointRecommendation:
         try:
             observation = CheckpointObservation.from_inputs(
                 request.observation_json, request.evidence_bundle_json, request.context_bundle_json)
@@ -277,14 +320,43 @@ class ControlPlane:
         if bar is None:
             return RAMAdmissionStats(mode="fixed", threshold=self._target.ram_threshold,
                                      wasted_writes=None, missed_reuses=None, paid_writes=None)
-        return RAMAdmissionStats(mode="pressure", threshold=bar.threshold, wasted_writes=bar.wasted_writes,
-                                 missed_reuses=bar.missed_reuses, paid_writes=bar.paid_writes)
+        return RAMAdmissionStats(
+            mode="pressure",
+            threshold=bar.threshold,
+            wasted_writes=bar.wasted_writes,
+            missed_reuses=bar.missed_reuses,
+            paid_writes=bar.paid_writes,
+        )
+
+    def _caller_tenant(
+        self, role: Role, tenant: str | None, session_token: str | None
+    ) -> str | None:
+        """The tenant whose records the caller sees: None (every tenant) only for the operator
+        naming none. The operator's declared tenant is a filter, taken as named; a tenant's is
+        resolved as a request's is (tenancy "verified" takes none)."""
+        if role is Role.OPERATOR and session_token is None:
+            return tenant
+        return self._verified_tenant(tenant, session_token)
 
     def _verified_tenant(self, tenant: str | None, session_token: str | None) -> str:
         try:
             return self._target.resolve_tenant(tenant, session_token)
         except ValueError as exc:
             raise ControlError(ErrorCode.CREDENTIAL_REFUSED, str(exc)) from None
+
+
+def _own_figures(stats: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """`stats` with every per-tenant table (a `tenant_*` mapping, at any depth: tenant_bytes,
+    tenant_retained_bytes, ...) cut to ``tenant``'s row: another tenant's name and figures are not
+    this caller's to see."""
+    own: dict[str, Any] = {}
+    for key, value in stats.items():
+        if isinstance(value, dict) and key.startswith("tenant_"):
+            value = {t: v for t, v in value.items() if t == tenant}
+        elif isinstance(value, dict):
+            value = _own_figures(value, tenant)
+        own[key] = value
+    return own
 
 
 def _not_found(checkpoint_id: str) -> ControlError:

@@ -18,6 +18,9 @@ class ErrorCode(str, Enum):
     BODY_TOO_LARGE = "body_too_large"  # 413
     UNAUTHORIZED = "unauthorized"  # 401: missing or wrong bearer credential
     CREDENTIAL_REFUSED = "credential_refused"  # 403: a session credential did not verify
+    OPERATOR_REQUIRED = "operator_required"  # 403: an operator action asked with the tenant token
+    HOST_NOT_ALLOWED = "host_not_allowed"  # 403: the Host header is not on the allow-list
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"  # 403: a browser Origin not on the allow-list
     CHECKPOINT_NOT_FOUND = "checkpoint_not_found"  # 404: not held (or held for another tenant)
     NO_ADVISORY = "no_advisory"  # 404: no finished request of that session (for this tenant)
     CHECKPOINT_FENCED = "checkpoint_fenced"  # 410: a cache reset dropped it (its KV predates it)
@@ -35,6 +38,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.CREDENTIAL_REFUSED: 403,
+    ErrorCode.OPERATOR_REQUIRED: 403,
+    ErrorCode.HOST_NOT_ALLOWED: 403,
+    ErrorCode.ORIGIN_NOT_ALLOWED: 403,
     ErrorCode.CHECKPOINT_NOT_FOUND: 404,
     ErrorCode.NO_ADVISORY: 404,
     ErrorCode.CHECKPOINT_FENCED: 410,
@@ -72,7 +78,9 @@ class ErrorResponse(BaseModel):
 class ControlError(Exception):
     """An action refused with a stable code (the REST layer turns it into an ErrorResponse)."""
 
-    def __init__(self, code: ErrorCode, message: str, fields: list[FieldError] | None = None) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, fields: list[FieldError] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -83,4 +91,6 @@ class ControlError(Exception):
         return HTTP_STATUS.get(self.code, 500)
 
     def body(self) -> ErrorResponse:
-        return ErrorResponse(error=ErrorBody(code=self.code, message=self.message, fields=self.fields))
+        return ErrorResponse(
+            error=ErrorBody(code=self.code, message=self.message, fields=self.fields)
+        )

@@ -4,14 +4,15 @@ The REST endpoint and the MCP tool share these models, so their schemas are the 
 is a tagged union on `action`; fields that do not apply to an action are refused (a typo or a
 misplaced credential must not be silently ignored).
 
-`observation_json`, `evidence_bundle_json` and `context_bundle_json` are JSON objects (the
-names are the seed's): the bundles fill the grounding, contradiction and novelty axes, and every
-non-null `observation_json` field wins over a value derived from a bundle.
+`observation_json`, `evidence_bundle_json` and `context_bundle_json` are JSON objects: the
+bundles fill the grounding, contradiction and novelty axes, and every non-null
+`observation_json` field wins over a value derived from a bundle.
 
-`reset` is the operator's: it takes no tenant credential, because reaching the control surface
-at all already needs loopback or its bearer token. `forget` is not: it crypto-erases a tenant,
-so it is gated like a promote, on a verified session credential of that tenant holding the
-`kv:forget` scope.
+`reset` is the operator's: it takes no tenant credential but the operator's bearer token (the
+tenant token is answered 403 operator_required). `forget` crypto-erases a tenant, so it is gated
+like a promote, on a verified session credential of that tenant holding the `kv:forget` scope.
+With the tenant token, `explain` and `ram_stats` act within the caller's tenant (see
+`kvci_plugin.api.roles`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from kvci_plugin.governance import EligibilityDecision
+from kvci_plugin.governance.names import TenantName
 from kvci_plugin.worthiness import (
     CheckpointObservation,
     CheckpointRecommendation,
@@ -42,7 +44,6 @@ _IN = ConfigDict(extra="forbid", frozen=True)
 
 # The same shapes as a request's `kv_transfer_params.kvci` (connector/params.py), so a session
 # armed here matches the requests that name it.
-TenantName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")]
 SessionId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$")]
 Credential = Annotated[str, Field(min_length=1, max_length=8192)]
 CheckpointId = Annotated[str, Field(
@@ -52,10 +53,14 @@ Trigger = Annotated[Literal["user", "agent"], Field(
     description="who asked (provenance, not authority: every trigger is gated alike)")]
 
 _OBSERVATION_DOC = "what the caller measured; its non-null fields win over bundle-derived ones"
-_EVIDENCE_DOC = "a retrieval result (items, claims, contradictions) to derive observation fields from"
+_EVIDENCE_DOC = (
+    "a retrieval result (items, claims, contradictions) to derive observation fields from"
+)
 _CONTEXT_DOC = "a context-compile result (items, claims, contradictions, dropped_items)"
 _TENANT_DOC = "declared tenant; a verified session_token's tenant wins and must agree with it"
-_SESSION_DOC = "the caller's own session credential (signed); authority is derived from it at the write"
+_SESSION_DOC = (
+    "the caller's own session credential (signed); authority is derived from it at the write"
+)
 _DELEGATION_DOC = "delegation credentials whose ceilings cap the session's authority"
 
 
@@ -76,16 +81,20 @@ class RecommendRequest(_Scoring):
 class CheckpointNowRequest(_Scoring):
     """Keep the KV of the session's next finished request (a finished request's blocks are
     already freed, so "now" is the end of the session's current or next turn). The tenant comes
-    from the verified `session_token`, else from `tenant`, else the default tenant."""
+    from the verified `session_token`, else from `tenant`, else the default tenant. The arm holds
+    no credential: whichever request of that tenant and session finishes next spends it, so a
+    disk copy (`persist`) is gated on that request's own credential, or on yours at a later
+    `promote`."""
 
     action: Literal["checkpoint_now"]
     session_id: SessionId = Field(description="the session whose next finished request is kept")
     tenant: TenantName | None = Field(None, description=_TENANT_DOC)
-    session_token: Credential | None = Field(None, description=_SESSION_DOC)
-    delegation_tokens: list[Credential] = Field(default_factory=list, max_length=8,
-                                                description=_DELEGATION_DOC)
+    session_token: Credential | None = Field(
+        None, description="the caller's own session credential (signed): sets the tenant; it is "
+        "verified now and not kept")
     trigger: Trigger = "user"
-    persist: bool = Field(False, description="also ask the eligibility gate for a disk copy")
+    persist: bool = Field(False, description="also ask the eligibility gate for a disk copy, with "
+                          "the finishing request's own credential")
 
 
 class PromoteRequest(BaseModel):
@@ -105,10 +114,11 @@ class PromoteRequest(BaseModel):
 
 
 class ExplainRequest(BaseModel):
-    """Why this checkpoint exists and why it is where it is. With a session credential or a
-    tenant, only that tenant's checkpoints are visible. One a cache reset fenced answers 410
-    checkpoint_fenced, one a forget erased 410 checkpoint_forgotten (to its tenant, or to a
-    caller naming none)."""
+    """Why this checkpoint exists and why it is where it is. Only the caller's tenant's
+    checkpoints are visible: the tenant of its verified session credential, else (tenancy
+    "declared") the one it declares, else the default tenant; the operator token naming neither
+    sees any. One a cache reset fenced answers 410 checkpoint_fenced, one a forget erased 410
+    checkpoint_forgotten (to its tenant, or to the operator naming none)."""
 
     model_config = _IN
 
@@ -119,11 +129,16 @@ class ExplainRequest(BaseModel):
 
 
 class RamStatsRequest(BaseModel):
-    """RAM-tier occupancy, the RAM admission bar, the gate in force and the registered scorers."""
+    """RAM-tier occupancy, the RAM admission bar, the eligibility gate in force and the
+    registered scorers.
+    `tenant_bytes` lists every tenant for the operator token naming none; otherwise only the
+    caller's tenant (as for explain)."""
 
     model_config = _IN
 
     action: Literal["ram_stats"]
+    tenant: TenantName | None = Field(None, description=_TENANT_DOC)
+    session_token: Credential | None = Field(None, description=_SESSION_DOC)
 
 
 class AdvisoryRequest(BaseModel):
@@ -145,9 +160,9 @@ class ResetRequest(BaseModel):
     in-place weight update. Every checkpoint computed before it is fenced: RAM forgets it, and the
     disk tier starts a new generation for every node sharing its catalog, so no KV from before the
     reset is loaded after it; `explain` of a fenced checkpoint answers 410 checkpoint_fenced. The
-    engine's scheduler applies it before its next lookup. Takes no tenant credential: the control
-    surface is already loopback-only or bearer-token protected. Resets kvci's tiers only, not
-    vLLM's own prefix cache (for that: vLLM's reset_prefix_cache)."""
+    engine's scheduler applies it before its next lookup. Takes no tenant credential: it needs the
+    operator's bearer token (the tenant token is answered 403 operator_required). Resets kvci's
+    tiers only, not vLLM's own prefix cache (for that: vLLM's reset_prefix_cache)."""
 
     model_config = _IN
 
@@ -234,7 +249,9 @@ class CheckpointExplanation(BaseModel):
     pending: bool = Field(description="the RAM copy is still being made")
     persisting: Literal["waiting", "writing"] | None = Field(
         None, description="a permitted persist waiting for the RAM copy, or writing blobs")
-    source_ids: list[str] = Field(default_factory=list, description="the sources whose labels gate it")
+    source_ids: list[str] = Field(
+        default_factory=list, description="the sources whose labels gate it"
+    )
     recommendation: CheckpointRecommendation | None = None
     eligibility_decision: EligibilityDecision | None = None
     refusal: str | None = Field(None, description="why the last promotion was refused")
@@ -287,7 +304,9 @@ class RAMAdmissionStats(BaseModel):
         "ram_threshold (ram_admission `fixed`, or no system trigger)")
     threshold: float = Field(description="the RAM threshold a request is scored at now")
     wasted_writes: int | None = Field(
-        description="system checkpoints evicted before any hit (each raised the bar); none when fixed")
+        description="system checkpoints evicted before any hit (each raised the bar); none when "
+                    "fixed"
+    )
     missed_reuses: int | None = Field(
         description="requests that wanted a checkpoint only the bar held back (each lowered it); "
         "none when fixed")
@@ -300,14 +319,20 @@ class RAMPolicyStats(BaseModel):
 
     model_config = _VIEW
 
-    policy: str = Field(description="`kvci` (ram_policy value) or `lru` (ram_policy lru or threshold)")
+    policy: str = Field(
+        description="`kvci` (ram_policy value) or `lru` (ram_policy lru or threshold)"
+    )
     admitted: int = Field(description="checkpoints the policy let in")
-    admitted_explicit: int = Field(description="of those, explicit checkpoints (kept whatever it weighed)")
+    admitted_explicit: int = Field(
+        description="of those, explicit checkpoints (kept whatever it weighed)"
+    )
     displaced: int = Field(description="checkpoints evicted to make room for an admitted one")
     refused_under_pressure: int = Field(
         description="offers worth less than the checkpoints they would have evicted")
     evicted_before_hit: int = Field(description="evicted checkpoints no request re-sent while held")
-    tracked_anchors: int = Field(description="contexts remembered (held or not) to learn reuse from")
+    tracked_anchors: int = Field(
+        description="contexts remembered (held or not) to learn reuse from"
+    )
 
 
 class RAMTierStats(BaseModel):
@@ -356,7 +381,8 @@ class ResetResponse(BaseModel):
 
     action: Literal["reset"]
     status: Literal["done", "pending"] = Field(
-        description="`done`: applied; `pending`: asked, and applied before the engine's next lookup")
+        description="`done`: applied; `pending`: asked, and applied before the engine's next lookup"
+    )
     generation: int | None = Field(
         description="the generation KV is keyed in from now on; none while pending")
     ram_checkpoints: int | None = Field(description="RAM checkpoints fenced; none while pending")
@@ -384,10 +410,11 @@ KVCheckpointResponse = Annotated[
 RESPONSE_ADAPTER: TypeAdapter[Any] = TypeAdapter(KVCheckpointResponse)
 
 
-def tool_input_schema() -> dict[str, Any]:
-    """The request schema flattened for the MCP tool: one object whose `action` picks the action
-    and whose other properties say which actions take them (agents' tool-use APIs refuse a
-    union at the root of a tool schema). The endpoint still enforces each action's own model."""
+def tool_input_schema(offered: tuple[str, ...] = ACTIONS) -> dict[str, Any]:
+    """The request schema of the `offered` actions flattened for the MCP tool: one object whose
+    `action` picks the action and whose other properties say which actions take them (agents'
+    tool-use APIs refuse a union at the root of a tool schema). The endpoint still enforces each
+    action's own model."""
     full = REQUEST_ADAPTER.json_schema()
     defs = dict(full["$defs"])
     properties: dict[str, Any] = {}
@@ -396,6 +423,8 @@ def tool_input_schema() -> dict[str, Any]:
     for ref in full["oneOf"]:
         variant = defs.pop(ref["$ref"].rsplit("/", 1)[1])
         action = variant["properties"]["action"]["const"]
+        if action not in offered:
+            continue
         actions.append(action)
         for name, prop in variant["properties"].items():
             if name != "action":
@@ -405,12 +434,43 @@ def tool_input_schema() -> dict[str, Any]:
     for name, prop in properties.items():
         note = "action " + ", ".join(takers[name])
         prop["description"] = f"{prop['description']}; {note}" if "description" in prop else note
-    action_doc = " | ".join(ACTIONS)
+    action_doc = " | ".join(actions)
+    used = _referenced(properties, defs)
     return {"type": "object", "additionalProperties": False, "required": ["action"],
             "properties": {"action": {"type": "string", "enum": actions, "description": action_doc},
                            **properties},
-            "$defs": defs}
+            "$defs": {name: schema for name, schema in defs.items() if name in used}}
 
 
-def tool_output_schema() -> dict[str, Any]:
-    return {"type": "object", **RESPONSE_ADAPTER.json_schema(mode="serialization")}
+def tool_output_schema(offered: tuple[str, ...] = ACTIONS) -> dict[str, Any]:
+    """The responses of the `offered` actions."""
+    full = RESPONSE_ADAPTER.json_schema(mode="serialization")
+    variants = [
+        ref
+        for ref in full["oneOf"]
+        if full["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"]["action"]["const"] in offered
+    ]
+    mapping = {a: r for a, r in full["discriminator"]["mapping"].items() if a in offered}
+    used = _referenced(variants, full["$defs"])
+    return {"type": "object", "oneOf": variants,
+            "discriminator": {**full["discriminator"], "mapping": mapping},
+            "$defs": {name: schema for name, schema in full["$defs"].items() if name in used}}
+
+
+def _referenced(root: Any, defs: dict[str, Any]) -> set[str]:
+    """The names of the `$defs` entries `root` refers to, directly or through other entries."""
+    found: set[str] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                name = ref.rsplit("/", 1)[1]
+                if name not in found:
+                    found.add(name)
+                    stack.append(defs.get(name))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found

@@ -19,16 +19,18 @@ from pydantic import (
     model_validator,
 )
 
+from kvci_plugin.api.access import check_bind, host_name, origin
+from kvci_plugin.connector.dependency_urls import check_no_password, with_password
 from kvci_plugin.governance import CredentialConfig
-from kvci_plugin.tiering.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
+from kvci_plugin.policy.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
+from kvci_plugin.tiering.blobs.tenant_keys import KeyFileRootKey, RootKeyProvider, StateDirRootKey
 from kvci_plugin.tiering.secret import DEFAULT_STATE_DIR
-from kvci_plugin.tiering.tenant_keys import KeyFileRootKey, RootKeyProvider, StateDirRootKey
 from kvci_plugin.tiering.timeouts import DependencyTimeouts
 from kvci_plugin.worthiness import DEFAULT_RAM_THRESHOLD
 
 
 class CacheGateSettings(BaseModel):
-    """The autonomous-trigger cache gate (seed: cache-gate-decider)."""
+    """The autonomous-trigger cache gate: when the system trigger pauses its stores."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -79,7 +81,8 @@ _BAR_SETTINGS = ("ram_threshold", "ram_admission", "ram_threshold_min")
 class KVCIConfig(BaseModel):
     """kvci's part of `--kv-transfer-config`, under `kv_connector_extra_config`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A refused value is not echoed: it may be a URL, a path or a credential.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     ram_bytes: ByteSize = Field(ByteSize(1 << 30), description="host-RAM tier size")
     ram_max_entries: int = Field(4096, ge=1, description="most checkpoints kept in RAM")
@@ -89,13 +92,16 @@ class KVCIConfig(BaseModel):
         description="longest `kvci.retain.ttl_s` a request may ask for; 0 = no retention")
     system_trigger: bool = Field(True, description="store worthy contexts without being asked")
     ram_policy: Literal["value", "lru", "threshold"] = Field(
-        "value", description="what the RAM tier keeps: `value` offers every request the seed's "
-        "rules allow and keeps, under pressure, only what is worth more than what it would evict "
+        "value",
+        description="what the RAM tier keeps: `value` offers every request the worthiness rules do "
+        "not block (`checkpoint: never`, a veto, no evidence, the model's self-report alone) "
+        "and keeps, under pressure, only what is worth more than what it would evict "
         "(kvci_plugin.policy.ValuePolicy); `lru` keeps every such request and evicts the least "
         "recently used (vLLM's native offloading); `threshold` keeps what clears the worthiness "
         "bar (ram_threshold, ram_admission), LRU eviction. `threshold` when ram_threshold or "
-        "ram_admission or ram_threshold_min is set and this is not. Explicit checkpoints are kept whatever the policy "
-        "and evicted last")
+        "ram_admission or ram_threshold_min is set and this is not. Explicit checkpoints are kept "
+        "whatever the policy and evicted last",
+    )
     policy_state_file: Path | None = Field(
         None, description="where ram_policy `value` keeps what it learned about the workload "
         "(how soon contexts of each class come back: counts only, no context, no tenant) across "
@@ -108,11 +114,13 @@ class KVCIConfig(BaseModel):
         "Setting it fixes the system trigger's bar there unless ram_admission is set to `pressure`")
     disk_threshold: float | None = Field(None, ge=0.0, le=1.0, description="score for tier DISK")
     ram_admission: Literal["pressure", "fixed"] = Field(
-        "pressure", description="the system trigger's RAM bar: `pressure` starts at ram_threshold "
-        f"and moves {DEFAULT_STEP} up for each system checkpoint evicted before any hit (at most to "
-        f"the disk threshold) and {DEFAULT_STEP} down for each request that wanted one the bar "
-        "alone held back (at least to ram_threshold_min); `fixed` stays at ram_threshold. `fixed` "
-        "when ram_threshold is set and this is not. Explicit checkpoints are kept whatever the bar")
+        "pressure",
+        description="the system trigger's RAM bar: `pressure` starts at ram_threshold and moves "
+        f"{DEFAULT_STEP} up for each system checkpoint evicted before any hit (at most to the disk "
+        f"threshold) and {DEFAULT_STEP} down for each request that wanted one the bar alone held "
+        "back (at least to ram_threshold_min); `fixed` stays at ram_threshold. `fixed` when "
+        "ram_threshold is set and this is not. Explicit checkpoints are kept whatever the bar",
+    )
     ram_threshold_min: float = Field(
         DEFAULT_MIN_THRESHOLD, gt=0.0, le=1.0,
         description="lowest RAM bar with ram_admission `pressure`")
@@ -128,6 +136,12 @@ class KVCIConfig(BaseModel):
     blob_url: str | None = Field(
         None, pattern=r"^(redis|rediss|unix)://",
         description="Redis/Valkey blob store shared by nodes; none = blobs in disk_root")
+    catalog_password_file: Path | None = Field(
+        None, description="file (owner-only) holding catalog_url's password; a password in the "
+        "URL itself is refused. none = libpq's own (PGPASSFILE, PGPASSWORD) or no password")
+    blob_password_file: Path | None = Field(
+        None, description="file (owner-only) holding blob_url's password; a password in the URL "
+        "itself is refused")
     lease_s: float = Field(
         600.0, gt=0.0, description="how long a write holds its pages against other nodes' "
         "deletions; an orphan blob younger than this is kept")
@@ -159,12 +173,31 @@ class KVCIConfig(BaseModel):
         "credential sets it, and a request without one is served with no kvci tier (its reply "
         "says why)")
     model_revision: str | None = Field(None, description="overrides the derived model revision")
-    max_params_bytes: int = Field(65536, ge=1024, description="size limit of a request's kvci params")
-    control_host: str = Field("127.0.0.1", description="REST control surface address")
+    max_params_bytes: int = Field(
+        65536, ge=1024, description="size limit of a request's kvci params"
+    )
+    control_host: str = Field(
+        "127.0.0.1", description="REST control surface address: loopback, or any other with TLS")
     control_port: int | None = Field(None, ge=0, le=65535, description="none = no REST surface")
     control_token_file: Path | None = Field(
-        None, description="bearer token file; required when control_host is not loopback"
-    )
+        None, description="the operator's bearer token file (every action: reset, every tenant's "
+        "stats and checkpoints); none = `<state_dir>/control-operator.token`, generated (0600) at "
+        "the first start and printed once")
+    control_tenant_token_file: Path | None = Field(
+        None, description="the tenants' bearer token file: a tenant's own actions, in the tenant "
+        "its verified session credential names (tenancy `declared`: the one it declares); none = "
+        "`<state_dir>/control-tenant.token`, generated like the operator's")
+    control_tls_cert_file: Path | None = Field(
+        None, description="TLS certificate chain (PEM) of the control surface; with "
+        "control_tls_key_file, required when control_host is not loopback")
+    control_tls_key_file: Path | None = Field(
+        None, description="private key (PEM) of control_tls_cert_file, not readable by others")
+    control_allowed_hosts: tuple[str, ...] = Field(
+        (), description="Host header names the control surface answers besides loopback names and "
+        "control_host (any other is refused 403: DNS rebinding)")
+    control_allowed_origins: tuple[str, ...] = Field(
+        (), description="browser Origins (scheme://host[:port]) allowed to call the control "
+        "surface; a request carrying any other Origin header is refused 403; none by default")
 
     @model_validator(mode="before")
     @classmethod
@@ -180,14 +213,19 @@ class KVCIConfig(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> "KVCIConfig":
-        bar = {k for k in _BAR_SETTINGS if k in self.model_fields_set and getattr(self, k) is not None}
+    def _check(self) -> KVCIConfig:
+        bar = {
+            k for k in _BAR_SETTINGS if k in self.model_fields_set and getattr(self, k) is not None
+        }
         if self.ram_policy != "threshold" and bar:
             raise ValueError(f"{', '.join(sorted(bar))} set the worthiness bar, which applies only "
                              f"with ram_policy 'threshold' (ram_policy is {self.ram_policy!r})")
         if self.policy_state_file is not None and self.ram_policy != "value":
-            chosen = (" (ram_threshold, ram_admission and ram_threshold_min choose it)"
-                      if self.ram_policy == "threshold" and self.model_fields_set & set(_BAR_SETTINGS) else "")
+            chosen = (
+                " (ram_threshold, ram_admission and ram_threshold_min choose it)"
+                if self.ram_policy == "threshold" and self.model_fields_set & set(_BAR_SETTINGS)
+                else ""
+            )
             raise ValueError(f"policy_state_file keeps what ram_policy 'value' learns; ram_policy "
                              f"{self.ram_policy!r}{chosen} learns nothing")
         if self.ram_admission == "pressure":
@@ -197,6 +235,12 @@ class KVCIConfig(BaseModel):
                                  f"threshold the bar starts at ({start})")
         elif "ram_threshold_min" in self.model_fields_set:
             raise ValueError("ram_threshold_min applies only with ram_admission 'pressure'")
+        check_no_password("catalog_url", self.catalog_url)
+        check_no_password("blob_url", self.blob_url)
+        for url, file in (("catalog_url", self.catalog_password_file),
+                          ("blob_url", self.blob_password_file)):
+            if file is not None and getattr(self, url) is None:
+                raise ValueError(f"{url.replace('_url', '_password_file')} needs {url}")
         if self.blob_url is not None and self.catalog_url is None:
             # Other nodes can reach a Redis store: only a shared catalog's leases keep their
             # writes safe from this node's reconciliation.
@@ -209,15 +253,40 @@ class KVCIConfig(BaseModel):
                              "credentials)")
         if self.auto_promote and not self.disk_tier:
             raise ValueError("auto_promote needs disk_root or blob_url")
+        self._check_control()
         return self
 
-    def for_data_parallel_rank(self, rank: int, size: int) -> "KVCIConfig":
+    def catalog_dsn(self) -> str | None:
+        """catalog_url with its password (from catalog_password_file), for connecting only."""
+        if self.catalog_url is None:
+            return None
+        return with_password(self.catalog_url, self.catalog_password_file)
+
+    def blob_dsn(self) -> str | None:
+        """blob_url with its password (from blob_password_file), for connecting only."""
+        if self.blob_url is None:
+            return None
+        return with_password(self.blob_url, self.blob_password_file)
+
+    def _check_control(self) -> None:
+        if (self.control_tls_cert_file is None) != (self.control_tls_key_file is None):
+            raise ValueError("control_tls_cert_file and control_tls_key_file go together")
+        if self.control_port is not None:
+            check_bind(self.control_host, self.control_tls_cert_file is not None)
+        for name in self.control_allowed_hosts:
+            host_name(name)
+        for value in self.control_allowed_origins:
+            origin(value)
+
+    def for_data_parallel_rank(self, rank: int, size: int) -> KVCIConfig:
         """One data-parallel rank's settings: every rank is given the same extra config, and each
         keeps its own policy state file (``name.dp<rank>.ext``) when there are several."""
         path = self.policy_state_file
         if size <= 1 or path is None:
             return self
-        return self.model_copy(update={"policy_state_file": path.with_name(f"{path.stem}.dp{rank}{path.suffix}")})
+        return self.model_copy(
+            update={"policy_state_file": path.with_name(f"{path.stem}.dp{rank}{path.suffix}")}
+        )
 
     def dependency_timeouts(self) -> DependencyTimeouts:
         """The disk tier's bounded waits, as the tier takes them."""
@@ -234,7 +303,7 @@ class KVCIConfig(BaseModel):
         return self.disk_root is not None or self.blob_url is not None
 
     @classmethod
-    def from_extra_config(cls, extra: dict[str, Any] | None) -> "KVCIConfig":
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> KVCIConfig:
         """Validate vLLM's extra config; errors name the offending key."""
         try:
             return cls.model_validate(dict(extra or {}))

@@ -8,6 +8,7 @@ role a `KVCIWorker`; they share nothing but the per-step metadata.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,15 +23,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvci_plugin.connector import async_loads, release_fence, speculative
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.events import KVCIEvents
 from kvci_plugin.connector.groups import GroupLayout, KVGroup
-from kvci_plugin.connector.logs import log_where_vllm_logs
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.namespace import engine_namespace
 from kvci_plugin.connector.scheduler import KVCIScheduler
 from kvci_plugin.connector.stats import KVCIStats
-from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.connector.worker import KVCIWorker
 from kvci_plugin.governance import (
     CatalogLabelResolver,
@@ -39,8 +39,13 @@ from kvci_plugin.governance import (
     RevocationList,
     set_persistence_eligibility_gate,
 )
-from kvci_plugin.tiering.blob_backend import open_blob_root
-from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.logs import log_where_vllm_logs
+from kvci_plugin.request.hints import KVHints, read_kv_hints
+from kvci_plugin.request.tenancy import TenantResolver
+from kvci_plugin.tiering.blobs.factory import open_blob_root
+from kvci_plugin.tiering.disk.attach import DiskAttach
+from kvci_plugin.tiering.disk.tier import KVCheckpointStore
+from kvci_plugin.tiering.health import DEPENDENCY_ERRORS
 from kvci_plugin.tiering.secret import load_or_create_secret
 
 if TYPE_CHECKING:
@@ -57,7 +62,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def _kv_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
+def _kv_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
                groups: GroupLayout) -> str:
     """The resolved KV cache layout (e.g. LBNHC) and, for more than one group or a window, the
     groups: pages are copied in memory order per group, so pages of one layout must never load
@@ -69,7 +74,7 @@ def _kv_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
             + ("" if plain else "/groups=" + groups.describe()))
 
 
-def _group_layout(kv_cache_config: "KVCacheConfig", block_size: int) -> GroupLayout:
+def _group_layout(kv_cache_config: KVCacheConfig, block_size: int) -> GroupLayout:
     """kvci keeps attention KV: full, sliding-window and chunked local-attention groups. A
     state-space (Mamba) or other group is refused at start, naming it: its state at a block
     boundary is not a page of KV."""
@@ -99,7 +104,7 @@ def _group_layout(kv_cache_config: "KVCacheConfig", block_size: int) -> GroupLay
     return GroupLayout(tuple(groups), block_size)
 
 
-def _namespace(vllm_config: "VllmConfig", config: KVCIConfig, kv_layout: str, tp_rank: int) -> bytes:
+def _namespace(vllm_config: VllmConfig, config: KVCIConfig, kv_layout: str, tp_rank: int) -> bytes:
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
     return engine_namespace(
         model=mc.model,
@@ -113,7 +118,7 @@ def _namespace(vllm_config: "VllmConfig", config: KVCIConfig, kv_layout: str, tp
     )
 
 
-def _slot_bytes(kv_cache_config: "KVCacheConfig") -> int:
+def _slot_bytes(kv_cache_config: KVCacheConfig) -> int:
     """A slot holds one group's pages of one block: the same size in every group (vLLM gives
     the groups of a hybrid model one page size, so they share one block pool)."""
     sizes = {g.kv_cache_spec.page_size_bytes * len(g.layer_names)
@@ -123,7 +128,7 @@ def _slot_bytes(kv_cache_config: "KVCacheConfig") -> int:
     return sizes.pop()
 
 
-def _kv_events(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
+def _kv_events(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
                num_slots: int) -> KVCIEvents | None:
     """Events only when vLLM publishes them (`--kv-events-config`): otherwise nothing is kept
     for them and no step pays for them."""
@@ -146,11 +151,13 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     def requires_kv_delivery(self) -> bool:
         return False  # a best-effort cache: a dropped store is only a future miss
 
-    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
-                 kv_cache_config: "KVCacheConfig") -> None:
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         log_where_vllm_logs()
-        self._config = KVCIConfig.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
+        self._config = KVCIConfig.from_extra_config(
+            self._kv_transfer_config.kv_connector_extra_config
+        )
         self._groups = _group_layout(kv_cache_config, vllm_config.cache_config.block_size)
         if (role == KVConnectorRole.SCHEDULER
                 and self._kv_transfer_config.kv_load_failure_policy != "recompute"):
@@ -164,15 +171,19 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             else:
                 logger.warning(
                     "kvci: kv_load_failure_policy is %r (set by another connector): a kvci load "
-                    "that fails will fail its request", self._kv_transfer_config.kv_load_failure_policy)
+                    "that fails will fail its request",
+                    self._kv_transfer_config.kv_load_failure_policy,
+                )
         self._scheduler: KVCIScheduler | None = None
         self._worker: KVCIWorker | None = None
+        self._kv_hints: dict[str, KVHints] = {}  # by request id, while the request lives
         cfg = self._config
         self._kv_layout = _kv_layout(vllm_config, kv_cache_config, self._groups)
         slot_bytes = _slot_bytes(kv_cache_config)
         num_slots = int(cfg.ram_bytes) // slot_bytes
         self._control = None
         if role == KVConnectorRole.SCHEDULER:
+            speculative.note_at_start(vllm_config)
             self._scheduler = self._build_scheduler(vllm_config, kv_cache_config, slot_bytes)
             state_file = self._scheduler.config.policy_state_file
             if state_file is not None:
@@ -191,14 +202,14 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
                 num_slots=num_slots, expected_slot_bytes=slot_bytes,
                 num_blocks=kv_cache_config.num_blocks,
                 rank_namespace=_namespace(vllm_config, cfg, self._kv_layout, rank),
-                blob_root=(open_blob_root(cfg.blob_url, cfg.disk_root, cfg.root_key,
+                blob_root=(open_blob_root(cfg.blob_dsn(), cfg.disk_root, cfg.root_key,
                                           cfg.dependency_timeouts())
                            if cfg.disk_tier else None),
                 group_layers=[list(g.layer_names) for g in self._groups.groups])
         logger.info("kvci: %s role, %d RAM slots of %d bytes, pages %s, disk tier %s", role.name,
                     num_slots, slot_bytes, self._kv_layout, "on" if cfg.disk_tier else "off")
 
-    def _build_scheduler(self, vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
+    def _build_scheduler(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
                          slot_bytes: int) -> KVCIScheduler:
         cfg = self._config
         revocations = verifier = None
@@ -210,29 +221,42 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             resolver = CatalogLabelResolver(cfg.label_catalog)
             if cfg.label_catalog_json is not None:
                 resolver.import_json(cfg.label_catalog_json)
-        # The gate derives authority from verified credentials only: with none configured it
-        # refuses every persist at verified_authority, naming the missing credential.
+        # The eligibility gate derives authority from verified credentials only: with none
+        # configured it refuses every persist at verified_authority, naming the missing credential.
         set_persistence_eligibility_gate(
             DerivedAuthorityGate(verifier, resolver, durable_store_region=cfg.disk_region))
         namespace = _namespace(vllm_config, cfg, self._kv_layout, 0)
-        disk = None
+        disk = attach = None
         if cfg.disk_tier:
             tp_size = vllm_config.parallel_config.tensor_parallel_size
-            disk = KVCheckpointStore(
-                cfg.disk_root, namespace, int(cfg.disk_bytes), catalog_url=cfg.catalog_url,
-                blob_url=cfg.blob_url, lease_s=cfg.lease_s, root_key=cfg.root_key,
-                timeouts=cfg.dependency_timeouts(), shards=[_namespace(vllm_config, cfg, self._kv_layout, rank)
+            build = functools.partial(
+                KVCheckpointStore, cfg.disk_root, namespace, int(cfg.disk_bytes),
+                catalog_url=cfg.catalog_dsn(), blob_url=cfg.blob_dsn(), lease_s=cfg.lease_s,
+                root_key=cfg.root_key, timeouts=cfg.dependency_timeouts(),
+                shards=[_namespace(vllm_config, cfg, self._kv_layout, rank)
                         for rank in range(1, tp_size)])
-            logger.info("kvci: disk tier %s", disk.describe())
+            try:
+                disk = build()
+                logger.info("kvci: disk tier %s", disk.describe())
+            except DEPENDENCY_ERRORS as exc:  # down now: the engine starts without it
+                attach = DiskAttach(build, exc)
         secret = load_or_create_secret(cfg.state_dir)
         parallel = vllm_config.parallel_config
         return KVCIScheduler(
-            config=cfg.for_data_parallel_rank(parallel.data_parallel_rank, parallel.data_parallel_size),
-            block_size=vllm_config.cache_config.block_size, slot_bytes=slot_bytes,
-            namespace=namespace, secret=secret,
+            config=cfg.for_data_parallel_rank(
+                parallel.data_parallel_rank, parallel.data_parallel_size
+            ),
+            block_size=vllm_config.cache_config.block_size,
+            slot_bytes=slot_bytes,
+            namespace=namespace,
+            secret=secret,
             tp_size=vllm_config.parallel_config.tensor_parallel_size,
-            tenants=TenantResolver(verifier, cfg.tenancy), disk=disk, layout=self._groups,
-            events=_kv_events(vllm_config, kv_cache_config, int(cfg.ram_bytes) // slot_bytes))
+            tenants=TenantResolver(verifier, cfg.tenancy),
+            disk=disk,
+            disk_attach=attach,
+            layout=self._groups,
+            events=_kv_events(vllm_config, kv_cache_config, int(cfg.ram_bytes) // slot_bytes),
+        )
 
     # ---- worker side ----------------------------------------------------------------------------
     # Every hook vLLM calls contains kvci's failures (connector/containment.py): the worker's
@@ -249,6 +273,21 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
         self._worker.register_kv_caches(kv_caches)  # a failure here is a start-up error: raised
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: Any) -> bool:
+        # vLLM 0.34, EAGLE/MTP drafters: declined; vLLM keeps its EAGLE block drop, as on 0.32
+        # and 0.33 (why, and what a kvci hit gives a drafter: connector/speculative.py).
+        return False
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> Any:
+        # vLLM 0.34: kvci's workers copy pages in process (torch ops, kvci's copy kernels, views
+        # over the tensors vLLM hands over), so the extensible KV cache may back the cache with
+        # any allocation and commit its pages late (connector/worker.py, register_kv_caches).
+        from vllm.config.kv_transfer import KVCacheAccess
+
+        return KVCacheAccess.IN_PROCESS
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
@@ -275,7 +314,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is not None:
             self._worker.clear()
 
-    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self._worker is not None:
             self._worker_hook("start_load_kv", self._worker.start_load_kv)
 
@@ -284,7 +323,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker_hook("wait_for_layer_load", self._worker.wait_for_layer_load, layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
-                      attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
+                      attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
         return  # finished requests are stored whole in wait_for_save
 
     def wait_for_save(self) -> None:
@@ -336,31 +375,50 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             self._scheduler.contain.fault(hook, exc)
             return fallback
 
-    def get_num_new_matched_tokens(self, request: "Request",
+    def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         assert self._scheduler is not None
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
         assert self._scheduler is not None
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
         return self._scheduler.build_connector_meta(scheduler_output)
 
-    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._scheduler is not None:
+            # A release of the KV cache (sleep, a weight update) fences what it outlived first.
+            self._scheduler_hook("fencing after a release", release_fence.fence_after_release,
+                                 self._scheduler,
+                                 getattr(connector_output, "kv_connector_worker_meta", None))
             self._scheduler.update_connector_output(connector_output)
 
-    def request_finished(self, request: "Request",
+    def may_load_async(self, request: Request) -> bool:
+        # vLLM 0.34 (--max-num-inflight-kv-loads): a disk hit may be loaded asynchronously; the
+        # rule, cheap and without a catalog query: connector/async_loads.py.
+        return self._scheduler is not None and async_loads.may_load_async(self._scheduler, request)
+
+    def on_new_request(self, request: Request) -> None:
+        # The orchestrator's KV hints (Request.kv_hints), read as plain data and kept while the
+        # request lives; kvci acts on none yet. Reading never fails a request.
+        hints = read_kv_hints(request)
+        if hints is not None:
+            self._kv_hints[request.request_id] = hints
+            if hints.problems:
+                logger.debug("kvci: request %s: %s", request.request_id, "; ".join(hints.problems))
+
+    def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished_all_groups(request, (block_ids,))
 
-    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...],
+    def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...],
                                     ) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
+        self._kv_hints.pop(request.request_id, None)
         return self._scheduler.request_finished(request, block_ids)
 
     def reset_cache(self) -> bool:
@@ -376,7 +434,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             return False
         return True
 
-    def take_events(self) -> "list[KVCacheEvent]":
+    def take_events(self) -> list[KVCacheEvent]:
         if self._scheduler is None:
             return []
         return self._scheduler_hook("take_events", self._scheduler.take_events, fallback=[])
@@ -387,7 +445,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         return self._scheduler_hook("has_pending_push_work", self._scheduler.has_pending_work,
                                     fallback=False)
 
-    def get_external_cache_hit_sources(self, request: "Request",
+    def get_external_cache_hit_sources(self, request: Request,
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
         if num_external_tokens == 0 or self._scheduler is None:
             return {}
@@ -408,11 +466,13 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         return KVCIStats(data=stats.data) if stats is not None else None
 
     @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KVConnectorStats | None:
         return KVCIStats(data=data) if data is not None else KVCIStats()
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: dict[Any, Any],
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[Any, Any],
                            labelnames: list[str],
                            per_engine_labelvalues: dict[int, list[object]]) -> Any:
         from kvci_plugin.connector.prom import KVCIPromMetrics

@@ -12,7 +12,10 @@ where a prefix lives, not whose it is).
 
 The tiers tell pages by their keyed keys (`TierListener`); a request's blocks are described
 when it finishes, while vLLM's request is alive, and the description is kept while a tier holds
-the page. Everything here is bounded, and none of it exists unless vLLM's KV events are enabled.
+the page. Everything here is bounded, and none of it exists unless vLLM's KV events are enabled:
+the token ids of at most ``MAX_HELD_TOKENS`` tokens of held pages are kept (a page past the bound
+is withdrawn from the routers, as if its tier had dropped it), and of at most ``max_described``
+pages waiting for their store.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 MEDIUM = {"ram": MEDIUM_CPU, "disk": MEDIUM_STORAGE}
 MAX_EVENTS = 65536  # queued between two steps; vLLM drains them every step
+MAX_HELD_TOKENS = 1 << 22  # token ids kept for held pages: some 150 MiB of Python ints at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +69,18 @@ class KVCIEvents:
     """Turns the tiers' page notices into vLLM KV events (a `TierListener`). Thread-safe: the
     control surface's promote and reset tell pages from its own thread."""
 
-    def __init__(self, block_size: int, hash_block_size: int, max_described: int) -> None:
+    def __init__(self, block_size: int, hash_block_size: int, max_described: int,
+                 max_held_tokens: int = MAX_HELD_TOKENS) -> None:
         self._block_size = block_size
         self._hash_block_size = hash_block_size
         self._max_described = max_described
+        self._max_held = max(1, max_held_tokens // block_size)
         self._lock = threading.Lock()
         # Blocks of finished requests whose store has not committed yet, oldest dropped first.
         self._described: OrderedDict[PageKey, _Block] = OrderedDict()
-        # Pages some tier holds: their block, and the media that hold them.
-        self._held: dict[PageKey, tuple[_Block, set[str]]] = {}
+        # Pages some tier holds: their block, and the media that hold them; least recently
+        # stored first.
+        self._held: OrderedDict[PageKey, tuple[_Block, set[str]]] = OrderedDict()
         # Pages per announced (medium, group, public hash): tenants share public hashes.
         self._refs: Counter[tuple[str, int, BlockHash]] = Counter()
         self._events: deque[KVCacheEvent] = deque()
@@ -126,6 +133,7 @@ class KVCIEvents:
                     if block is None:
                         continue  # stored by a node or a run this one did not see describe it
                     held = self._held[key] = (block, set())
+                self._held.move_to_end(key)
                 block, media = held
                 if medium in media:
                     continue
@@ -136,28 +144,35 @@ class KVCIEvents:
                     new.append(block)
             for run in _runs(new):
                 self._push(_stored(run, medium, self._block_size))
+            while len(self._held) > self._max_held:  # withdrawn: its description is let go
+                oldest, (_, media) = next(iter(self._held.items()))
+                for held_medium in list(media):
+                    self._remove([oldest], held_medium)
 
     def pages_removed(self, tier: Tier, keys: Sequence[PageKey]) -> None:
-        medium = MEDIUM[tier]
         with self._lock:
-            gone: dict[int, list[BlockHash]] = {}
-            for key in keys:
-                held = self._held.get(key)
-                if held is None or medium not in held[1]:
-                    continue
-                block, media = held
-                media.discard(medium)
-                if not media:
-                    del self._held[key]
-                ref = (medium, block.group, block.hash)
-                self._refs[ref] -= 1
-                if self._refs[ref] == 0:
-                    del self._refs[ref]
-                    gone.setdefault(block.group, []).append(block.hash)
-            for group, hashes in gone.items():
-                self._push(BlockRemoved(
-                    block_hashes=[maybe_convert_block_hash(h) for h in hashes],
-                    medium=medium, group_idx=group))
+            self._remove(keys, MEDIUM[tier])
+
+    def _remove(self, keys: Sequence[PageKey], medium: str) -> None:
+        """Withdraw ``keys`` from ``medium`` (the caller holds the lock)."""
+        gone: dict[int, list[BlockHash]] = {}
+        for key in keys:
+            held = self._held.get(key)
+            if held is None or medium not in held[1]:
+                continue
+            block, media = held
+            media.discard(medium)
+            if not media:
+                del self._held[key]
+            ref = (medium, block.group, block.hash)
+            self._refs[ref] -= 1
+            if self._refs[ref] == 0:
+                del self._refs[ref]
+                gone.setdefault(block.group, []).append(block.hash)
+        for group, hashes in gone.items():
+            self._push(BlockRemoved(
+                block_hashes=[maybe_convert_block_hash(h) for h in hashes],
+                medium=medium, group_idx=group))
 
     # ---- vLLM -----------------------------------------------------------------------------------
 

@@ -97,10 +97,18 @@ class WorkerReport:
     # "kind: error" of each time the disk tier's blob store failed this rank (not a bad blob):
     # the scheduler marks the tier degraded.
     disk_faults: list[str] = field(default_factory=list)
+    # Requests whose load failed on this rank (in any part): vLLM recomputes the blocks, and
+    # the reply reports no hit.
+    failed_loads: list[str] = field(default_factory=list)
+    # The KV cache was released and restored (sleep, or a weight update borrowing its memory):
+    # the KV of this generation and older may predate new weights, and this rank refuses its
+    # jobs; the scheduler resets (fences its tiers) unless it is past this generation already.
+    fence_generation: int | None = None
 
     def is_empty(self) -> bool:
         return not (self.persisted or self.persist_errors or self.bad_pages or self.disk_loads
-                    or self.failed_stores or self.disk_faults)
+                    or self.failed_stores or self.disk_faults or self.failed_loads
+                    or self.fence_generation is not None)
 
     def merged(self, other: WorkerReport) -> WorkerReport:
         """This report and ``other`` (another rank's) summed."""
@@ -113,7 +121,10 @@ class WorkerReport:
         return WorkerReport(persisted, errors, self.bad_pages + other.bad_pages,
                             self.disk_loads + other.disk_loads,
                             self.failed_stores + other.failed_stores,
-                            self.disk_faults + other.disk_faults)
+                            self.disk_faults + other.disk_faults,
+                            self.failed_loads + other.failed_loads,
+                            max((g for g in (self.fence_generation, other.fence_generation)
+                                 if g is not None), default=None))
 
 
 def by_group(slots: list[int], block_ids: list[int],

@@ -8,12 +8,12 @@ its CPU worker's forward to its compute cores and reserves a core beside them fo
 and the API, idle while the forward runs. So the layers are copied by a thread of kvci's own on
 the cores the forward is not pinned to, one after another in the order the forward reaches
 them, while the forward computes: a layer's wait lasts only until that layer is in, and the
-first layer's copy is the only one the forward waits for whole (TTFT benchmark, one engine, a
-4k-token hit: 1.0 ms of waiting for 32 MiB, where copying it on the forward's own thread held
-the forward 3.4 ms). The copy thread copies on one thread: a second copy thread would land on the
-forward's core. Where no core is beside the forward (an unpinned worker, a one-core host), each
-layer is copied in ``wait``, on the forward's thread, its pages still in cache when it reads
-them.
+first layer's copy is the only one the forward waits for whole: a fraction of what copying on
+the forward's own thread held it (``benchmarks/ttft.py``; the waits are the "layer waits" of
+benchmarks/results/README.md, ttft, "Where a hit's time goes"). The copy thread copies on one
+thread: a second copy thread would land on the forward's core. Where no core is beside the
+forward (an unpinned worker, a one-core host), each layer is copied in ``wait``, on the
+forward's thread, its pages still in cache when it reads them.
 
 Only layers seen waiting are deferred. vLLM waits in its attention layers only; a layer it never
 waits for before reading (a Mamba layer's state, say) is copied before ``start`` returns, as is

@@ -6,6 +6,7 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
 
     vllm:kvci_lookups_total                     finished requests that were looked up
     vllm:kvci_hit_tokens_total{tier}            prompt tokens loaded from the RAM / disk tier
+    vllm:kvci_failed_hit_tokens_total{tier}     prompt tokens hit but not loaded (recomputed)
     vllm:kvci_loaded_bytes_total{tier}          bytes loaded into the KV cache, by tier
     vllm:kvci_stored_bytes_total{tier}          bytes stored: tier=ram copies, tier=disk persists
     vllm:kvci_checkpoints_total                 checkpoints kept in RAM
@@ -23,13 +24,17 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_gate_refusals_total{check}        persists the eligibility gate refused, by check
     vllm:kvci_recommendations_total{tier}       recommendations by recommended tier
     vllm:kvci_cache_gate_pauses_total           worthy keeps the cache gate paused
-    vllm:kvci_cache_gate_prefix_keeps_total     churn pauses that still kept the prefix every rewrite re-sent
+    vllm:kvci_cache_gate_prefix_keeps_total     churn pauses that still kept the prefix every
+                                                rewrite re-sent
     vllm:kvci_params_errors_total               requests whose kvci params were refused
-    vllm:kvci_ram_refused_under_pressure_total  offers the RAM tier's policy found worth less than what they would evict
+    vllm:kvci_ram_refused_under_pressure_total  offers the RAM tier's policy found worth less
+                                                than what they would evict
     vllm:kvci_ram_evicted_unread_total          RAM checkpoints evicted before any load read them
     vllm:kvci_ram_wasted_writes_total           system checkpoints evicted before any hit (bar up)
-    vllm:kvci_ram_missed_reuses_total           requests wanting a checkpoint the bar held back (bar down)
-    vllm:kvci_ram_threshold                     the RAM threshold recommendations are scored at (gauge)
+    vllm:kvci_ram_missed_reuses_total           requests wanting a checkpoint the bar held back
+                                                (bar down)
+    vllm:kvci_ram_threshold                     the RAM threshold recommendations are scored at
+                                                (gauge)
     vllm:kvci_retentions_total                  retentions granted (kvci.retain)
     vllm:kvci_retentions_refused_total          retentions refused (over the tenant quota, not kept)
     vllm:kvci_retentions_expired_total          retentions ended by their TTL
@@ -73,41 +78,76 @@ LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 _PLAIN = {
     "lookups": ("vllm:kvci_lookups", "Finished requests kvci looked up."),
     "checkpoints_ram": ("vllm:kvci_checkpoints", "Checkpoints kept in the RAM tier."),
-    "evicted_checkpoints": ("vllm:kvci_evicted_checkpoints", "RAM checkpoints evicted to make room."),
+    "evicted_checkpoints": (
+        "vllm:kvci_evicted_checkpoints",
+        "RAM checkpoints evicted to make room.",
+    ),
     "store_declined": ("vllm:kvci_store_declined", "Keeps that did not fit the RAM tier."),
-    "ram_refused_under_pressure": ("vllm:kvci_ram_refused_under_pressure",
-                                   "Offers the RAM tier's policy found worth less than the "
-                                   "checkpoints they would evict."),
-    "ram_evicted_unread": ("vllm:kvci_ram_evicted_unread",
-                           "RAM checkpoints evicted before any load read them."),
-    "store_opted_out": ("vllm:kvci_store_opted_out", "Requests whose client asked for checkpoint 'never'."),
-    "cache_resets": ("vllm:kvci_cache_resets", "Cache resets (after weight updates): tiers fenced."),
-    "checkpoints_fenced": ("vllm:kvci_checkpoints_fenced",
-                           "RAM and disk checkpoints a cache reset fenced."),
-    "cache_reset_failures": ("vllm:kvci_cache_reset_failures",
-                             "Cache resets that could not fence the disk tier."),
-    "disk_hits_declined": ("vllm:kvci_disk_hits_declined",
-                           "Disk hits recomputed because recomputing was measured clearly faster."),
-    "persisted_checkpoints": ("vllm:kvci_persisted_checkpoints", "Checkpoints made durable on disk."),
+    "ram_refused_under_pressure": (
+        "vllm:kvci_ram_refused_under_pressure",
+        "Offers the RAM tier's policy found worth less than the checkpoints they would evict.",
+    ),
+    "ram_evicted_unread": (
+        "vllm:kvci_ram_evicted_unread",
+        "RAM checkpoints evicted before any load read them.",
+    ),
+    "store_opted_out": (
+        "vllm:kvci_store_opted_out",
+        "Requests whose client asked for checkpoint 'never'.",
+    ),
+    "cache_resets": (
+        "vllm:kvci_cache_resets",
+        "Cache resets (after weight updates): tiers fenced.",
+    ),
+    "checkpoints_fenced": (
+        "vllm:kvci_checkpoints_fenced",
+        "RAM and disk checkpoints a cache reset fenced.",
+    ),
+    "cache_reset_failures": (
+        "vllm:kvci_cache_reset_failures",
+        "Cache resets that could not fence the disk tier.",
+    ),
+    "disk_hits_declined": (
+        "vllm:kvci_disk_hits_declined",
+        "Disk hits recomputed because recomputing was measured clearly faster.",
+    ),
+    "persisted_checkpoints": (
+        "vllm:kvci_persisted_checkpoints",
+        "Checkpoints made durable on disk.",
+    ),
     "persist_failures": ("vllm:kvci_persist_failures", "Persists whose blob writes failed."),
-    "disk_load_errors": ("vllm:kvci_disk_load_errors",
-                         "Disk pages a load found missing or corrupt (recomputed, then forgotten)."),
-    "disk_checkpoints_discarded": ("vllm:kvci_disk_checkpoints_discarded",
-                                   "Disk checkpoints forgotten because a page of theirs was bad."),
+    "disk_load_errors": (
+        "vllm:kvci_disk_load_errors",
+        "Disk pages a load found missing or corrupt (recomputed, then forgotten).",
+    ),
+    "disk_checkpoints_discarded": (
+        "vllm:kvci_disk_checkpoints_discarded",
+        "Disk checkpoints forgotten because a page of theirs was bad.",
+    ),
     "cache_gate_pauses": ("vllm:kvci_cache_gate_pauses", "Worthy keeps the cache gate paused."),
-    "cache_gate_prefix_keeps": ("vllm:kvci_cache_gate_prefix_keeps",
-                                "Churn pauses that still kept the prefix the session's rewrites re-sent."),
+    "cache_gate_prefix_keeps": (
+        "vllm:kvci_cache_gate_prefix_keeps",
+        "Churn pauses that still kept the prefix the session's rewrites re-sent.",
+    ),
     "params_errors": ("vllm:kvci_params_errors", "Requests whose kvci params were refused."),
-    "ram_wasted_writes": ("vllm:kvci_ram_wasted_writes",
-                          "System-trigger RAM checkpoints evicted before any hit; each raised the RAM bar."),
-    "ram_missed_reuses": ("vllm:kvci_ram_missed_reuses",
-                          "Requests that wanted a checkpoint the RAM bar alone held back; each lowered it."),
+    "ram_wasted_writes": (
+        "vllm:kvci_ram_wasted_writes",
+        "System-trigger RAM checkpoints evicted before any hit; each raised the RAM bar.",
+    ),
+    "ram_missed_reuses": (
+        "vllm:kvci_ram_missed_reuses",
+        "Requests that wanted a checkpoint the RAM bar alone held back; each lowered it.",
+    ),
     "retentions_retained": ("vllm:kvci_retentions", "Retentions granted (kvci.retain)."),
-    "retentions_refused": ("vllm:kvci_retentions_refused",
-                           "Retentions refused (over the tenant's quota, or the KV not kept)."),
+    "retentions_refused": (
+        "vllm:kvci_retentions_refused",
+        "Retentions refused (over the tenant's quota, or the KV not kept).",
+    ),
     "retentions_expired": ("vllm:kvci_retentions_expired", "Retentions ended by their TTL."),
-    "retentions_released": ("vllm:kvci_retentions_released",
-                            "Retentions ended by their session's next request."),
+    "retentions_released": (
+        "vllm:kvci_retentions_released",
+        "Retentions ended by their session's next request.",
+    ),
 }
 _GAUGES = {
     "ram_threshold": ("vllm:kvci_ram_threshold",
@@ -118,15 +158,42 @@ _GAUGES = {
 }
 # KVCIStats name prefix -> series, documentation, label name and its values (the name's suffix).
 _LABELLED = {
-    "hit_tokens_": ("vllm:kvci_hit_tokens", "Prompt tokens loaded from a kvci tier.", "tier", ("ram", "disk")),
-    "loaded_bytes_": ("vllm:kvci_loaded_bytes", "Bytes loaded into the KV cache from a kvci tier.",
-                      "tier", ("ram", "disk")),
-    "stored_bytes_": ("vllm:kvci_stored_bytes", "Bytes stored into a kvci tier (disk: persists).",
-                      "tier", ("ram", "disk")),
-    "recommendations_": ("vllm:kvci_recommendations", "Recommendations by recommended tier.",
-                         "tier", ("none", "ram", "disk")),
-    _REFUSAL_PREFIX: ("vllm:kvci_gate_refusals", "Persists the eligibility gate refused, by check.",
-                       "check", CHECKS),
+    "hit_tokens_": (
+        "vllm:kvci_hit_tokens",
+        "Prompt tokens loaded from a kvci tier.",
+        "tier",
+        ("ram", "disk"),
+    ),
+    "failed_hit_tokens_": (
+        "vllm:kvci_failed_hit_tokens",
+        "Prompt tokens a kvci tier hit but could not load (vLLM recomputed them).",
+        "tier",
+        ("ram", "disk"),
+    ),
+    "loaded_bytes_": (
+        "vllm:kvci_loaded_bytes",
+        "Bytes loaded into the KV cache from a kvci tier.",
+        "tier",
+        ("ram", "disk"),
+    ),
+    "stored_bytes_": (
+        "vllm:kvci_stored_bytes",
+        "Bytes stored into a kvci tier (disk: persists).",
+        "tier",
+        ("ram", "disk"),
+    ),
+    "recommendations_": (
+        "vllm:kvci_recommendations",
+        "Recommendations by recommended tier.",
+        "tier",
+        ("none", "ram", "disk"),
+    ),
+    _REFUSAL_PREFIX: (
+        "vllm:kvci_gate_refusals",
+        "Persists the eligibility gate refused, by check.",
+        "check",
+        CHECKS,
+    ),
 }
 _LATENCY = {
     "load_": ("vllm:kvci_load_seconds", "kvci load latency by tier.", "tier", ("ram", "disk")),
@@ -139,8 +206,13 @@ _LATENCY = {
 
 
 class KVCIPromMetrics(KVConnectorPromMetrics):
-    def __init__(self, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
-                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         labels = list(self._labelnames)
         # (stats name, extra label value or None, metric): every series is created up front, so
@@ -150,7 +222,9 @@ class KVCIPromMetrics(KVConnectorPromMetrics):
             counters.append((name, None, self._counter_cls(name=metric_name, documentation=doc,
                                                            labelnames=labels)))
         for prefix, (metric_name, doc, label, values) in _LABELLED.items():
-            counter = self._counter_cls(name=metric_name, documentation=doc, labelnames=labels + [label])
+            counter = self._counter_cls(
+                name=metric_name, documentation=doc, labelnames=labels + [label]
+            )
             counters += [(prefix + value, value, counter) for value in values]
         faults = self._counter_cls(
             name="vllm:kvci_faults", labelnames=labels + ["tier", "kind"],
@@ -160,13 +234,27 @@ class KVCIPromMetrics(KVConnectorPromMetrics):
                      for tier in TIERS for kind in KINDS]
         histograms: list[tuple[str, str | None, Any]] = []
         for prefix, (metric_name, doc, label, values) in _LATENCY.items():
-            histogram = self._histogram_cls(name=metric_name, documentation=doc, buckets=LATENCY_BUCKETS,
-                                            labelnames=labels + [label])
+            histogram = self._histogram_cls(
+                name=metric_name,
+                documentation=doc,
+                buckets=LATENCY_BUCKETS,
+                labelnames=labels + [label],
+            )
             histograms += [(prefix + value, value, histogram) for value in values]
         # The latest value wins: with several API server processes, the most recent report.
-        gauges = [(name, None, self._gauge_cls(name=metric_name, documentation=doc, labelnames=labels,
-                                                 multiprocess_mode="mostrecent"))
-                  for name, (metric_name, doc) in _GAUGES.items()]
+        gauges = [
+            (
+                name,
+                None,
+                self._gauge_cls(
+                    name=metric_name,
+                    documentation=doc,
+                    labelnames=labels,
+                    multiprocess_mode="mostrecent",
+                ),
+            )
+            for name, (metric_name, doc) in _GAUGES.items()
+        ]
         healthy = self._gauge_cls(
             name="vllm:kvci_tier_healthy", labelnames=labels + ["tier"],
             documentation="1 while the tier's dependencies answer; 0 while it is degraded "

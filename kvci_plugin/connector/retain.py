@@ -1,15 +1,15 @@
 """The connector's side of `kvci.retain`: the bound a request may ask for, the reply it gets, and
 the figures `/metrics` shows. The retentions themselves live with the RAM tier
-(`kvci_plugin.tiering.retention`)."""
+(`kvci_plugin.tiering.ram.retention`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvci_plugin.connector.params import KVCIRequestParams, ParamsError
 from kvci_plugin.connector.tally import StatsTally
-from kvci_plugin.tiering.manager import CheckpointOutcome, RetainAsk
-from kvci_plugin.tiering.retention import RetentionStats
+from kvci_plugin.request.params import KVCIRequestParams, ParamsError
+from kvci_plugin.tiering.outcomes import CheckpointOutcome, RetainAsk
+from kvci_plugin.tiering.ram.retention import RetentionStats
 
 
 def retain_ask(params: KVCIRequestParams | None, max_retain_s: float) -> RetainAsk | None:
@@ -19,8 +19,11 @@ def retain_ask(params: KVCIRequestParams | None, max_retain_s: float) -> RetainA
     ttl_s = params.retain.ttl_s
     if ttl_s > max_retain_s:
         raise ParamsError(
-            f"kvci.retain.ttl_s is {ttl_s:g} s, over this engine's max_retain_s ({max_retain_s:g} s)"
-            if max_retain_s else "kvci.retain: this engine grants no retention (max_retain_s is 0)")
+            f"kvci.retain.ttl_s is {ttl_s:g} s, over this engine's max_retain_s ({max_retain_s:g} "
+            "s)"
+            if max_retain_s
+            else "kvci.retain: this engine grants no retention (max_retain_s is 0)"
+        )
     return RetainAsk(ttl_s, params.session_id)
 
 

@@ -7,7 +7,6 @@ once per finished request.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -19,51 +18,48 @@ from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.containment import Containment
 from kvci_plugin.connector.groups import GroupLayout, KVGroup
 from kvci_plugin.connector.jobs import DiskLoadJob, FailedLoad, LoadJob, PersistJob, StoreJob
+from kvci_plugin.connector.lookup_window import LookupWindow
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
-from kvci_plugin.connector.params import KVCIRequestParams, ParamsError, parse_request_params
 from kvci_plugin.connector.retain import report_retentions, retain_ask, retain_reply
 from kvci_plugin.connector.stats import KVCIStats
-from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.ops import prefix_key_list
 from kvci_plugin.policy import (
-    LRUPolicy,
+    AdmissionStats,
+    ArmedCheckpoint,
+    FinishedRequest,
+    KeepDecider,
+    KeepOutcome,
+    KeepPlan,
     PolicyStateFile,
     PolicyStateSaver,
-    ValuePolicy,
-    default_hit_rate_floor,
-    offer_for,
-    system_may_offer,
+    PressureAwareAdmission,
+    RAMPolicy,
+    ram_policy_for,
+    session_key,
 )
-from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
-from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.request.params import KVCIRequestParams, ParamsError, parse_request_params
+from kvci_plugin.request.tenancy import TenantResolver
+from kvci_plugin.tiering.disk.attach import DiskAttach
+from kvci_plugin.tiering.disk.tier import KVCheckpointStore
 from kvci_plugin.tiering.health import TierUnavailableError
 from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
-from kvci_plugin.tiering.manager import (
-    CheckpointOutcome,
-    ForgetOutcome,
-    ResetOutcome,
-    RetainAsk,
-    TieredCheckpointManager,
-)
-from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.outcomes import CheckpointOutcome, ForgetOutcome, ResetOutcome, RetainAsk
+from kvci_plugin.tiering.ram.index import RAMIndex
+from kvci_plugin.tiering.ram.room import DECLARED_POOL
 from kvci_plugin.tiering.types import PageKey, Reservation
 from kvci_plugin.worthiness import (
     CacheGate,
     CheckpointAdvisor,
     CheckpointObservation,
-    CheckpointRecommendation,
-    CheckpointTier,
     PublishedVerdict,
     PublishedVerdicts,
-    MAX_TRACKED,
-    RebuildCostModel,
     RequestHistory,
-    SessionTurn,
-    churn_keeps,
     render_advisory,
     retain_advice,
 )
+from kvci_plugin.worthiness.cache_gate import ENGINE_WIDE_INPUTS
 
 if TYPE_CHECKING:
     from kvci_plugin.connector.events import KVCIEvents
@@ -72,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 _FINISHED_OK = ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
 NULL_BLOCK_ID = 0  # vLLM's BlockPool hands out block 0 as its null block (never holds KV)
+_ERASED = -1  # the generation of a request whose tenant was forgotten while it ran
 
 
 def _gate_reply(gate: Any, offered_prefix_tokens: int | None) -> dict[str, Any] | None:
@@ -80,26 +77,32 @@ def _gate_reply(gate: Any, offered_prefix_tokens: int | None) -> dict[str, Any] 
     if gate is None:
         return None
     reply = gate.model_dump(mode="json")
+    # The hit-rate window is every tenant's lookups: a reply tells its caller none of it.
+    for inputs in (reply["inputs"], *(e["inputs"] for e in reply["evaluated"])):
+        for name in ENGINE_WIDE_INPUTS:
+            inputs.pop(name, None)
     if offered_prefix_tokens is not None:
         reply["offered_prefix_tokens"] = offered_prefix_tokens
     return reply
 
 
-def _session_key(tenant: str, session_id: str) -> str:
-    """Sessions are named by their clients: two tenants may both name one "run-1"."""
-    return f"{tenant}\x1f{session_id}"
+def _cache_gate(config: KVCIConfig, ram: RAMPolicy) -> CacheGate:
+    """The cache gate the config sets; its hit-rate floor by default is the RAM policy's."""
+    g = config.cache_gate
+    return CacheGate(
+        kill_switch=g.kill_switch,
+        hit_rate_floor=g.hit_rate_floor if g.hit_rate_floor is not None else ram.hit_rate_floor,
+        hit_rate_window=g.hit_rate_window, min_lookups=g.min_lookups,
+        churn_window_s=g.churn_window_s, churn_threshold=g.churn_threshold)
 
 
-@dataclass(frozen=True)
-class ArmedCheckpoint:
-    """A checkpoint_now from the control surface: the session's next finished request keeps its
-    KV with this trigger (a finished request's blocks are already freed, so "now" means at the end
-    of the session's current or next turn)."""
-
-    trigger: str
-    persist: bool
-    session_token: str | None
-    delegation_tokens: tuple[str, ...]
+def _pressure_bar(config: KVCIConfig, ram: RAMPolicy, advisor: CheckpointAdvisor,
+                  capacity_bytes: int) -> PressureAwareAdmission[PageKey] | None:
+    """The system trigger's RAM bar, moved by the tier's pressure; None: the advisor's own."""
+    if not (config.system_trigger and ram.under_bar and config.ram_admission == "pressure"):
+        return None
+    return PressureAwareAdmission.for_advisor(
+        advisor, capacity_bytes=capacity_bytes, min_threshold=config.ram_threshold_min)
 
 
 @dataclass
@@ -109,8 +112,9 @@ class _Req:
     tenant: str
     key_tenant: str
     keys: list[PageKey] | None  # None: this request is never matched or stored (not keyable)
+    pool: str  # the fair share its keeps count against (ram_room)
     group_keys: list[list[PageKey]] | None = None  # each KV cache group's, made when first needed
-    generation: int = 0  # the generation its keys were made in: after a reset they are stale
+    generation: int = 0  # its keys' generation: stale after a reset, _ERASED after a forget
     local_tokens: int = 0
     ext_tokens: int = 0
     hit_tier: str | None = None
@@ -126,7 +130,6 @@ class _Req:
     disk_declined: bool = False  # counted once a request, however often vLLM asks
     retain: RetainAsk | None = None
     ends_retention: bool = False  # its session's retentions end once it is scheduled
-    turn: SessionTurn | None = None  # its session's turn, measured when it finishes
 
 
 class _ConnectorMover:
@@ -166,9 +169,11 @@ class KVCIScheduler:
         disk: KVCheckpointStore | None,
         layout: GroupLayout | None = None,
         events: KVCIEvents | None = None,
+        disk_attach: DiskAttach | None = None,
     ) -> None:
         """``layout``: the engine's KV cache groups; None: one full-attention group.
-        ``events``: vLLM's KV events are on; they learn what the tiers can load."""
+        ``events``: vLLM's KV events are on; they learn what the tiers can load.
+        ``disk_attach``: the disk tier did not answer at start; attached once it does."""
         self.config = config
         self.block_size = block_size
         self.layout = layout or GroupLayout((KVGroup(()),), block_size)
@@ -185,9 +190,10 @@ class KVCIScheduler:
         state = PolicyStateFile(config.policy_state_file) if config.policy_state_file else None
         learned = state.restore() if state else None
         self.policy_restored = learned is not None  # what the policy learned before a restart
+        ram = ram_policy_for(config.ram_policy)
         index = RAMIndex(num_slots, slot_bytes, config.ram_max_entries,
                          tenant_quota_bytes=config.tenant_quota_bytes,
-                         policy=ValuePolicy(hazard=learned) if config.ram_policy == "value" else LRUPolicy())
+                         policy=ram.tier_policy(learned))
         self._policy_saver = PolicyStateSaver(state, index.policy_learned) if state else None
         advisor_kwargs: dict[str, Any] = {}
         if config.ram_threshold is not None:
@@ -197,34 +203,27 @@ class KVCIScheduler:
         self._mover = _ConnectorMover()
         advisor = CheckpointAdvisor(**advisor_kwargs)
         self.manager = TieredCheckpointManager(
-            index=index, mover=self._mover, advisor=advisor, disk=disk,
+            index=index, mover=self._mover, advisor=advisor, disk=disk, disk_attach=disk_attach,
             disk_region=config.disk_region)
         self.events = events
         if events is not None:
             self.manager.watch(events)
-        # The system trigger's RAM bar, moved by the tier's pressure; None: the advisor's own.
-        self._bar: PressureAwareAdmission[PageKey] | None = None
-        if config.system_trigger and config.ram_policy == "threshold" and config.ram_admission == "pressure":
-            self._bar = PressureAwareAdmission.for_advisor(
-                advisor, capacity_bytes=index.capacity_bytes, min_threshold=config.ram_threshold_min)
-        g = config.cache_gate
-        self.cache_gate = CacheGate(
-            kill_switch=g.kill_switch,
-            hit_rate_floor=(g.hit_rate_floor if g.hit_rate_floor is not None
-                            else default_hit_rate_floor(config.ram_policy)),
-            hit_rate_window=g.hit_rate_window, min_lookups=g.min_lookups,
-            churn_window_s=g.churn_window_s, churn_threshold=g.churn_threshold)
+        # What to keep of each finished request: the decision the simulator replays too.
+        self.cache_gate = _cache_gate(config, ram)
+        self._bar = _pressure_bar(config, ram, advisor, index.capacity_bytes)
+        self.decider = KeepDecider(
+            ram=ram, advisor=advisor, gate=self.cache_gate, sight=index.sight, bar=self._bar,
+            system_trigger=config.system_trigger, auto_promote=config.auto_promote,
+            durable_tier=lambda: self.manager.disk is not None, page_bytes=slot_bytes)
+        self._armed = self.decider.armed  # a forget drops its tenant's (KeepDecider.disarm)
         self._reqs: dict[str, _Req] = {}
         self._loads: list[LoadJob] = []
         self._disk_loads: list[DiskLoadJob] = []
         self._pinned: list[list[PageKey]] = []
         self._store_of: dict[str, str] = {}  # request id -> checkpoint id of its pending store
-        # Sessions asked to checkpoint from the control surface: applied to their next request.
-        self._armed: dict[tuple[str, str], ArmedCheckpoint] = {}
         # Sessions by session_key(tenant, session id): one tenant's session never sees another's.
         self._history = RequestHistory()
         self._load_rule = LoadOrRecompute()
-        self._rebuild = RebuildCostModel()  # the shared estimate the tier policy weighs
         self._stats = KVCIStats()
         # Failures contained in the hooks, counted in whichever stats are current.
         self.contain = Containment(lambda name: self._stats.count(name))
@@ -236,13 +235,13 @@ class KVCIScheduler:
         self._policy_changes_seen = index.policy_changes
         self._retentions_reported = self.manager.retentions.stats()
         self._retention_changes_seen = self.manager.retentions.changes
-        self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
         self._verdicts = PublishedVerdicts()
         # Keys are made in the manager's generation (a disk tier's comes from its catalog).
         self.generation = self.manager.generation
         self.namespace = generation_namespace(namespace, self.generation)
         # A reset asked for from the control surface's thread, applied on the scheduler's.
         self._reset_asked: Future[ResetOutcome] | None = None
+        self._window = LookupWindow(self.manager.lock)
         self._disk_suspended = False  # a reset failed to fence the disk tier
 
     @property
@@ -252,12 +251,7 @@ class KVCIScheduler:
     @property
     def ram_threshold(self) -> float:
         """The RAM threshold requests are scored at now."""
-        return self._bar.threshold if self._bar is not None else self.manager.advisor.ram_threshold
-
-    def _system_offers(self, rec: CheckpointRecommendation) -> bool:
-        """Whether the system trigger offers this request to the RAM tier: under the bar only
-        what clears it; under a policy that weighs offers, whatever the seed's rules allow."""
-        return rec.worth_it if self.config.ram_policy == "threshold" else system_may_offer(rec)
+        return self.decider.ram_threshold
 
     def admission_stats(self) -> AdmissionStats | None:
         """Control surface: the moving RAM bar's threshold and counts; None when the bar is fixed.
@@ -268,7 +262,6 @@ class KVCIScheduler:
     # ---- per-request state ------------------------------------------------------------------
 
     def _state(self, request: Any) -> _Req:
-        self._apply_asked_reset()
         st = self._reqs.get(request.request_id)
         if st is not None:
             return st
@@ -284,7 +277,10 @@ class KVCIScheduler:
         keys = None
         if error is None and self._keyable(request):
             keys = self.keys_for(request.prompt_token_ids, key_tenant)
+        # A verified tenant has a fair share of its own; declared ones share one (ram_room).
+        verified = error is None and params is not None and params.session_token is not None
         st = _Req(params=params, error=error, tenant=tenant, key_tenant=key_tenant, keys=keys,
+                  pool=tenant if verified else DECLARED_POOL,
                   generation=self.generation, prompt_tokens=request.num_prompt_tokens,
                   retain=retain,
                   ends_retention=params is not None and params.session_id is not None)
@@ -318,6 +314,8 @@ class KVCIScheduler:
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         """vLLM's lookup; a failure is a miss."""
         try:
+            if self._window.open():
+                self._apply_asked_reset()  # before the step's first lookup, never between two
             return self._matched_tokens(request, num_computed_tokens)
         except Exception as exc:
             self.contain.fault("lookup", exc)
@@ -480,7 +478,25 @@ class KVCIScheduler:
             self._apply_asked_reset()
         except Exception as exc:
             self.contain.fault("step bookkeeping", exc)
+        finally:
+            self._window.close()  # the step's loads are planned: a forget asked meanwhile runs
+        try:
+            self._attach_disk()
+        except Exception as exc:
+            self.contain.fault("attaching the disk tier", exc, tier="disk")
         return meta
+
+    def _attach_disk(self) -> None:
+        """Between two steps: a disk tier that did not answer at start is attached once built;
+        the next step's keys, and the workers', are in its generation."""
+        if not self.manager.disk_attaching:
+            return
+        with self.manager.lock:
+            if not self.manager.attach_disk():
+                return
+            self.generation = self.manager.generation
+            self.namespace = generation_namespace(self._base_namespace, self.generation)
+            self._history.forget_contexts()  # keyed in the old generation
 
     def _step_bookkeeping(self, scheduler_output: Any) -> None:
         """What the step tells kvci: lookups to learn, prefill rates, retentions to end."""
@@ -537,6 +553,11 @@ class KVCIScheduler:
                 self._after_persist_started(self.manager.on_stored(cid, ok=req_id not in failed))
 
     def _take_report(self, meta: KVCIWorkerMetadata) -> None:
+        for req_id in meta.failed_loads:  # recomputed: the reply reports no hit
+            st = self._reqs.get(req_id)
+            if st is not None and st.ext_tokens:
+                self._stats.count(f"failed_hit_tokens_{st.hit_tier}", st.ext_tokens)
+                st.ext_tokens, st.hit_tier = 0, None
         for nbytes, seconds in meta.disk_loads:
             self._load_rule.observe_load(nbytes, seconds)
         disk = self.manager.disk
@@ -564,14 +585,16 @@ class KVCIScheduler:
 
     # ---- the end of a request -------------------------------------------------------------------
 
-    def request_finished(self, request: Any,
-                         group_block_ids: Sequence[list[int]]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+            self, request: Any, group_block_ids: Sequence[list[int]],
+    ) -> tuple[bool, dict[str, Any] | None]:
         """vLLM's `request_finished_all_groups`: ``group_block_ids`` holds each KV cache
         group's blocks of the request. A failure keeps nothing new and tells the client so;
         blocks a queued store will read are still held until it has (else vLLM could hand them
         to another request before the copy)."""
         try:
-            return self._finished(request, group_block_ids)
+            with self.manager.lock:  # atomic with a forget from the control surface's thread
+                return self._finished(request, group_block_ids)
         except Exception as exc:
             self.contain.fault("deciding what to keep", exc)
             req_id = request.request_id
@@ -595,7 +618,6 @@ class KVCIScheduler:
             # consumed or lesson for the bar.
             return False, None
         st = st or self._state_once(request)
-        params = st.params
         if st.generation != self.generation:
             st.keys = None  # keyed before a cache reset: its KV is neither matched nor kept
         if st.error is not None:
@@ -603,111 +625,111 @@ class KVCIScheduler:
             return False, {"kvci": {"error": st.error}}
         if st.keys is not None:
             self._stats.count("lookups")
-            # Before anything was kept every lookup misses: that says nothing about whether
-            # writes pay back, so the hit-rate floor only sees lookups once a tier holds data.
-            if self._kept_any or self.manager.disk is not None:
-                self.cache_gate.record_lookup(st.ext_tokens > 0)
+            self.decider.looked_up(st.ext_tokens > 0)
         try:
-            obs = self._observation(request, st)
+            finished = self._finished_request(request, st, group_block_ids)
         except ValueError as exc:
             self._stats.count("params_errors")
             return False, {"kvci": self._publish(st, {"error": f"invalid observation: {exc}"})}
-        rec = self.manager.advisor.recommend(obs, ram_threshold=self.ram_threshold)
-        self._stats.count(f"recommendations_{rec.tier.value}")
-
-        opted_out = params is not None and params.opted_out
-        trigger = params.explicit_trigger if params is not None else None
-        armed = None
-        # An opted-out request leaves its session's armed checkpoint to the next request.
-        if params is not None and params.session_id is not None and not opted_out:
-            armed = self._armed.pop((st.tenant, params.session_id), None)
-            if trigger is None and armed is not None:
-                trigger = armed.trigger
-        gate = None
-        keep = 0  # > 0: a churn pause still offers this many leading blocks
-        if opted_out:
-            self._stats.count("store_opted_out")
-        elif trigger is None and self.config.system_trigger and self._system_offers(rec):
-            gate = self.cache_gate.decide(
-                _session_key(st.tenant, params.session_id) if params and params.session_id else None)
-            keep = churn_keeps(gate, st.turn)
-            if gate.allow or keep:
-                trigger = "system"
-            if not gate.allow:
-                self._stats.count("cache_gate_prefix_keeps" if keep else "cache_gate_pauses")
-
+        plan = self.decider.decide(finished)
+        self._count_plan(plan)
         outcome = None
-        delay = False
+        if plan.trigger is not None and finished.prompt_keys is not None:
+            outcome = self._keep(request, st, plan, group_block_ids)
+        self.decider.learn(plan, None if outcome is None else KeepOutcome(
+            kept=outcome.checkpoint_id is not None, evicted_pages=outcome.evicted_pages))
+        delay = outcome is not None and outcome.pending
+        if st.params is None:
+            return delay, None  # nothing asked, nothing said: the advisory channel stays silent
+        return delay, {"kvci": self._publish(st, self._reply(st, plan, outcome))}
+
+    def _finished_request(self, request: Any, st: _Req,
+                          group_block_ids: Sequence[list[int]]) -> FinishedRequest:
+        """What the keep decision reads of a finished request; ValueError for a bad observation."""
+        p = st.params
+        client = CheckpointObservation.from_inputs(
+            p.observation if p else None, p.evidence_bundle if p else None,
+            p.context_bundle if p else None)
+        history = None
+        if st.keys is not None:
+            session = (session_key(st.tenant, p.session_id)
+                       if p is not None and p.session_id is not None else None)
+            history = self._history.measure(session, st.keys, st.hit_key)
         # The prompt's keys when this request's KV may be kept: it is keyable and ended normally.
         prompt_keys = st.keys if request.status.name in _FINISHED_OK else None
-        n_full = 0
-        if prompt_keys is not None:
-            n_full = min(request.num_computed_tokens // self.block_size,
-                         *(len(ids) for ids in group_block_ids))
-        offer = None
-        if prompt_keys and n_full and not opted_out:
-            # Anchored where the bar anchors: the prompt's last full block, which a continuation
-            # re-sends. Kept or not, the policy remembers it.
-            offer = offer_for(rec, obs, anchor=prompt_keys[min(n_full, len(prompt_keys)) - 1],
-                              explicit=trigger not in (None, "system"), pages=n_full, rebuild=self._rebuild)
-            self.manager.index.sight(offer)
-            if keep and keep < n_full:
-                # The prefix the session's rewrites kept, weighed per page as the whole prompt.
-                n_full = keep
-                offer = dataclasses.replace(offer, anchor=prompt_keys[n_full - 1])
-                self.manager.index.sight(offer)
-        if trigger is not None and prompt_keys is not None:
-            chain = (prompt_keys[:n_full] if n_full <= len(prompt_keys)
-                     else self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
-            group_keys = self.layout.group_keys(chain) if self.layout.hybrid else [chain]
-            pages = self._pages(group_keys, group_block_ids, 0, n_full)
-            keys = [key for key, _, _ in pages]
-            if self.events is not None:
-                self.events.describe(request, group_keys, n_full, keys)
-            persist = bool(params is not None and params.persist) or (armed is not None and armed.persist) or (
-                trigger == "system" and self.config.auto_promote and rec.tier is CheckpointTier.DISK)
-            token = params.session_token if params else None
-            delegations: Sequence[str] = params.delegation_tokens if params else ()
-            if armed is not None and token is None:
-                token, delegations = armed.session_token, armed.delegation_tokens
-            outcome = self.manager.checkpoint_now(
-                tenant=st.tenant, keys=keys, trigger=trigger, recommendation=rec,
-                source=(request.request_id, {key: (b, g) for key, b, g in pages}),
-                source_ids=params.source_ids if params else (), persist=persist,
-                session_token=token, delegation_tokens=delegations, offer=offer,
-                retain=st.retain)
-            self._count_outcome(outcome)
-            if outcome.pending:
-                self._store_of[request.request_id] = outcome.checkpoint_id
-                delay = True
-        if self._bar is not None:
-            if outcome is not None and outcome.evicted_pages:
-                self._bar.evicted(outcome.evicted_pages)
-            # The client's choice, not the bar's: an opted-out request's own KV is no lesson.
-            if prompt_keys and n_full and not opted_out:
-                self._teach_bar(self._bar, prompt_keys, n_full, trigger, rec, outcome)
-        if params is None:
-            return delay, None  # nothing asked, nothing said: the advisory channel stays silent
+        blocks = 0 if prompt_keys is None else min(
+            request.num_computed_tokens // self.block_size, *(len(ids) for ids in group_block_ids))
+        return FinishedRequest(
+            tenant=st.tenant, observation=client, session_id=p.session_id if p else None,
+            explicit_trigger=p.explicit_trigger if p else None, persist=bool(p and p.persist),
+            opted_out=bool(p and p.opted_out), session_token=p.session_token if p else None,
+            delegation_tokens=tuple(p.delegation_tokens) if p else (),
+            context_tokens=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
+            cached_tokens=min(st.local_tokens + st.ext_tokens, request.num_prompt_tokens),
+            # What rebuilding the whole prompt would take at this engine's measured prefill rate
+            # (from requests that loaded nothing), not this request's own time scaled up: when
+            # most of a prompt hit, that multiplies a step's fixed cost by the prompt over a few
+            # tokens.
+            rebuild_s=self._load_rule.recompute_s(st.prompt_tokens),
+            history=history, prompt_keys=prompt_keys, blocks=blocks)
+
+    def _count_plan(self, plan: KeepPlan) -> None:
+        self._stats.count(f"recommendations_{plan.recommendation.tier.value}")
+        if plan.opted_out:
+            self._stats.count("store_opted_out")
+        elif plan.gate is not None and not plan.gate.allow:
+            self._stats.count("cache_gate_prefix_keeps" if plan.churn_keep else "cache_gate_pauses")
+
+    def _keep(self, request: Any, st: _Req, plan: KeepPlan,
+              group_block_ids: Sequence[list[int]]) -> CheckpointOutcome:
+        """Carry ``plan`` out: its leading blocks into the RAM tier, a durable copy if asked."""
+        prompt_keys, n_full = st.keys, plan.blocks
+        assert prompt_keys is not None and plan.trigger is not None
+        # Past the prompt the chain runs on into the output, keyed as the prompt was.
+        chain = (prompt_keys[:n_full] if n_full <= len(prompt_keys) else
+                 self.keys_for(request.all_token_ids[: n_full * self.block_size], st.key_tenant))
+        group_keys = self.layout.group_keys(chain) if self.layout.hybrid else [chain]
+        pages = self._pages(group_keys, group_block_ids, 0, n_full)
+        keys = [key for key, _, _ in pages]
+        if self.events is not None:
+            self.events.describe(request, group_keys, n_full, keys)
+        outcome = self.manager.checkpoint_now(
+            tenant=st.tenant, keys=keys, trigger=plan.trigger, recommendation=plan.recommendation,
+            source=(request.request_id, {key: (b, g) for key, b, g in pages}),
+            source_ids=st.params.source_ids if st.params else (), persist=plan.persist,
+            session_token=plan.session_token, delegation_tokens=plan.delegation_tokens,
+            offer=plan.offer, retain=st.retain, pool=st.pool)
+        self._count_outcome(outcome)
+        if outcome.pending:
+            self._store_of[request.request_id] = outcome.checkpoint_id
+        return outcome
+
+    def _reply(self, st: _Req, plan: KeepPlan,
+               outcome: CheckpointOutcome | None) -> dict[str, Any]:
+        """The `kvci` object of the response's kv_transfer_params."""
+        rec = plan.recommendation
         advice = None if st.retain is not None else retain_advice(
-            obs, max_retain_s=self.config.max_retain_s)
+            plan.observation, max_retain_s=self.config.max_retain_s)
         reply: dict[str, Any] = {
             "recommendation": rec.model_dump(mode="json"),
             "advisory": "\n".join(t for t in (render_advisory(rec), advice) if t),
             "retain_advice": advice,
             "retain": retain_reply(st.retain, outcome, self._stats),
-            "trigger": trigger,
+            "trigger": plan.trigger,
             "tier": outcome.tier if outcome else "none",
             "checkpoint_id": outcome.checkpoint_id if outcome else None,
             "hit_tokens": st.ext_tokens,
             "hit_tier": st.hit_tier if st.ext_tokens else None,
-            "cache_gate": _gate_reply(gate, n_full * self.block_size if keep else None),
-            "persist": outcome.persist.model_dump(mode="json") if outcome and outcome.persist else None,
+            "cache_gate": _gate_reply(
+                plan.gate, plan.blocks * self.block_size if plan.churn_keep else None),
+            "persist": (outcome.persist.model_dump(mode="json")
+                        if outcome and outcome.persist else None),
         }
         if outcome is not None and outcome.tier == "none":
             reply["not_kept"] = outcome.reason
-        elif opted_out:
+        elif plan.opted_out:
             reply["not_kept"] = "the client asked for checkpoint 'never'"
-        return delay, {"kvci": self._publish(st, reply)}
+        return reply
 
     def _publish(self, st: _Req, reply: dict[str, Any]) -> dict[str, Any]:
         """Keep the reply of a request that named its session, for the `advisory` action."""
@@ -722,24 +744,10 @@ class KVCIScheduler:
         del self._reqs[request.request_id]
         return st
 
-    def _teach_bar(self, bar: PressureAwareAdmission[PageKey], prompt_keys: Sequence[PageKey],
-                   n_full: int, trigger: str | None, rec: CheckpointRecommendation,
-                   outcome: CheckpointOutcome | None) -> None:
-        """Tell the bar whether the system trigger kept this request or left it. An explicit
-        checkpoint is not the bar's decision: it teaches the bar nothing but its evictions."""
-        # The anchor is the deepest block a continuation re-sends: the prompt's last full one (a
-        # repeat re-sends only the prompt, a next turn may tokenize the output differently).
-        anchor = prompt_keys[min(n_full, len(prompt_keys)) - 1]
-        if trigger == "system" and outcome is not None and outcome.checkpoint_id is not None:
-            bar.admitted(anchor)
-        elif trigger is None:
-            bar.declined(anchor, n_full * self.manager.index.slot_bytes, rec)
-
     def _count_outcome(self, outcome: Any) -> None:
         if outcome.checkpoint_id is None:
             self._stats.count("store_declined")
             return
-        self._kept_any = True
         self._stats.count("checkpoints_ram")
         self._stats.count("evicted_checkpoints", len(outcome.evicted))
         if outcome.persist is not None:
@@ -748,41 +756,6 @@ class KVCIScheduler:
                 check = p.decision.failed_check if p.decision is not None else "no_disk_tier"
                 self._stats.count(f"gate_refusals_{check}")
             self._after_persist_started(p)
-
-    def _observation(self, request: Any, st: _Req) -> CheckpointObservation:
-        p = st.params
-        obs = CheckpointObservation.from_inputs(
-            p.observation if p else None, p.evidence_bundle if p else None,
-            p.context_bundle if p else None)
-        measured: dict[str, Any] = {
-            # The prompt: the rebuild-cost estimate adds the output to it itself.
-            "context_tokens": request.num_prompt_tokens,
-            "output_tokens": request.num_output_tokens,
-            "cached_tokens": min(st.local_tokens + st.ext_tokens, request.num_prompt_tokens),
-        }
-        # What rebuilding the whole prompt would take at this engine's measured prefill rate (from
-        # requests that loaded nothing), not this request's own time scaled up: when most of a
-        # prompt hit, that multiplies a step's fixed cost by the prompt over a few tokens.
-        rebuild_s = self._load_rule.recompute_s(st.prompt_tokens)
-        if rebuild_s is not None:
-            measured["wall_time_s"] = rebuild_s
-        if st.keys is not None:
-            session = (_session_key(st.tenant, p.session_id)
-                       if p is not None and p.session_id is not None else None)
-            m = self._history.measure(session, st.keys, st.hit_key)
-            st.turn = m.turn
-            if m.observed_reuse is not None:
-                measured["observed_reuse"] = m.observed_reuse
-            if m.turn is not None:
-                if m.turn.rewrote:
-                    self.cache_gate.record_context_change(session)
-                measured.update(context_rewrites=m.turn.context_rewrites,
-                                turns_since_change=m.turn.turns_since_change)
-                # The client's own item counts stand; the engine's blocks are another unit.
-                if obs.retrieved_items is None and obs.novel_items is None:
-                    measured.update(retrieved_items=m.turn.retrieved_items, novel_items=m.turn.novel_items)
-        update = {k: v for k, v in measured.items() if getattr(obs, k) is None}
-        return obs.model_copy(update=update) if update else obs
 
     def take_stats(self) -> KVCIStats | None:
         # Called every engine step: the policy's and the retentions' counts are read only once
@@ -793,10 +766,10 @@ class KVCIScheduler:
         if self._policy_saver is not None:
             self._policy_saver.tick()
         self._report_retentions()
-        disk = self.manager.disk
-        if disk is not None and disk.health.available != self._disk_healthy:
-            self._disk_healthy = disk.health.available
-            self._stats.gauge("tier_healthy_disk", 1.0 if self._disk_healthy else 0.0)
+        healthy = self.manager.disk_available
+        if healthy is not None and healthy != self._disk_healthy:
+            self._disk_healthy = healthy
+            self._stats.gauge("tier_healthy_disk", 1.0 if healthy else 0.0)
         if self._stats.is_empty():
             return None
         stats, self._stats = self._stats, KVCIStats()
@@ -843,6 +816,7 @@ class KVCIScheduler:
 
     def shutdown(self) -> None:
         """The engine stops: what the policy learned is kept for the next start."""
+        self.manager.close()
         if self._policy_saver is not None:
             self._policy_saver.save()
 
@@ -855,17 +829,27 @@ class KVCIScheduler:
         """Control surface: crypto-erase ``tenant`` once its verified credential with the forget
         scope allows it (ForgetRefusedError otherwise)."""
         self._tenants.authorize_forget(tenant, session_token, delegation_tokens)
-        return self.manager.forget(tenant)
+        return self._window.run(lambda: self._forget(tenant))
+
+    def _forget(self, tenant: str) -> ForgetOutcome:
+        """Under the manager's lock, outside a lookup window: the tiers forget the tenant, and its
+        requests in flight were keyed before it — they neither hit again (after a preemption)
+        nor keep. Checkpoints it armed are dropped."""
+        outcome = self.manager.forget(tenant)
+        for st in list(self._reqs.values()):
+            if st.tenant == tenant:
+                st.generation = _ERASED
+        for armed in [k for k in self._armed if k[0] == tenant]:
+            del self._armed[armed]
+        return outcome
 
     def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
                        session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:
         """Control surface: keep the KV of this session's next finished request."""
         with self.manager.lock:
-            self._armed[(tenant, session_id)] = ArmedCheckpoint(
+            self.decider.arm(tenant, session_id, ArmedCheckpoint(
                 trigger=trigger, persist=persist, session_token=session_token,
-                delegation_tokens=delegation_tokens)
-            while len(self._armed) > MAX_TRACKED:  # bounded as the request history's tables are
-                self._armed.pop(next(iter(self._armed)))
+                delegation_tokens=delegation_tokens))
 
     def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
         """Control surface: what this session's latest finished request was told."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,14 +38,18 @@ from kvci_plugin.connector.pages import page_views, slot_bytes
 from kvci_plugin.connector.tally import StatsTally
 from kvci_plugin.ops import PageCopyStream, PendingCopy, scatter_pages
 from kvci_plugin.ops.affinity import on_any_core
-from kvci_plugin.tiering.blob_backend import BlobBackend, BlobRoot
-from kvci_plugin.tiering.blob_codec import BlobUnavailableError
+from kvci_plugin.tiering.blobs.backend import BlobBackend, BlobRoot
+from kvci_plugin.tiering.blobs.errors import BlobUnavailableError
 from kvci_plugin.tiering.health import fault_kind
-from kvci_plugin.tiering.types import TenantMismatchError
 from kvci_plugin.tiering.keys import generation_namespace
-from kvci_plugin.tiering.page_pool import PagePool
+from kvci_plugin.tiering.ram.pool import PagePool
+from kvci_plugin.tiering.types import TenantMismatchError
 
 logger = logging.getLogger(__name__)
+
+_RELEASED = -1
+"""The generation of a disk load in flight when the KV cache was released: it never matches, so
+the load is reported failed."""
 
 STAGING_BYTES = 64 << 20
 """Bytes of pages a disk load reads before scattering them: a longer prefix is loaded in parts."""
@@ -53,7 +57,7 @@ STAGING_BYTES = 64 << 20
 IDLE_WAIT_S = 0.05
 """How long a step with nothing to compute waits for a disk load in flight to end. While requests
 wait only for their loads vLLM steps without pause; each empty step takes the CPU and the GIL
-from the load it waits for (a 32 MiB load took 2-4x longer), and a load that ends just after
+from the load it waits for (a load took several times longer), and a load that ends just after
 its step's wait is seen a whole step later. Long enough for a prefix of tens of MiB from the
 page cache to be reported in the step that started it; a request arriving while nothing
 computes waits at most this long."""
@@ -62,7 +66,9 @@ computes waits at most this long."""
 @dataclass
 class _DiskLoadResult:
     failed: set[int] = field(default_factory=set)  # block ids vLLM must recompute
-    bad: list[bytes] = field(default_factory=list)  # missing or corrupt page: the catalog forgets it
+    bad: list[bytes] = field(
+        default_factory=list
+    )  # missing or corrupt page: the catalog forgets it
     nbytes: int = 0
     seconds: float = 0.0
     read_s: float = 0.0  # reading and verifying the blobs
@@ -122,6 +128,12 @@ class KVCIWorker:
         self._failed_saves: set[str] = set()  # stores that failed: reported finished, not kept
         self._io: ThreadPoolExecutor | None = None
         self._asleep = False  # sleep mode: the KV cache memory is released
+        # The newest generation whose KV the last release of the KV cache may have outlived
+        # (weights updated meanwhile): its jobs and older ones are refused (``_fenced``).
+        self._fenced_through: int | None = None
+        self._bound = False  # a step's jobs have reached this worker: its generation is known
+        # Released before any step: the generation of the first step's jobs is fenced.
+        self._fence_first_seen = False
         self._layer_loads: LayerwiseLoads | None = None  # the CPU's RAM loads
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -158,30 +170,69 @@ class KVCIWorker:
             initargs=(device,) if device.type == "cuda" else ())
         if self._blob_root is not None:
             # Faulted in now, at engine start: made at the first disk load, its first touch cost
-            # that hit here 107 of its 130 ms of reading and verifying (32 MiB; a later hit's
-            # whole read and verify: 10 ms).
+            # that hit most of its reading and verifying, many times a later hit's whole read and
+            # verify.
             self._staging_buffer().zero_()
 
     def unregister_kv_caches(self) -> None:
-        """Sleep mode (vLLM 0.33): the KV cache memory is about to be released. Every copy in
-        flight runs to its end first (vLLM has reset kvci's cache before: what they copy is
-        never loaded again), and no job touches the cache until ``restore_kv_caches``."""
+        """The KV cache memory is about to be released: for a sleep (vLLM 0.33), or lent out
+        during a layer-wise weight update (0.34's extensible KV cache). Every copy in flight runs
+        to its end first, and no job touches the cache until ``restore_kv_caches``. A disk load
+        in flight is reported failed: the blocks it filled lose their memory (vLLM recomputes
+        them). The weights may change before the restore, with or without a cache reset
+        (``reset_connector=False``), so the KV of every generation this worker has seen is
+        fenced as a reset fences it (``restore_kv_caches``)."""
         for fut, _, _ in self._disk_loads.values():
-            fut.exception()  # waits; the result is reported as usual, failed by the reset
+            fut.exception()  # waits for the read to end
+        self._disk_loads = {req_id: (fut, job, _RELEASED)
+                            for req_id, (fut, job, _) in self._disk_loads.items()}
         self._finish_layer_loads()
         for copies in (self._load_copies, self._store_copies, self._disk_copies):
             if copies is not None:
                 copies.drain()
         self._asleep = True
+        if self._bound:
+            self._fenced_through = max(self._generation, self._fenced_through or 0)
+        else:  # the scheduler's generation is not known here yet: the first one told is fenced
+            self._fence_first_seen = True
 
     def restore_kv_caches(self) -> None:
-        """Wake-up: the KV cache is mapped again at the addresses the page views name."""
+        """The KV cache is mapped again at the addresses the page views name (its pages are new:
+        the views, the pool and the staging buffer stay valid). Nothing from before comes back:
+        loads and persists of a generation up to the fenced one are refused (recomputed; not
+        written), and the scheduler is told to reset unless it has already, so only KV
+        computed after the restore is loaded again."""
         self._asleep = False
+        if self._fenced_through is not None:
+            self._report.fence_generation = self._fenced_through
+
+    def _fenced(self, meta: StepJobs) -> StepJobs:
+        """``meta`` less what the last release fenced: its loads fail (recomputed) and its
+        persists are refused, until the scheduler's jobs come in a newer generation (its reset).
+        Stores still run: they copy KV computed after the restore, and free their blocks."""
+        if not (meta.loads or meta.disk_loads or meta.persists):
+            return meta
+        failed = [FailedLoad(job.req_id, job.block_ids, False) for job in meta.loads]
+        failed += [FailedLoad(job.req_id, job.block_ids, not job.sync) for job in meta.disk_loads]
+        for pjob in meta.persists:
+            self._report.persist_errors.setdefault(pjob.checkpoint_id, []).append(
+                "fenced: the KV cache was released and restored (a sleep or a weight update) "
+                "and kvci's tiers are being reset")
+        self._report.fence_generation = self._fenced_through  # the scheduler resets (again)
+        return replace(meta, loads=[], disk_loads=[], persists=[],
+                       failed_loads=[*meta.failed_loads, *failed])
 
     def bind(self, meta: StepJobs) -> None:
         if self._asleep and (meta.loads or meta.disk_loads or meta.stores or meta.persists):
             raise RuntimeError("kvci: copy jobs reached a worker whose KV cache is released "
                                "(asleep): vLLM must wake it first")
+        self._bound = True
+        if self._fence_first_seen:
+            self._fence_first_seen = False
+            self._fenced_through = max(meta.generation, self._fenced_through or 0)
+            self._report.fence_generation = self._fenced_through
+        if self._fenced_through is not None and meta.generation <= self._fenced_through:
+            meta = self._fenced(meta)
         self._meta = meta
         if meta.generation != self._generation:
             self._enter_generation(meta.generation)
@@ -220,7 +271,10 @@ class KVCIWorker:
                 self._failed_recving.add(load.req_id)
             self._fail_blocks(load.req_id, load.block_ids, load.asynchronous)
 
-    def _fail_blocks(self, req_id: str, block_ids: list[int] | set[int], asynchronous: bool) -> None:
+    def _fail_blocks(
+        self, req_id: str, block_ids: list[int] | set[int], asynchronous: bool
+    ) -> None:
+        self._report.failed_loads.append(req_id)
         if asynchronous and self._hybrid:
             self._recv_failed.add(req_id)
         else:
@@ -256,8 +310,8 @@ class KVCIWorker:
             for djob in meta.disk_loads:
                 if djob.sync and not self._disk_loads:
                     # This step's forward reads the pages and the I/O thread is idle: read them
-                    # here. Handed to the I/O thread and waited for, the same 32 MiB load took
-                    # 12.8 ms instead of 8.7, and the forward after it 5 ms more (TTFT benchmark).
+                    # here. Handed to the I/O thread and waited for, the same load took longer
+                    # and so did the forward after it (``benchmarks/ttft.py``, the disk hits).
                     # On the CPU they are copied in layer by layer, as a RAM load's,
                     # from the staging buffer, which no other load uses before the step ends.
                     stage = (self._layer_loads is not None and len(meta.disk_loads) == 1
@@ -272,7 +326,9 @@ class KVCIWorker:
                 else:
                     self._disk_loads[djob.req_id] = (read, djob, self._generation)
         if self._layer_loads is not None and layered:
-            self._layer_loads.start(layered, sum(len(job.slots) for job in meta.loads) * pool.slot_bytes)
+            self._layer_loads.start(
+                layered, sum(len(job.slots) for job in meta.loads) * pool.slot_bytes
+            )
 
     def _load_from_disk(self, job: DiskLoadJob, blobs: BlobBackend | None,
                         fence: torch.cuda.Event | None, stage: bool = False) -> _DiskLoadResult:
@@ -460,7 +516,8 @@ class KVCIWorker:
             return True
 
     def _disk_load_done(self, result: _DiskLoadResult, job: DiskLoadJob, generation: int) -> None:
-        """A disk load has ended: its failed blocks, bad pages and times go to vLLM and the scheduler."""
+        """A disk load has ended: its failed blocks, bad pages and times go to vLLM and the
+        scheduler."""
         if generation != self._generation:
             result = _DiskLoadResult(failed=set(job.block_ids))  # fenced by a reset
         if result.failed:

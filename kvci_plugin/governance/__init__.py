@@ -8,7 +8,12 @@ from kvci_plugin.governance.classification import Classification
 from kvci_plugin.governance.credential_config import CredentialAlgorithm, CredentialConfig
 from kvci_plugin.governance.credential_error import CredentialError, CredentialErrorReason
 from kvci_plugin.governance.credentials import DelegationCeiling, PolicyVersion, VerifiedSession
-from kvci_plugin.governance.decision import CheckRecord, CheckVerdict, EligibilityDecision, PersistenceDerivation
+from kvci_plugin.governance.decision import (
+    CheckRecord,
+    CheckVerdict,
+    EligibilityDecision,
+    PersistenceDerivation,
+)
 from kvci_plugin.governance.derived_gate import DerivedAuthorityGate
 from kvci_plugin.governance.eligibility import CHECK_ORDER, PersistenceEligibilityGate
 from kvci_plugin.governance.erasure import FORGET_SCOPE, ForgetRefusedError, authorize_forget

@@ -21,6 +21,8 @@ class AlwaysDenyEligibility:
             trigger=request.trigger,
             failed_check=self.name,
             reason=f"refused at {self.name}: {_DETAIL}",
-            derivation=PersistenceDerivation(checks=(CheckRecord(name=self.name, verdict="fail", detail=_DETAIL),)),
+            derivation=PersistenceDerivation(
+                checks=(CheckRecord(name=self.name, verdict="fail", detail=_DETAIL),)
+            ),
             evaluated_at=time.time(),
         )

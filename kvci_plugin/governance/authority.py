@@ -38,7 +38,9 @@ def derive_effective_authority(
     """Verify every credential now and intersect: scopes, markings and regions by set
     intersection, clearance by minimum. `delegation_tokens` run root to leaf and must link
     (each hop's delegate is the next hop's delegator, the last delegate is the session actor)
-    within the session's tenant; a chain that does not is unresolvable and raises.
+    within the session's tenant; a chain that does not is unresolvable and raises. A session
+    that names its ceilings (the `delegations` claim of a delegate's session) is unresolvable
+    without exactly the chain it names: a ceiling is never voluntary for a delegate.
 
     The intersection is unconditional: no setting turns it into a warning.
     """
@@ -55,19 +57,30 @@ def derive_effective_authority(
         except CredentialError as exc:
             raise exc.for_credential(name) from exc
         if hop.tenant != session.tenant:
-            raise _unresolvable(name, f"ceiling is for tenant {hop.tenant!r}, the session is in {session.tenant!r}")
+            raise _unresolvable(
+                name, f"ceiling is for tenant {hop.tenant!r}, the session is in {session.tenant!r}"
+            )
         if chain and chain[-1].delegate != hop.delegator:
             raise _unresolvable(
-                name, f"delegator {hop.delegator!r} is not the previous hop's delegate {chain[-1].delegate!r}"
+                name,
+                f"delegator {hop.delegator!r} is not the previous hop's delegate "
+                f"{chain[-1].delegate!r}",
             )
         chain.append(hop)
     if chain and chain[-1].delegate != session.actor:
         raise _unresolvable(
             f"delegation[{len(chain) - 1}]",
-            f"the chain ends at delegate {chain[-1].delegate!r}, but the session's actor is {session.actor!r}",
+            f"the chain ends at delegate {chain[-1].delegate!r}, but the session's actor is "
+            f"{session.actor!r}",
         )
+    _check_named_chain(session.delegations, chain)
 
-    scopes, clearance, markings, regions = session.scopes, session.clearance, session.markings, session.regions
+    scopes, clearance, markings, regions = (
+        session.scopes,
+        session.clearance,
+        session.markings,
+        session.regions,
+    )
     for hop in chain:
         scopes &= hop.scopes
         clearance = min(clearance, hop.clearance)
@@ -85,6 +98,24 @@ def derive_effective_authority(
         session_expires_at=session.expires_at,
         delegation_chain=tuple(chain),
     )
+
+
+def _check_named_chain(named: tuple[str, ...], chain: list[DelegationCeiling]) -> None:
+    """A delegate's session names its ceilings (jti, root first): exactly that chain must come
+    with it, so leaving a ceiling out never leaves the full session authority."""
+    if not named:
+        return
+    presented = [hop.jti for hop in chain]
+    if presented == list(named):
+        return
+    index = next((i for i, (a, b) in enumerate(zip(presented, named)) if a != b),
+                 min(len(presented), len(named)))
+    expected = ", ".join(repr(jti) for jti in named)
+    got = ", ".join(repr(jti) for jti in presented) or "none"
+    raise _unresolvable(
+        f"delegation[{index}]",
+        f"the session names its delegation ceiling(s) {expected} (root first) and is refused "
+        f"without exactly that chain; presented: {got}")
 
 
 def _unresolvable(credential: str, detail: str) -> CredentialError:

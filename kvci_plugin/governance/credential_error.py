@@ -21,9 +21,12 @@ class CredentialErrorReason(str, enum.Enum):
 
 
 class CredentialError(Exception):
-    """A credential that cannot be trusted. `credential` names which one ("session", "delegation[0]")."""
+    """A credential that cannot be trusted. `credential` names which one ("session",
+    "delegation[0]")."""
 
-    def __init__(self, reason: CredentialErrorReason, detail: str, credential: str = "credential") -> None:
+    def __init__(
+        self, reason: CredentialErrorReason, detail: str, credential: str = "credential"
+    ) -> None:
         self.reason = reason
         self.detail = detail
         self.credential = credential

@@ -50,7 +50,7 @@ class _Evaluation:
 
 
 class DerivedAuthorityGate:
-    """Runs the seed's checks in order and refuses at the first failure, naming it.
+    """Runs the eligibility checks in ``CHECK_ORDER`` and refuses at the first failure, naming it.
 
     Authority is derived from the request's tokens on every evaluation (never cached), so a
     session that expired or a delegation revoked since a checkpoint was taken refuses.
@@ -68,11 +68,18 @@ class DerivedAuthorityGate:
         required_scope: str = "kv:persist",
     ) -> None:
         if verifier is not None and not isinstance(verifier, CredentialVerifier):
-            raise TypeError(f"verifier must be a CredentialVerifier or None, got {type(verifier).__name__}")
+            raise TypeError(
+                f"verifier must be a CredentialVerifier or None, got {type(verifier).__name__}"
+            )
         if resolver is not None and not isinstance(resolver, SourceLabelResolver):
-            raise TypeError(f"resolver must implement SourceLabelResolver or be None, got {type(resolver).__name__}")
+            raise TypeError(
+                "resolver must implement SourceLabelResolver or be None, got "
+                f"{type(resolver).__name__}"
+            )
         if durable_store_region is not None and not durable_store_region:
-            raise ValueError("durable_store_region must be a non-empty region name or None (unknown)")
+            raise ValueError(
+                "durable_store_region must be a non-empty region name or None (unknown)"
+            )
         if not required_scope:
             raise ValueError("required_scope must be a non-empty scope name")
         self.verifier = verifier
@@ -100,7 +107,11 @@ class DerivedAuthorityGate:
         failed: CheckRecord | None = None
         for name, check in self._checks:
             if failed is not None:
-                records.append(CheckRecord(name=name, verdict="not_run", detail=f"not run: refused at {failed.name}"))
+                records.append(
+                    CheckRecord(
+                        name=name, verdict="not_run", detail=f"not run: refused at {failed.name}"
+                    )
+                )
                 continue
             outcome = check(state)
             records.append(
@@ -137,23 +148,29 @@ class DerivedAuthorityGate:
 
     def _verified_authority(self, state: _Evaluation) -> _Outcome:
         if self.verifier is None:
-            return _Outcome(False, "no credential verifier is configured, so no authority can be verified")
+            return _Outcome(
+                False, "no credential verifier is configured, so no authority can be verified"
+            )
         request = state.request
         if request.session_token is None:
             return _Outcome(False, "no checked session: the request carries no session credential")
         try:
-            authority = derive_effective_authority(self.verifier, request.session_token, request.delegation_tokens)
+            authority = derive_effective_authority(
+                self.verifier, request.session_token, request.delegation_tokens
+            )
         except CredentialError as exc:
             what = (
-                "unresolvable delegation ceiling" if exc.credential.startswith("delegation") else "session not verified"
+                "unresolvable delegation ceiling"
+                if exc.credential.startswith("delegation")
+                else "session not verified"
             )
             return _Outcome(False, f"{what}: {exc}")
         state.authority = authority
         hops = len(authority.delegation_chain)
         return _Outcome(
             True,
-            f"actor {authority.actor!r} of tenant {authority.tenant!r} (session {authority.session_jti}), "
-            f"{hops} delegation ceiling(s) intersected",
+            f"actor {authority.actor!r} of tenant {authority.tenant!r} (session "
+            f"{authority.session_jti}), {hops} delegation ceiling(s) intersected",
         )
 
     def _tenancy(self, state: _Evaluation) -> _Outcome:
@@ -161,7 +178,8 @@ class DerivedAuthorityGate:
         if authority.tenant != state.request.tenant:
             return _Outcome(
                 False,
-                f"the checkpoint belongs to tenant {state.request.tenant!r}, the session to {authority.tenant!r}",
+                f"the checkpoint belongs to tenant {state.request.tenant!r}, the session to "
+                f"{authority.tenant!r}",
             )
         return _Outcome(True, f"session and checkpoint are both in tenant {authority.tenant!r}")
 
@@ -180,15 +198,22 @@ class DerivedAuthorityGate:
     def _source_provenance(self, state: _Evaluation) -> _Outcome:
         source_ids = state.request.source_ids
         if not source_ids:
-            return _Outcome(False, "no declared sources: a checkpoint of unknown provenance cannot be persisted")
+            return _Outcome(
+                False, "no declared sources: a checkpoint of unknown provenance cannot be persisted"
+            )
         resolver = self.resolver if self.resolver is not None else get_source_label_resolver()
         resolver_name = type(resolver).__name__
         try:
-            resolved = resolver.resolve(source_ids)
+            resolved = resolver.resolve(source_ids, state.request.tenant)
         except Exception as exc:  # any resolver failure must become a recorded refusal
-            return _Outcome(False, f"label resolver {resolver_name} failed: {exc!r}", sources=source_ids)
+            return _Outcome(
+                False, f"label resolver {resolver_name} failed: {exc!r}", sources=source_ids
+            )
         if not isinstance(resolved, dict):
-            return _Outcome(False, f"label resolver {resolver_name} returned {type(resolved).__name__}, not a dict")
+            return _Outcome(
+                False,
+                f"label resolver {resolver_name} returned {type(resolved).__name__}, not a dict",
+            )
         omitted = tuple(source_id for source_id in source_ids if source_id not in resolved)
         if omitted:
             return _Outcome(
@@ -197,31 +222,41 @@ class DerivedAuthorityGate:
                 "a source must come back unlabelled, never vanish",
                 sources=omitted,
             )
-        state.contributions = tuple(_contribution(source_id, resolved[source_id]) for source_id in source_ids)
+        state.contributions = tuple(
+            _contribution(source_id, resolved[source_id]) for source_id in source_ids
+        )
         return _Outcome(True, f"{len(source_ids)} declared source(s) resolved by {resolver_name}")
 
     def _labels_present(self, state: _Evaluation) -> _Outcome:
         incomplete = [c for c in state.contributions if c.missing_labels]
         if incomplete:
-            missing = tuple(axis for axis in LABEL_AXES if any(axis in c.missing_labels for c in incomplete))
+            missing = tuple(
+                axis for axis in LABEL_AXES if any(axis in c.missing_labels for c in incomplete)
+            )
             described = "; ".join(
                 f"source {c.source_id!r} is unlabelled or unreadable"
                 if c.labels is None
                 else f"source {c.source_id!r} lacks {', '.join(c.missing_labels)}"
                 for c in incomplete
             )
-            return _Outcome(False, described, sources=tuple(c.source_id for c in incomplete), labels=missing)
+            return _Outcome(
+                False, described, sources=tuple(c.source_id for c in incomplete), labels=missing
+            )
         state.composed = compose_contributions(state.contributions)
         derived = state.composed.derived_axes
         return _Outcome(
-            True, "every source is fully labelled" + (f"; derived: {'; '.join(derived)}" if derived else "")
+            True,
+            "every source is fully labelled"
+            + (f"; derived: {'; '.join(derived)}" if derived else ""),
         )
 
     def _classification(self, state: _Evaluation) -> _Outcome:
         authority, composed = _known(state.authority), _known(state.composed)
         if authority.clearance >= composed.classification:
             return _Outcome(
-                True, f"clearance {authority.clearance.value} covers classification {composed.classification.value}"
+                True,
+                f"clearance {authority.clearance.value} covers classification "
+                f"{composed.classification.value}",
             )
         above = [
             (c.source_id, c.labels.classification)
@@ -234,7 +269,10 @@ class DerivedAuthorityGate:
             False,
             f"clearance {authority.clearance.value} is below the composed classification "
             f"{composed.classification.value}: "
-            + ", ".join(f"source {source_id!r} is {classification.value}" for source_id, classification in above),
+            + ", ".join(
+                f"source {source_id!r} is {classification.value}"
+                for source_id, classification in above
+            ),
             sources=tuple(source_id for source_id, _ in above),
             labels=("classification",),
         )
@@ -244,7 +282,9 @@ class DerivedAuthorityGate:
         lacking = composed.mandatory_markings - authority.markings
         if not lacking:
             return _Outcome(
-                True, f"effective authority holds every mandatory marking ({_listed(composed.mandatory_markings)})"
+                True,
+                "effective authority holds every mandatory marking "
+                f"({_listed(composed.mandatory_markings)})",
             )
         requiring = tuple(
             c.source_id
@@ -255,7 +295,8 @@ class DerivedAuthorityGate:
         )
         return _Outcome(
             False,
-            f"effective authority lacks marking(s) {_listed(lacking)} required by source(s) {_quoted(requiring)}",
+            f"effective authority lacks marking(s) {_listed(lacking)} required by source(s) "
+            f"{_quoted(requiring)}",
             sources=requiring,
             labels=("mandatory_markings",),
         )
@@ -264,14 +305,19 @@ class DerivedAuthorityGate:
         authority, composed = _known(state.authority), _known(state.composed)
         requested, configured = state.request.durable_store_region, self.durable_store_region
         if requested is not None and configured is not None and requested != configured:
-            return _Outcome(False, f"the request targets store region {requested!r}, this gate guards {configured!r}")
+            return _Outcome(
+                False,
+                f"the request targets store region {requested!r}, this gate guards {configured!r}",
+            )
         region = requested if requested is not None else configured
         restricting = [
             (c.source_id, c.labels.residency_regions)
             for c in state.contributions
             if c.labels is not None and c.labels.residency_regions is not None
         ]
-        by_source = ", ".join(f"{source_id!r} ({_listed(regions)})" for source_id, regions in restricting)
+        by_source = ", ".join(
+            f"{source_id!r} ({_listed(regions)})" for source_id, regions in restricting
+        )
         restricting_ids = tuple(source_id for source_id, _ in restricting)
         allowed = composed.residency_regions
         if allowed is not None and not allowed:
@@ -289,23 +335,31 @@ class DerivedAuthorityGate:
                     sources=restricting_ids,
                     labels=("residency_regions",),
                 )
-            return _Outcome(True, "store region unknown; every source is residency-unrestricted (PUBLIC)")
+            return _Outcome(
+                True, "store region unknown; every source is residency-unrestricted (PUBLIC)"
+            )
         if allowed is not None and region not in allowed:
-            excluding = tuple(source_id for source_id, regions in restricting if region not in regions)
+            excluding = tuple(
+                source_id for source_id, regions in restricting if region not in regions
+            )
             return _Outcome(
                 False,
-                f"store region {region!r} is outside the residency of source(s) {_quoted(excluding)} "
-                f"(composed residency: {_listed(allowed)})",
+                f"store region {region!r} is outside the residency of source(s) "
+                f"{_quoted(excluding)} (composed residency: {_listed(allowed)})",
                 sources=excluding,
                 labels=("residency_regions",),
             )
         if region not in authority.regions:
             return _Outcome(
                 False,
-                f"store region {region!r} is outside the effective authority's regions ({_listed(authority.regions)})",
+                f"store region {region!r} is outside the effective authority's regions "
+                f"({_listed(authority.regions)})",
             )
         scope = "unrestricted" if allowed is None else _listed(allowed)
-        return _Outcome(True, f"store region {region!r} is within residency ({scope}) and the authority's regions")
+        return _Outcome(
+            True,
+            f"store region {region!r} is within residency ({scope}) and the authority's regions",
+        )
 
     def _retention(self, state: _Evaluation) -> _Outcome:
         composed = _known(state.composed)
@@ -314,7 +368,9 @@ class DerivedAuthorityGate:
             return _Outcome(True, "no retention limit (every source PUBLIC-derived)")
         if days == 0:
             forbidding = tuple(
-                c.source_id for c in state.contributions if c.labels is not None and c.labels.retention_days == 0
+                c.source_id
+                for c in state.contributions
+                if c.labels is not None and c.labels.retention_days == 0
             )
             return _Outcome(
                 False,
@@ -323,14 +379,17 @@ class DerivedAuthorityGate:
                 labels=("retention_days",),
             )
         state.retention_expiry = state.evaluated_at + days * _SECONDS_PER_DAY
-        until = datetime.fromtimestamp(state.retention_expiry, tz=timezone.utc).isoformat(timespec="seconds")
+        until = datetime.fromtimestamp(state.retention_expiry, tz=timezone.utc).isoformat(
+            timespec="seconds"
+        )
         return _Outcome(True, f"retain {days} day(s), until {until}")
 
     def _permit_reason(self, state: _Evaluation) -> str:
         authority, composed = _known(state.authority), _known(state.composed)
         return (
-            f"permitted: {authority.actor!r} may persist checkpoint {state.request.checkpoint_id!r} of tenant "
-            f"{authority.tenant!r} ({len(state.contributions)} source(s), {composed.classification.value})"
+            f"permitted: {authority.actor!r} may persist checkpoint "
+            f"{state.request.checkpoint_id!r} of tenant {authority.tenant!r} "
+            f"({len(state.contributions)} source(s), {composed.classification.value})"
         )
 
 

@@ -7,7 +7,8 @@ from typing import Protocol, runtime_checkable
 from kvci_plugin.governance.decision import EligibilityDecision
 from kvci_plugin.governance.request import PersistenceRequest
 
-# From the seed; binding. Each check refuses on its own, the first failure ends the evaluation.
+# Binding: every gate runs its checks in this order. Each check refuses on its own, the first
+# failure ends the evaluation.
 CHECK_ORDER: tuple[str, ...] = (
     "verified_authority",
     "tenancy",

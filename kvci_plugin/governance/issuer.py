@@ -38,10 +38,17 @@ class CredentialIssuer:
 
     @classmethod
     def from_key_file(
-        cls, algorithm: CredentialAlgorithm, key_file: Path, *, audience: str = "kvci", issuer: str | None = None
+        cls,
+        algorithm: CredentialAlgorithm,
+        key_file: Path,
+        *,
+        audience: str = "kvci",
+        issuer: str | None = None,
     ) -> CredentialIssuer:
         """An issuer keyed by `key_file`: the HMAC secret for HS256, a PEM private key otherwise."""
-        return cls(algorithm, load_signing_key(algorithm, key_file), audience=audience, issuer=issuer)
+        return cls(
+            algorithm, load_signing_key(algorithm, key_file), audience=audience, issuer=issuer
+        )
 
     def issue_session(
         self,
@@ -57,7 +64,11 @@ class CredentialIssuer:
         now: float | None = None,
         not_before: float | None = None,
         jti: str | None = None,
+        delegations: Iterable[str] = (),
     ) -> str:
+        """A session credential. A session issued to a delegate names the jti of every delegation
+        that caps it, root first (`delegations`): the verifier refuses it without that chain."""
+        named = list(delegations)
         return self._sign(
             {
                 "kind": "session",
@@ -68,6 +79,7 @@ class CredentialIssuer:
                 "markings": sorted(markings),
                 "regions": sorted(regions),
                 "policy_version": policy_version,
+                **({"delegations": named} if named else {}),
             },
             ttl_s=ttl_s,
             now=now,
@@ -111,7 +123,13 @@ class CredentialIssuer:
         )
 
     def _sign(
-        self, claims: dict[str, Any], *, ttl_s: float, now: float | None, not_before: float | None, jti: str | None
+        self,
+        claims: dict[str, Any],
+        *,
+        ttl_s: float,
+        now: float | None,
+        not_before: float | None,
+        jti: str | None,
     ) -> str:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s}")
@@ -129,4 +147,6 @@ class CredentialIssuer:
 
 
 def _classification_name(clearance: Classification | str) -> str:
-    return (clearance if isinstance(clearance, Classification) else Classification.parse(clearance)).value
+    return (
+        clearance if isinstance(clearance, Classification) else Classification.parse(clearance)
+    ).value

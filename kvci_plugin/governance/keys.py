@@ -37,7 +37,9 @@ def load_verification_key(algorithm: CredentialAlgorithm, path: Path) -> Any:
     _refuse_mode(path, stat.S_IWGRP | stat.S_IWOTH, "writable by group or others")
     key = _prepare(algorithm, path, raw)
     if not isinstance(key, _PUBLIC_TYPES[algorithm]):
-        raise KeyFileError(f"key file {path} must hold a {algorithm} PEM public key, found {type(key).__name__}")
+        raise KeyFileError(
+            f"key file {path} must hold a {algorithm} PEM public key, found {type(key).__name__}"
+        )
     return key
 
 
@@ -45,7 +47,9 @@ def load_signing_key(algorithm: CredentialAlgorithm, path: Path) -> Any:
     """The key that signs `algorithm` credentials: the HMAC secret, or a PEM private key."""
     key = _prepare(algorithm, path, _read_secret(path))
     if algorithm != "HS256" and not isinstance(key, _PRIVATE_TYPES[algorithm]):
-        raise KeyFileError(f"key file {path} must hold a {algorithm} PEM private key, found {type(key).__name__}")
+        raise KeyFileError(
+            f"key file {path} must hold a {algorithm} PEM private key, found {type(key).__name__}"
+        )
     return key
 
 
@@ -95,7 +99,9 @@ def _prepare(algorithm: CredentialAlgorithm, path: Path, raw: bytes) -> Any:
     try:
         key = alg.prepare_key(raw)
     except (jwt.InvalidKeyError, ValueError, TypeError) as exc:
-        raise KeyFileError(f"key file {path} does not hold a usable {algorithm} key: {exc}") from exc
+        raise KeyFileError(
+            f"key file {path} does not hold a usable {algorithm} key: {exc}"
+        ) from exc
     too_short = alg.check_key_length(key)
     if too_short:
         raise KeyFileError(f"key file {path}: {too_short}")

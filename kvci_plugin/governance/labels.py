@@ -50,7 +50,9 @@ class SourceContribution(BaseModel):
             for axis in ("residency_regions", "retention_days")
             if labels.classification is Classification.PUBLIC and getattr(labels, axis) is None
         )
-        missing = tuple(axis for axis in LABEL_AXES if getattr(labels, axis) is None and axis not in derived)
+        missing = tuple(
+            axis for axis in LABEL_AXES if getattr(labels, axis) is None and axis not in derived
+        )
         return cls(source_id=source_id, labels=labels, missing_labels=missing, derived_axes=derived)
 
 
@@ -60,10 +62,14 @@ class ComposedLabel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     classification: Classification
-    residency_regions: NameSet | None = Field(description="None = unrestricted (every source PUBLIC-derived)")
+    residency_regions: NameSet | None = Field(
+        description="None = unrestricted (every source PUBLIC-derived)"
+    )
     retention_days: int | None = Field(description="None = no limit (every source PUBLIC-derived)")
     mandatory_markings: NameSet
-    derived_axes: tuple[str, ...] = Field(description="axes read from an explicit PUBLIC, naming the source")
+    derived_axes: tuple[str, ...] = Field(
+        description="axes read from an explicit PUBLIC, naming the source"
+    )
 
 
 def compose_labels(labels: Mapping[str, SourceLabels | None]) -> ComposedLabel:
@@ -72,14 +78,20 @@ def compose_labels(labels: Mapping[str, SourceLabels | None]) -> ComposedLabel:
     Raises ValueError when there are no sources or any source leaves an axis undeclared:
     absence never composes into something permissive.
     """
-    return compose_contributions([SourceContribution.of(source_id, labels) for source_id, labels in labels.items()])
+    return compose_contributions(
+        [SourceContribution.of(source_id, labels) for source_id, labels in labels.items()]
+    )
 
 
 def compose_contributions(contributions: Sequence[SourceContribution]) -> ComposedLabel:
     """`compose_labels` over contributions already computed (the gate records them first)."""
     if not contributions:
         raise ValueError("labels: no sources to compose")
-    incomplete = [f"{c.source_id!r} lacks {', '.join(c.missing_labels)}" for c in contributions if c.missing_labels]
+    incomplete = [
+        f"{c.source_id!r} lacks {', '.join(c.missing_labels)}"
+        for c in contributions
+        if c.missing_labels
+    ]
     if incomplete:
         raise ValueError(f"labels: cannot compose, {'; '.join(incomplete)}")
 
@@ -95,9 +107,17 @@ def compose_contributions(contributions: Sequence[SourceContribution]) -> Compos
         if labels.classification is not None:
             classification = max(classification, labels.classification)
         if labels.residency_regions is not None:
-            residency = labels.residency_regions if residency is None else residency & labels.residency_regions
+            residency = (
+                labels.residency_regions
+                if residency is None
+                else residency & labels.residency_regions
+            )
         if labels.retention_days is not None:
-            retention = labels.retention_days if retention is None else min(retention, labels.retention_days)
+            retention = (
+                labels.retention_days
+                if retention is None
+                else min(retention, labels.retention_days)
+            )
         if labels.mandatory_markings is not None:
             markings |= labels.mandatory_markings
     return ComposedLabel(

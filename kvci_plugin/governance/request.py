@@ -24,7 +24,9 @@ class PersistenceRequest(BaseModel):
     # Bearer credentials: kept out of repr so that a logged request does not leak them.
     session_token: str | None = Field(default=None, repr=False)
     delegation_tokens: tuple[str, ...] = Field(default=(), repr=False, description="root to leaf")
-    source_ids: tuple[str, ...] = Field(default=(), description="every source the KV was derived from")
+    source_ids: tuple[str, ...] = Field(
+        default=(), description="every source the KV was derived from"
+    )
     durable_store_region: str | None = Field(default=None, min_length=1)
 
     @field_validator("source_ids")

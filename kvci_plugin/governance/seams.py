@@ -17,11 +17,15 @@ _gate: PersistenceEligibilityGate = AlwaysDenyEligibility()
 _resolver: SourceLabelResolver = UnlabelledResolver()
 
 
-def set_persistence_eligibility_gate(gate: PersistenceEligibilityGate) -> PersistenceEligibilityGate:
+def set_persistence_eligibility_gate(
+    gate: PersistenceEligibilityGate,
+) -> PersistenceEligibilityGate:
     """Install `gate` for every later persistence decision; returns the gate it replaces."""
     global _gate
     if not isinstance(gate, PersistenceEligibilityGate) or not isinstance(gate.name, str):
-        raise TypeError(f"gate must implement PersistenceEligibilityGate (name: str, evaluate), got {gate!r}")
+        raise TypeError(
+            f"gate must implement PersistenceEligibilityGate (name: str, evaluate), got {gate!r}"
+        )
     with _lock:
         previous, _gate = _gate, gate
     return previous

@@ -1,4 +1,5 @@
-"""Verifies session and delegation credentials (signed JWTs) against one pinned algorithm and key."""
+"""Verifies session and delegation credentials (signed JWTs) against one pinned algorithm and
+key."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ _Claims = TypeVar("_Claims", VerifiedSession, DelegationCeiling)
 
 _COMMON_CLAIMS = ("exp", "nbf", "aud", "jti", "kind")
 _SESSION_CLAIMS = ("sub", "tenant", "scopes", "clearance", "markings", "regions", "policy_version")
+# Optional on a session: the jti of every delegation that caps it, root first (a delegate's
+# session).
+_SESSION_DELEGATIONS = "delegations"
 _DELEGATION_CLAIMS = ("tenant", "delegator", "delegate", "ceiling")
 _CEILING_CLAIMS = ("scopes", "clearance", "markings", "regions")
 
@@ -51,6 +55,12 @@ class CredentialVerifier:
 
     def verify_session(self, token: str) -> VerifiedSession:
         claims = self._decode(token, "session", _SESSION_CLAIMS)
+        delegations = claims.get(_SESSION_DELEGATIONS)
+        if delegations is not None and (not isinstance(delegations, list) or not delegations):
+            # Named, it must name something: an empty or scalar claim is a minting error.
+            raise CredentialError(CredentialErrorReason.MALFORMED,
+                                  f"claim {_SESSION_DELEGATIONS!r} must be a non-empty list of "
+                                  "delegation jti", "session")
         session = _build(
             "session",
             VerifiedSession,
@@ -64,6 +74,7 @@ class CredentialVerifier:
             jti=claims["jti"],
             not_before=claims["nbf"],
             expires_at=claims["exp"],
+            delegations=tuple(delegations or ()),
         )
         self._check_not_revoked("session", session.jti)
         return session
@@ -72,7 +83,9 @@ class CredentialVerifier:
         claims = self._decode(token, "delegation", _DELEGATION_CLAIMS)
         ceiling = claims["ceiling"]
         if not isinstance(ceiling, dict):
-            raise CredentialError(CredentialErrorReason.MALFORMED, "claim 'ceiling' must be an object", "delegation")
+            raise CredentialError(
+                CredentialErrorReason.MALFORMED, "claim 'ceiling' must be an object", "delegation"
+            )
         _require("delegation", ceiling, _CEILING_CLAIMS, prefix="ceiling.")
         delegation = _build(
             "delegation",
@@ -91,9 +104,13 @@ class CredentialVerifier:
         self._check_not_revoked("delegation", delegation.jti)
         return delegation
 
-    def _decode(self, token: str, kind: CredentialKind, kind_claims: tuple[str, ...]) -> dict[str, Any]:
+    def _decode(
+        self, token: str, kind: CredentialKind, kind_claims: tuple[str, ...]
+    ) -> dict[str, Any]:
         if not isinstance(token, str) or not token:
-            raise CredentialError(CredentialErrorReason.MALFORMED, "credential must be a non-empty string", kind)
+            raise CredentialError(
+                CredentialErrorReason.MALFORMED, "credential must be a non-empty string", kind
+            )
         required = [*_COMMON_CLAIMS, *(("iss",) if self.config.issuer is not None else ())]
         try:
             claims = self._jwt.decode(
@@ -110,7 +127,9 @@ class CredentialVerifier:
             raise CredentialError(reason, str(exc), kind) from exc
         if claims["kind"] != kind:
             raise CredentialError(
-                CredentialErrorReason.WRONG_KIND, f"expected a {kind} credential, got kind {claims['kind']!r}", kind
+                CredentialErrorReason.WRONG_KIND,
+                f"expected a {kind} credential, got kind {claims['kind']!r}",
+                kind,
             )
         _require(kind, claims, kind_claims)
         return claims
@@ -123,18 +142,26 @@ class CredentialVerifier:
         except (sqlite3.Error, OSError) as exc:
             # An unreadable revocation list must refuse, never read as "nothing revoked".
             raise CredentialError(
-                CredentialErrorReason.REVOCATION_UNAVAILABLE, f"cannot read the revocation list: {exc}", kind
+                CredentialErrorReason.REVOCATION_UNAVAILABLE,
+                f"cannot read the revocation list: {exc}",
+                kind,
             ) from exc
         if reason is not None:
-            raise CredentialError(CredentialErrorReason.REVOKED, f"jti {jti!r} was revoked: {reason}", kind)
+            raise CredentialError(
+                CredentialErrorReason.REVOKED, f"jti {jti!r} was revoked: {reason}", kind
+            )
 
 
-def _require(kind: CredentialKind, claims: dict[str, Any], names: tuple[str, ...], prefix: str = "") -> None:
+def _require(
+    kind: CredentialKind, claims: dict[str, Any], names: tuple[str, ...], prefix: str = ""
+) -> None:
     # Same rule as PyJWT's `require`: a claim set to null is as absent as a missing one.
     missing = [prefix + name for name in names if claims.get(name) is None]
     if missing:
         raise CredentialError(
-            CredentialErrorReason.MISSING_CLAIM, f"missing required claim(s): {', '.join(missing)}", kind
+            CredentialErrorReason.MISSING_CLAIM,
+            f"missing required claim(s): {', '.join(missing)}",
+            kind,
         )
 
 
@@ -143,4 +170,6 @@ def _build(kind: CredentialKind, model: type[_Claims], **fields: Any) -> _Claims
         return model.model_validate(fields)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise CredentialError(CredentialErrorReason.MALFORMED, f"invalid claims: {problems}", kind) from exc
+        raise CredentialError(
+            CredentialErrorReason.MALFORMED, f"invalid claims: {problems}", kind
+        ) from exc

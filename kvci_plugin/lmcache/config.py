@@ -21,26 +21,43 @@ class KVCILMCacheConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     system_trigger: bool = Field(
-        True, description="let LMCache save a request the recommendation finds worth keeping, unasked")
-    ram_threshold: float | None = Field(None, gt=0.0, le=1.0, description="advisor score for tier RAM")
-    disk_threshold: float | None = Field(None, gt=0.0, le=1.0, description="advisor score for tier DISK")
+        True,
+        description="let LMCache save a request the recommendation finds worth keeping, unasked",
+    )
+    ram_threshold: float | None = Field(
+        None, gt=0.0, le=1.0, description="advisor score for tier RAM"
+    )
+    disk_threshold: float | None = Field(
+        None, gt=0.0, le=1.0, description="advisor score for tier DISK"
+    )
     auto_promote: bool = Field(
-        False, description="the system trigger may ask the gate for the durable tiers when the disk rule holds")
+        False,
+        description="the system trigger may ask the gate for the durable tiers when the disk rule "
+                    "holds",
+    )
     credentials: CredentialConfig | None = Field(
-        None, description="credential verification; none = no verified authority, nothing is durable")
+        None,
+        description="credential verification; none = no verified authority, nothing is durable",
+    )
     revocation_db: Path | None = Field(None, description="SQLite revocation list")
     label_catalog: Path | None = Field(None, description="SQLite source-label catalog")
-    label_catalog_json: Path | None = Field(None, description="JSON labels imported into label_catalog at start")
+    label_catalog_json: Path | None = Field(
+        None, description="JSON labels imported into label_catalog at start"
+    )
     durable_region: str | None = Field(
         None, min_length=1, description="residency region of LMCache's gated durable tiers")
-    max_params_bytes: int = Field(65536, ge=1024, description="size limit of a request's kvci params")
+    max_params_bytes: int = Field(
+        65536, ge=1024, description="size limit of a request's kvci params"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> KVCILMCacheConfig:
         if self.revocation_db is not None and self.credentials is None:
             raise ValueError("revocation_db needs credentials")
         if self.label_catalog_json is not None and self.label_catalog is None:
-            raise ValueError("label_catalog_json needs label_catalog (the catalog it is imported into)")
+            raise ValueError(
+                "label_catalog_json needs label_catalog (the catalog it is imported into)"
+            )
         if (self.ram_threshold is not None and self.disk_threshold is not None
                 and self.ram_threshold > self.disk_threshold):
             raise ValueError("ram_threshold cannot exceed disk_threshold")
@@ -56,4 +73,6 @@ class KVCILMCacheConfig(BaseModel):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise ValueError(f"invalid kv_connector_extra_config.{EXTRA_CONFIG_KEY}: {exc}") from None
+            raise ValueError(
+                f"invalid kv_connector_extra_config.{EXTRA_CONFIG_KEY}: {exc}"
+            ) from None

@@ -27,8 +27,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
 from vllm.logger import init_logger
 
-from kvci_plugin.connector.logs import log_where_vllm_logs
-from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.governance import (
     CatalogLabelResolver,
     CredentialVerifier,
@@ -42,6 +40,8 @@ from kvci_plugin.lmcache.decision import SaveDecision
 from kvci_plugin.lmcache.gated_tiers import GatedTiers
 from kvci_plugin.lmcache.lmcache_config import effective_lmcache_config, gated_tiers
 from kvci_plugin.lmcache.request_configs import durable_marker, tenant_tag, write_decision
+from kvci_plugin.logs import log_where_vllm_logs
+from kvci_plugin.request.tenancy import TenantResolver
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -53,7 +53,9 @@ logger = init_logger(__name__)
 
 
 class KVCILMCacheConnector(LMCacheConnectorV1):
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
         log_where_vllm_logs()
         transfer = vllm_config.kv_transfer_config
         if transfer is None:
@@ -70,7 +72,9 @@ class KVCILMCacheConnector(LMCacheConnectorV1):
         logger.info("kvci: LMCache facade, %s role, gated durable tiers: %s", role.name,
                     ", ".join(tiers.accepting(None)) or "none")
 
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         self._admit(request.request_id, request.sampling_params, request.num_prompt_tokens, request)
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
@@ -79,7 +83,9 @@ class KVCILMCacheConnector(LMCacheConnectorV1):
             self._admit(new.req_id, new.sampling_params, new.prompt_len)
         return super().build_connector_meta(scheduler_output)
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         delay, params = super().request_finished(request, block_ids)
         decision = self._decisions.pop(request.request_id, None)
         if decision is None or not decision.client_asked:
@@ -108,7 +114,9 @@ class KVCILMCacheConnector(LMCacheConnectorV1):
 def _build_policy(config: KVCILMCacheConfig, tiers: GatedTiers) -> AdmissionPolicy:
     verifier = None
     if config.credentials is not None:
-        revocations = RevocationList(config.revocation_db) if config.revocation_db is not None else None
+        revocations = (
+            RevocationList(config.revocation_db) if config.revocation_db is not None else None
+        )
         verifier = CredentialVerifier(config.credentials, revocations)
     resolver = None
     if config.label_catalog is not None:
@@ -117,5 +125,7 @@ def _build_policy(config: KVCILMCacheConfig, tiers: GatedTiers) -> AdmissionPoli
             resolver.import_json(config.label_catalog_json)
     # As in kvci's own connector: authority comes from verified credentials only, so with none
     # configured every durable request is refused at verified_authority, naming the gap.
-    set_persistence_eligibility_gate(DerivedAuthorityGate(verifier, resolver, durable_store_region=config.durable_region))
+    set_persistence_eligibility_gate(
+        DerivedAuthorityGate(verifier, resolver, durable_store_region=config.durable_region)
+    )
     return AdmissionPolicy(config, TenantResolver(verifier), tiers)

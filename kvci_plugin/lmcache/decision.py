@@ -1,4 +1,5 @@
-"""What kvci decided for one request at admission, and how it is told back to the client."""
+"""What kvci decided for one request when the scheduler first saw it, and how it is told back
+to the client."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ class SaveDecision(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tenant: str
-    # LMCache may store the request's chunks (its CPU tier, and whatever else it is configured with).
+    # LMCache may store the request's chunks (its CPU tier, and whatever else it is configured
+    # with).
     save: bool
-    # kvci's gated durable tiers may take them; `retention_expiry` is the permit's (None = no limit).
+    # kvci's gated durable tiers may take them; `retention_expiry` is the permit's (None = no
+    # limit).
     durable: bool
     retention_expiry: float | None = None
     trigger: Trigger | None = None

@@ -40,7 +40,10 @@ from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
-from lmcache.v1.storage_backend.abstract_backend import AllocatorBackendInterface, StorageBackendInterface
+from lmcache.v1.storage_backend.abstract_backend import (
+    AllocatorBackendInterface,
+    StorageBackendInterface,
+)
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
@@ -133,7 +136,9 @@ class GatedStorageBackend(StorageBackendInterface):
         kept_keys, kept_objs = self._admit(keys, objs)
         if not kept_keys:
             return None
-        return self.inner.batched_submit_put_task(kept_keys, kept_objs, transfer_spec, on_complete_callback)
+        return self.inner.batched_submit_put_task(
+            kept_keys, kept_objs, transfer_spec, on_complete_callback
+        )
 
     async def async_batched_submit_put_task(
         self,
@@ -157,7 +162,9 @@ class GatedStorageBackend(StorageBackendInterface):
         self._expire_due()
         return self.inner.batched_contains(keys, pin)
 
-    async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False) -> int:
+    async def batched_async_contains(
+        self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False
+    ) -> int:
         self._expire_due()
         return await self.inner.batched_async_contains(lookup_id, keys, pin)
 
@@ -237,14 +244,19 @@ def disk_settings(extra_config: Mapping[str, Any] | None) -> _DiskSettings:
     try:
         return _DiskSettings(path=extra[LOCAL_DISK_KEY], max_size_gb=extra[LOCAL_DISK_SIZE_KEY])
     except ValidationError as exc:
-        raise ValueError(f"invalid LMCache extra_config.{LOCAL_DISK_KEY}/{LOCAL_DISK_SIZE_KEY}: {exc}") from None
+        raise ValueError(
+            f"invalid LMCache extra_config.{LOCAL_DISK_KEY}/{LOCAL_DISK_SIZE_KEY}: {exc}"
+        ) from None
 
 
 def remote_settings(extra_config: Mapping[str, Any] | None) -> _RemoteSettings:
     """GatedRemoteBackend's settings; errors name the extra_config key."""
     url = (extra_config or {}).get(REMOTE_URL_KEY)
     if not isinstance(url, str) or not url:
-        raise ValueError(f"GatedRemoteBackend needs LMCache extra_config.{REMOTE_URL_KEY} (an LMCache remote URL)")
+        raise ValueError(
+            f"GatedRemoteBackend needs LMCache extra_config.{REMOTE_URL_KEY} (an LMCache remote "
+            "URL)"
+        )
     return _RemoteSettings(url=url)
 
 
@@ -256,18 +268,33 @@ def _inner_config(config: LMCacheEngineConfig, **settings: Any) -> LMCacheEngine
 
 def _needs_cpu_backend(local_cpu_backend: LocalCPUBackend | None, name: str) -> LocalCPUBackend:
     if local_cpu_backend is None:
-        raise ValueError(f"{name} needs LMCache's local CPU backend as its buffer (max_local_cpu_size > 0)")
+        raise ValueError(
+            f"{name} needs LMCache's local CPU backend as its buffer (max_local_cpu_size > 0)"
+        )
     return local_cpu_backend
 
 
 class GatedLocalDiskBackend(GatedStorageBackend):
-    def __init__(self, config: LMCacheEngineConfig, dst_device: str, metadata: LMCacheMetadata,
-                 local_cpu_backend: LocalCPUBackend | None, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        config: LMCacheEngineConfig,
+        dst_device: str,
+        metadata: LMCacheMetadata,
+        local_cpu_backend: LocalCPUBackend | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         settings = disk_settings(config.extra_config)
         _remove_leftovers(settings.path, metadata)
         inner = LocalDiskBackend(
-            _inner_config(config, local_disk=str(settings.path), max_local_disk_size=settings.max_size_gb),
-            loop, _needs_cpu_backend(local_cpu_backend, type(self).__name__), dst_device, None, metadata)
+            _inner_config(
+                config, local_disk=str(settings.path), max_local_disk_size=settings.max_size_gb
+            ),
+            loop,
+            _needs_cpu_backend(local_cpu_backend, type(self).__name__),
+            dst_device,
+            None,
+            metadata,
+        )
         super().__init__(inner, keeps_finite_retention=True)
 
 
@@ -289,16 +316,30 @@ def _remove_leftovers(folder: Path, metadata: LMCacheMetadata) -> None:
             path.unlink()
             removed += 1
     if removed:
-        logger.warning("GatedLocalDiskBackend deleted %d chunk file(s) left in %s by an earlier process",
-                       removed, folder)
+        logger.warning(
+            "GatedLocalDiskBackend deleted %d chunk file(s) left in %s by an earlier process",
+            removed,
+            folder,
+        )
 
 
 class GatedRemoteBackend(GatedStorageBackend):
-    def __init__(self, config: LMCacheEngineConfig, dst_device: str, metadata: LMCacheMetadata,
-                 local_cpu_backend: LocalCPUBackend | None, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        config: LMCacheEngineConfig,
+        dst_device: str,
+        metadata: LMCacheMetadata,
+        local_cpu_backend: LocalCPUBackend | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         settings = remote_settings(config.extra_config)
-        inner = RemoteBackend(_inner_config(config, remote_url=settings.url), metadata, loop,
-                              _needs_cpu_backend(local_cpu_backend, type(self).__name__), dst_device)
+        inner = RemoteBackend(
+            _inner_config(config, remote_url=settings.url),
+            metadata,
+            loop,
+            _needs_cpu_backend(local_cpu_backend, type(self).__name__),
+            dst_device,
+        )
         super().__init__(inner, keeps_finite_retention=False)
 
 

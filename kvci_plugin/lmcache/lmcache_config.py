@@ -14,7 +14,12 @@ from typing import Any
 from lmcache.integration.vllm.utils import lmcache_get_or_create_config
 from lmcache.v1.config import LMCacheEngineConfig
 
-from kvci_plugin.lmcache.gated_backend import GATED_BACKENDS, GatedStorageBackend, disk_settings, remote_settings
+from kvci_plugin.lmcache.gated_backend import (
+    GATED_BACKENDS,
+    GatedStorageBackend,
+    disk_settings,
+    remote_settings,
+)
 from kvci_plugin.lmcache.gated_tiers import GatedTiers
 
 _LMCACHE_PREFIX = "lmcache."
@@ -34,12 +39,17 @@ _UNGATED_EXTRA: dict[str, str] = {
 }
 
 
-def effective_lmcache_config(kv_connector_extra_config: Mapping[str, Any] | None) -> LMCacheEngineConfig:
+def effective_lmcache_config(
+    kv_connector_extra_config: Mapping[str, Any] | None,
+) -> LMCacheEngineConfig:
     """LMCache's configuration (its file or environment) with the `lmcache.*` keys of vLLM's
     extra config laid over it: the same overlay LMCacheConnectorV1Impl applies at start."""
     base = lmcache_get_or_create_config()
-    overlay = {key[len(_LMCACHE_PREFIX):]: value for key, value in (kv_connector_extra_config or {}).items()
-               if isinstance(key, str) and key.startswith(_LMCACHE_PREFIX)}
+    overlay = {
+        key[len(_LMCACHE_PREFIX) :]: value
+        for key, value in (kv_connector_extra_config or {}).items()
+        if isinstance(key, str) and key.startswith(_LMCACHE_PREFIX)
+    }
     return LMCacheEngineConfig.from_dict({**base.to_dict(), **overlay})
 
 
@@ -58,7 +68,9 @@ def gated_tiers(config: LMCacheEngineConfig) -> GatedTiers:
         cls = extra.get(f"storage_plugin.{plugin}.class_name")
         kind = GATED_BACKENDS.get(cls) if module == GatedStorageBackend.__module__ else None
         if kind is None:
-            raise ValueError(_refusal(f"storage_plugins entry {plugin!r} ({module}.{cls})", "a storage plugin"))
+            raise ValueError(
+                _refusal(f"storage_plugins entry {plugin!r} ({module}.{cls})", "a storage plugin")
+            )
         if kind in kinds:
             raise ValueError(f"LMCache storage_plugins lists kvci's {cls} twice")
         kinds.append(kind)
@@ -73,6 +85,8 @@ def gated_tiers(config: LMCacheEngineConfig) -> GatedTiers:
 
 
 def _refusal(setting: str, what: str) -> str:
-    return (f"LMCache setting {setting} enables {what}, which would receive every saved chunk without "
-            "the kvci eligibility gate; use kvci's GatedLocalDiskBackend / GatedRemoteBackend storage "
-            "plugins instead (docs/lmcache.md)")
+    return (
+        f"LMCache setting {setting} enables {what}, which would receive every saved chunk without "
+        "the kvci eligibility gate; use kvci's GatedLocalDiskBackend / GatedRemoteBackend storage "
+        "plugins instead (docs/lmcache.md)"
+    )

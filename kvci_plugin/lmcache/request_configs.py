@@ -41,7 +41,9 @@ def tenant_tag(tenant: str, default_tenant: str) -> str | None:
 
 def client_skips_save(kv_transfer_params: Any) -> bool:
     """Whether the client itself asked LMCache to skip the save (LMCache's truthiness test)."""
-    return isinstance(kv_transfer_params, Mapping) and bool(kv_transfer_params.get(SKIP_SAVE, False))
+    return isinstance(kv_transfer_params, Mapping) and bool(
+        kv_transfer_params.get(SKIP_SAVE, False)
+    )
 
 
 def durable_marker(retention_expiry: float | None) -> str:
@@ -50,7 +52,8 @@ def durable_marker(retention_expiry: float | None) -> str:
 
 
 def durable_until(request_configs: Mapping[str, Any] | None) -> float | None:
-    """The permit's expiry (math.inf = no limit), or None when the request carries no valid permit."""
+    """The permit's expiry (math.inf = no limit), or None when the request carries no valid
+    permit."""
     if not request_configs:
         return None
     value = request_configs.get(DURABLE_UNTIL)

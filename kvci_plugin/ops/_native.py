@@ -50,7 +50,9 @@ def pack_token_ids(token_ids: Sequence[int], out: bytearray, name: str) -> None:
     _C.pack_token_ids(token_ids, out, name)
 
 
-def prefix_key_bytes(token_ids: Sequence[int], block_size: int, subkeys: bytes, name: str) -> list[bytes]:
+def prefix_key_bytes(
+    token_ids: Sequence[int], block_size: int, subkeys: bytes, name: str
+) -> list[bytes]:
     """Each full block's 16-byte key of ``token_ids`` (checked as ``pack_token_ids`` checks
     them) under ``subkeys`` (kb || kc), in one call that makes no tensor."""
     return _C.prefix_key_bytes(token_ids, block_size, subkeys, name)

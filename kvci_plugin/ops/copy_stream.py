@@ -57,7 +57,8 @@ class PageCopyStream:
 
     def fence(self) -> torch.cuda.Event | None:
         """A point on the calling thread's current stream: the work queued on it so far. Another
-        thread's copy passed it as ``after`` waits for that work (current streams are per thread)."""
+        thread's copy passed it as ``after`` waits for that work (current streams are per
+        thread)."""
         if self._stream is None:
             return None
         event = torch.cuda.Event()
@@ -84,7 +85,8 @@ class PageCopyStream:
         return PendingCopy(nbytes, start=start, end=end)
 
     def hold(self, pending: PendingCopy) -> None:
-        """Make the calling thread's current stream (the forward) wait on the GPU for ``pending``."""
+        """Make the calling thread's current stream (the forward) wait on the GPU for
+        ``pending``."""
         if pending.end is not None:
             torch.cuda.current_stream(self._device).wait_event(pending.end)
 

@@ -82,7 +82,9 @@ def _tensor(value: object, name: str) -> torch.Tensor:
 
 def _threads(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"threads must be an int >= 0 (0: chosen by the copy's size), not {value!r}")
+        raise ValueError(
+            f"threads must be an int >= 0 (0: chosen by the copy's size), not {value!r}"
+        )
     return value
 
 

@@ -70,16 +70,19 @@ def prefix_key_list(
     token_ids: Sequence[int], block_size: int, namespace: bytes, tenant: str, secret: bytes
 ) -> list[bytes]:
     """``key_bytes(prefix_block_keys(...))`` of a sequence of int, in one native call: no tensor
-    is made on the way. The scheduler keys every request's prompt this way: 4,096 ids took
-    107 -> 25 us in the engine's scheduler here (39 -> 26 us alone, most of it reading the
-    Python ints)."""
+    is made on the way. The scheduler keys every request's prompt this way: making a tensor
+    first took several times as long in the engine's scheduler, and what is left is mostly
+    reading the Python ints (``benchmarks/bench_prefix_keys.py`` times the keying)."""
     _check_block_size(block_size)
     _check_bytes("namespace", namespace, 1)
     _check_bytes("secret", secret, MIN_SECRET_BYTES)
-    if isinstance(token_ids, (str, bytes, bytearray, torch.Tensor)) or not isinstance(token_ids, Sequence):
+    if isinstance(token_ids, (str, bytes, bytearray, torch.Tensor)) or not isinstance(
+        token_ids, Sequence
+    ):
         raise TypeError(f"token_ids must be a sequence of int, not {type(token_ids).__name__}")
-    return prefix_key_bytes(token_ids, block_size, _cached_subkeys(namespace, _tenant(tenant), secret),
-                            "token_ids")
+    return prefix_key_bytes(
+        token_ids, block_size, _cached_subkeys(namespace, _tenant(tenant), secret), "token_ids"
+    )
 
 
 def prefix_block_keys_batched(

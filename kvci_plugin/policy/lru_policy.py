@@ -2,13 +2,13 @@
 
 What vLLM's native CPU offloading and LMCache do by default; kvci runs it as ``ram_policy:
 "lru"`` (the keep-everything baseline) and under the worthiness bar (``ram_policy:
-"threshold"``). The seed's rule still holds: explicit checkpoints leave last.
+"threshold"``). Explicit checkpoints still leave last.
 
 A checkpoint is used when its whole context is: a lookup re-sends its anchor, or a load reads
 it whole (the index touches only those). A hit on a shared prefix alone (a system prompt many
 users send) leaves the holders' tails where they were, as a block-level LRU leaves the blocks it
-did not read: refreshing every holder kept their tails and lost 20-30 % of an LRU's hits on a
-trace of many users behind shared prompts (``benchmarks/policy_sim``, Mooncake's mixed trace).
+did not read: refreshing every holder kept their tails and lost a good part of an LRU's hits on
+a trace of many users behind shared prompts (``benchmarks/policy_sim``, Mooncake's mixed trace).
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ class Offer:
         if self.score is not None and not 0.0 <= self.score <= 1.0:
             raise ValueError(f"score must be in [0, 1] or None, not {self.score!r}")
         if self.rebuild_s_per_page is not None and not self.rebuild_s_per_page >= 0.0:
-            raise ValueError(f"rebuild_s_per_page must be >= 0 or None, not {self.rebuild_s_per_page!r}")
+            raise ValueError(
+                f"rebuild_s_per_page must be >= 0 or None, not {self.rebuild_s_per_page!r}"
+            )
 
     @property
     def band(self) -> int:
@@ -59,7 +61,7 @@ def system_may_offer(rec: CheckpointRecommendation) -> bool:
 
     A value policy replaces the RAM bar, so a score under the bar is still offered (the policy
     weighs it against what it would displace); what blocks at any bar still blocks: a veto, no
-    evidence, or the model's self-report standing alone (the seed's rules)."""
+    evidence, or the model's self-report standing alone (the rules no bar overrides)."""
     return rec.worth_it or rec.held_back_by_threshold
 
 
@@ -70,8 +72,8 @@ def default_hit_rate_floor(ram_policy: str) -> float:
     Under ``value`` and ``lru`` it is off: a write is one local copy, the value policy already
     weighs each offer under pressure, and kvci's hit rate counts only what the engine's own
     prefix cache did not serve, so a tier that pays back well still reads low (measured by
-    ``benchmarks/replay.py``: at the old floor the gate paused 77 % of a conversation slice and
-    kvci saved less than with the floor off)."""
+    ``benchmarks/replay.py``: at the old floor the cache gate paused most of a conversation slice
+    and kvci saved less than with the floor off)."""
     return HIT_RATE_FLOOR if ram_policy == "threshold" else 0.0
 
 

@@ -96,7 +96,9 @@ class PolicyStateFile:
         try:
             state = _PolicyState.model_validate_json(raw)
         except ValidationError as exc:
-            raise ValueError(f"policy_state_file {self.path} is not a kvci policy state: {exc}") from None
+            raise ValueError(
+                f"policy_state_file {self.path} is not a kvci policy state: {exc}"
+            ) from None
         scheme = (state.edges_s, state.score_bands, state.count_cap)
         if scheme != (list(EDGES), SCORE_BANDS, COUNT_CAP):
             raise ValueError(f"policy_state_file {self.path} counts in other classes or idle-age "
@@ -119,8 +121,11 @@ class PolicyStateFile:
             logger.warning("kvci: %s; learning the workload afresh", exc)
             return None
         except OSError as exc:
-            logger.warning("kvci: policy_state_file %s cannot be read (%s); learning the workload afresh",
-                           self.path, exc)
+            logger.warning(
+                "kvci: policy_state_file %s cannot be read (%s); learning the workload afresh",
+                self.path,
+                exc,
+            )
             return None
 
     def save(self, counts: HazardCounts) -> None:
@@ -128,8 +133,12 @@ class PolicyStateFile:
         zero = (0.0,) * len(EDGES)
         rows = []
         for cls in sorted(set(counts.reuses) | set(counts.exposure), key=repr):
-            if not (isinstance(cls, tuple) and len(cls) == 3 and all(isinstance(v, int) for v in cls[:2])
-                    and cls[2] in (None, True, False)):
+            if not (
+                isinstance(cls, tuple)
+                and len(cls) == 3
+                and all(isinstance(v, int) for v in cls[:2])
+                and cls[2] in (None, True, False)
+            ):
                 raise TypeError(f"a policy state class is (band, resent, pending), not {cls!r}")
             rows.append(_ClassCounts(band=cls[0], resent=cls[1], pending=cls[2],
                                      reuses=list(counts.reuses.get(cls, zero)),
@@ -163,8 +172,14 @@ class PolicyStateSaver:
     thread of their own. The save at shutdown waits for a write in flight, then writes. A failed
     save is reported, never raised: the engine serves, and stops, without it."""
 
-    def __init__(self, file: PolicyStateFile, learned: Callable[[], HazardCounts | None], *,
-                 every_s: float = SAVE_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        file: PolicyStateFile,
+        learned: Callable[[], HazardCounts | None],
+        *,
+        every_s: float = SAVE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not (math.isfinite(every_s) and every_s > 0):
             raise ValueError(f"every_s must be > 0, not {every_s!r}")
         self.file = file
@@ -178,13 +193,16 @@ class PolicyStateSaver:
     def tick(self) -> None:
         """Start a save when one is due and none is in flight (a failed one is tried again when
         next due)."""
-        if self._clock() - self._last < self._every_s or (self._writing and self._writing.is_alive()):
+        if self._clock() - self._last < self._every_s or (
+            self._writing and self._writing.is_alive()
+        ):
             return
         self._last = self._clock()
         counts = self._learned()
         if counts is not None:
-            self._writing = threading.Thread(target=self._write, args=(counts,), name="kvci-policy-state",
-                                             daemon=True)
+            self._writing = threading.Thread(
+                target=self._write, args=(counts,), name="kvci-policy-state", daemon=True
+            )
             self._writing.start()
 
     def save(self) -> None:

@@ -19,7 +19,8 @@ tier keeps what it is offered).
 
 ``live`` (in ``refresh`` and ``counts``) is the idle ages so far of the contexts still idle, as an
 array per class: the refresh walks every remembered context, so its exposure is summed by array
-arithmetic (a loop per context held the engine step for ~180 ms at the 65,536-anchor bound).
+arithmetic (a loop per context held the engine step for far too long at the default anchor
+bound).
 
 ``counts(live)`` is what was learned as plain counts, with the contexts still idle to be counted
 as idle so far and not re-sent (censored, as a survival model counts a subject still at risk): a
@@ -67,7 +68,9 @@ def _add_exposure(row: list[float], ages_s: ArrayLike) -> None:
         row[j] += float(seconds)
 
 
-def _with_idle(exposure: Mapping[Hashable, Sequence[float]], idle: Live) -> dict[Hashable, list[float]]:
+def _with_idle(
+    exposure: Mapping[Hashable, Sequence[float]], idle: Live
+) -> dict[Hashable, list[float]]:
     """``exposure`` (copied) with each open idle period (per class, the idle ages so far) added."""
     out = {cls: list(row) for cls, row in exposure.items()}
     for cls, ages in idle.items():
@@ -108,7 +111,9 @@ class ReuseHazard:
         for table in (counts.reuses, counts.exposure):
             for key, row in table.items():
                 if len(row) != _BUCKETS or not all(math.isfinite(v) and v >= 0.0 for v in row):
-                    raise ValueError(f"class {key!r}: want {_BUCKETS} finite counts >= 0, not {row!r}")
+                    raise ValueError(
+                        f"class {key!r}: want {_BUCKETS} finite counts >= 0, not {row!r}"
+                    )
         hazard = cls()
         hazard._reuses = {key: list(row) for key, row in counts.reuses.items()}
         hazard._exposure = {key: list(row) for key, row in counts.exposure.items()}

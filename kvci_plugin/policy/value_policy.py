@@ -14,20 +14,18 @@ Rules, each with the anchor it comes from:
   often the context's anchor was re-sent since (a frequency, as LFU and TinyLFU count it), and
   what the client said of the turn's end (``tool_call_pending``: true, false, not said; below); not
   also whether the request continued an earlier one: that split each class's evidence three ways
-  and cost hits at every budget it moved (``benchmarks.policy_sim``, conversation trace: 5 %
-  1.070 -> 1.084x LRU, 25 % 0.988 -> 0.995x; the mixed trace within 0.01). The learning costs
-  no bytes: every request's anchor is remembered whether it was kept or not (S3-FIFO's and
-  ARC's ghosts), so the policy learns what its refusals would have bought.
+  and cost hits at every budget it moved (``benchmarks.policy_sim``). The learning costs no
+  bytes: every request's anchor is remembered whether it was kept or not (S3-FIFO's and ARC's
+  ghosts), so the policy learns what its refusals would have bought.
 - **What the client says is evidence.** An agent knows when its turn ends on a tool call and it
   will be back (Continuum's point: keep a tool call's context for the pause); it says so in the
   observation's ``tool_call_pending``. Its contexts form classes of their own, learned like the
   rest, so the word weighs as much as it proves: whether a session continues is the evidence
-  kvci's own lacks (``benchmarks.policy_sim``, conversation trace, 1 / 2.5 / 5 / 10 / 25 %:
-  told by a client that is always right, ``kvci-told``, 2.10 / 1.91 / 1.33 / 1.24 / 1.03x LRU
-  against 1.96 / 1.52 / 1.09 / 1.03 / 1.00x told nothing; the same word said at random,
-  ``kvci-told-random``, costs what splitting the evidence costs: 1.90 / 1.49 / 1.08 / 1.03 /
-  0.99x). Without it every context is "not said", one class as before. An order to keep is
-  ``kvci.retain``, not this.
+  kvci's own lacks: told by a client that is always right (``kvci-told``) kvci saves more than
+  told nothing at every budget, and the same word said at random (``kvci-told-random``) costs
+  only what splitting the evidence costs (``benchmarks.policy_sim``; the figures are in
+  benchmarks/results/README.md, policy_sim_conversation). Without it every context is "not
+  said", one class as before. An order to keep is ``kvci.retain``, not this.
 - **Admission.** With room, every offer is kept: refusing into free memory buys nothing (the
   gap the old RAM bar left). Under pressure an offer is kept only if it is worth at least the
   most valuable checkpoint it would evict (TinyLFU's "admit only if worth more than the
@@ -38,17 +36,16 @@ Rules, each with the anchor it comes from:
   prefix's pages as a checkpoint of their own, with no copy: the new checkpoint's class is a
   first sighting's, the prefix's is its own, proven by the re-send (store-after-2's and
   S3-FIFO's point that what came back once is likelier to come back, kept per context). Without
-  it the prefix left with the newcomer's tail, as early as any first sighting
-  (``benchmarks.policy_sim``, conversation trace: 1 % 1.939 -> 1.964x LRU, 2.5 % 1.510 ->
-  1.520x with 2.51 -> 2.81x fewer bytes written, 5 % 1.095 -> 1.086x; the mixed trace 1 %
-  1.039 -> 1.068x, no budget lower).
+  it the prefix left with the newcomer's tail, as early as any first sighting, and the smallest
+  budgets saved less (``benchmarks.policy_sim``).
 - **Eviction.** Lowest value first. Within a class value mostly falls with idle age, so each
   class is an LRU list and only the heads compete (a heap): eviction costs a few comparisons, not a
   scan. A chain leaves tail first with no rule of its own: a continuation's checkpoint shares
   its parent's pages, and the index frees a page only with its last holder, so a page's
   priority is the highest of its holders' and never rises from root to tail.
-- **The seed's rules come first.** An explicit checkpoint (``checkpoint: "now"``, the control
-  surface) is admitted whatever its value and is evicted only after every other checkpoint;
+- **Explicit checkpoints and vetoes come before value.** An explicit checkpoint
+  (``checkpoint: "now"``, the control surface) is admitted whatever its value and is evicted
+  only after every other checkpoint;
   ``never``, vetoes and the self-report rule never reach the policy (nothing is offered);
   pins, in-flight copies, tenant quotas and the bounds are the index's and hold whatever the
   policy orders.
@@ -109,7 +106,9 @@ class _Anchor:
 class ValuePolicy:
     name = "kvci"
 
-    def __init__(self, *, max_ghosts: int = DEFAULT_MAX_GHOSTS, hazard: ReuseHazard | None = None) -> None:
+    def __init__(
+        self, *, max_ghosts: int = DEFAULT_MAX_GHOSTS, hazard: ReuseHazard | None = None
+    ) -> None:
         """``hazard``: what the policy weighs by and learns into (default: a fresh one, learned
         online from what the tier sees)."""
         if isinstance(max_ghosts, bool) or not isinstance(max_ghosts, int) or max_ghosts < 0:
@@ -156,7 +155,9 @@ class ValuePolicy:
         self._learn_cost(offer.rebuild_s_per_page)
         anchor = self._held.get(offer.anchor)
         if anchor is not None:
-            anchor.cost = offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
+            anchor.cost = (
+                offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
+            )
             return
         anchor = self._ghosts.get(offer.anchor)
         if anchor is None:
@@ -165,7 +166,9 @@ class ValuePolicy:
         else:
             # The same context finished again (a repeat): its class follows the latest word on it.
             anchor.band, anchor.pending = offer.band, offer.pending
-            anchor.cost = offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
+            anchor.cost = (
+                offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
+            )
 
     def reuse_hazard(self, now: float) -> ReuseHazard:
         """What the policy has learned, with the contexts still idle counted up to ``now``."""
@@ -360,10 +363,14 @@ class ValuePolicy:
         said = np.fromiter((_SAID[a.pending] for a in anchors), np.int64, n)
         ages = np.maximum(0.0, now - np.fromiter((a.last_seen for a in anchors), np.float64, n))
         # One int per class, so the anchors are grouped by one sort.
-        keys = ((bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)) * len(_SAID) + said
+        keys = ((bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)) * len(
+            _SAID
+        ) + said
         order = np.argsort(keys, kind="stable")
         found, starts = np.unique(keys[order], return_index=True)
-        return {_class_of(int(k)): part for k, part in zip(found, np.split(ages[order], starts[1:]))}
+        return {
+            _class_of(int(k)): part for k, part in zip(found, np.split(ages[order], starts[1:]))
+        }
 
 
 def _class_of(key: int) -> PolicyClass:

@@ -11,14 +11,14 @@ until the dependency is healthy again.
 from __future__ import annotations
 
 import logging
+import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-import queue
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -170,6 +170,10 @@ class DependencyHealth:
         self._closed.set()
 
 
+# One call handed to a bounded-call thread: its future, the function and its arguments.
+_Call = tuple[Future[object], Callable[..., object], tuple[object, ...], dict[str, object]]
+
+
 class BoundedCalls:
     """Runs a dependency's calls on a thread of its own and waits at most ``timeout_s`` for
     each: a frozen server (SIGSTOP answers nothing, and a server-side statement timeout never
@@ -187,14 +191,21 @@ class BoundedCalls:
         self.timeout_s = float(timeout_s)
         # A daemon thread, not an executor's: a call stuck on a frozen server must not hold up
         # the process's exit (an executor's threads are joined at exit).
-        self._queue: queue.SimpleQueue[tuple[Future[object], Callable[..., object], tuple[object, ...], dict[str, object]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._inside = threading.local()
-        self._thread = threading.Thread(target=self._serve, name=f"kvci-calls-{health.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, name=f"kvci-calls-{health.name}", daemon=True
+        )
         self._thread.start()
 
-    def run(self, what: str, fn: Callable[..., T], *args: object,
-            when_degraded: bool = False, **kwargs: object) -> T:
+    def run(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: object,
+        when_degraded: bool = False,
+        **kwargs: object,
+    ) -> T:
         """``fn(*args, **kwargs)``; ``TierUnavailableError`` at once while degraded (unless
         ``when_degraded``: an operator's reset or forget is tried whatever the health);
         ``TimeoutError`` past the timeout. A dependency's failure marks it degraded."""

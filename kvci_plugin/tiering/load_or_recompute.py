@@ -8,6 +8,10 @@ a second, per rank) and the median prefill time per computed token, each over it
 is faster (None is "not measured", never "free"). A hit is declined only when recomputing is
 expected to take less than 1/``LOAD_PREFERENCE`` of the load: a load runs on the disk and the copy
 engines, while a recompute takes the compute every other request in the batch needs.
+
+A declined hit measures nothing, so slow loads (a cold cache, a dependency that was failing)
+would decline every later hit forever: after ``probe_every`` declines in a row one hit is loaded
+anyway, and its time joins the window.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 
 DEFAULT_WINDOW = 64
 LOAD_PREFERENCE = 2.0
+DEFAULT_PROBE_EVERY = 16
 
 
 @dataclass(frozen=True)
@@ -28,14 +33,18 @@ class LoadVerdict:
 
 
 class LoadOrRecompute:
-    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an int >= 1, not {window!r}")
+    def __init__(self, window: int = DEFAULT_WINDOW,
+                 probe_every: int = DEFAULT_PROBE_EVERY) -> None:
+        for name, value in (("window", window), ("probe_every", probe_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+        self._probe_every = probe_every
+        self._declined = 0  # hits declined since the last one loaded
         self._load_bytes_per_s: deque[float] = deque(maxlen=window)
         self._prefill_s_per_token: deque[float] = deque(maxlen=window)
 
     def observe_load(self, nbytes: int, seconds: float) -> None:
-        """A disk load of ``nbytes`` that took ``seconds`` (an empty or instant one says nothing)."""
+        """A disk load of ``nbytes`` that took ``seconds`` (empty or instant: says nothing)."""
         if nbytes > 0 and seconds > 0:
             self._load_bytes_per_s.append(nbytes / seconds)
 
@@ -57,4 +66,7 @@ class LoadOrRecompute:
             load_s = nbytes / statistics.median(self._load_bytes_per_s)
         recompute_s = self.recompute_s(tokens)
         load = load_s is None or recompute_s is None or load_s <= LOAD_PREFERENCE * recompute_s
+        if not load and self._declined + 1 >= self._probe_every:
+            load = True  # a probe: the load rate may have recovered since it was measured
+        self._declined = 0 if load else self._declined + 1
         return LoadVerdict(load, load_s, recompute_s)

@@ -1,56 +1,63 @@
-"""TieredCheckpointManager: the seed's one place where triggers meet the tiers and the gate.
+"""TieredCheckpointManager: where triggers meet the tiers and the gate, behind one face.
 
-RAM is the default; disk is reached only through `promote`, which re-runs the whole
-eligibility gate with the authority of the caller at that moment — for every trigger, and for a
-checkpoint that has been resident since the session began. Every decision is kept for `explain`.
+RAM is the default; disk is reached only through `promote` (``persists``: the persist state
+machine), which re-runs the whole eligibility gate with the authority of the caller at that
+moment — for every trigger, and for a checkpoint that has been resident since the session
+began. Every decision is kept for `explain` (``explain``, with the tombstones of what a reset
+fenced or a forget erased).
 
-Bytes move through a `PageMover`: in one process (`LocalPageMover`) copies happen at once; inside
-vLLM the connector queues jobs for its workers and calls `on_stored` / `on_persisted` when they
-report back. The logic here is the same either way.
+Bytes move through a `PageMover` (``mover``): inside vLLM the connector queues jobs for its
+workers and calls `on_stored` / `on_persisted` when they report back; a mover that copies at
+once makes both calls return at once. The logic here is the same either way. What the calls
+answer is in ``outcomes``.
 
-A permitted persist starts once every page of its checkpoint is in the pool — its own copy may
-be queued, or a page it shares may still be being copied for another checkpoint — and holds the
-pages pinned (so the RAM entry cannot be evicted) until the blobs are written. Which tier holds
-a checkpoint is read from the tiers themselves, never remembered: the disk tier may evict or
-expire a record behind the manager's back.
+Which tier holds a checkpoint is read from the tiers themselves, never remembered: the disk tier
+may evict or expire a record behind the manager's back.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, Protocol, get_args
-
-from pydantic import BaseModel, ConfigDict
+from dataclasses import asdict, fields
+from typing import Any, get_args
 
 from kvci_plugin.governance import (
-    EligibilityDecision,
     PersistenceEligibilityGate,
-    PersistenceRequest,
     Trigger,
     get_persistence_eligibility_gate,
 )
 from kvci_plugin.policy import Offer
-from kvci_plugin.tiering.catalog import KVCheckpointRecord
-from kvci_plugin.tiering.disk_store import DiskStats, KVCheckpointStore
-from kvci_plugin.tiering.health import DEPENDENCY_ERRORS, TierUnavailableError
+from kvci_plugin.tiering.disk.attach import DiskAttach
+from kvci_plugin.tiering.disk.records import DiskStats
+from kvci_plugin.tiering.disk.tier import KVCheckpointStore
+from kvci_plugin.tiering.explain import (
+    Tombstones,
+    describe_disk,
+    describe_ram,
+    durable_record,
+    ram_entry,
+)
+from kvci_plugin.tiering.health import DEPENDENCY_ERRORS, HealthReport, TierUnavailableError
 from kvci_plugin.tiering.loadable import LoadablePages, TierListener
-from kvci_plugin.tiering.ram_index import RAMIndex
-from kvci_plugin.tiering.retention import RetentionOutcome, RetentionRefused, Retentions
+from kvci_plugin.tiering.mover import PageMover
+from kvci_plugin.tiering.outcomes import (
+    CheckpointOutcome,
+    ForgetOutcome,
+    PromotionOutcome,
+    ResetOutcome,
+    RetainAsk,
+)
+from kvci_plugin.tiering.persists import Persists
+from kvci_plugin.tiering.ram.index import RAMIndex
+from kvci_plugin.tiering.ram.retention import RetentionOutcome, RetentionRefused, Retentions
 from kvci_plugin.tiering.types import (
-    CheckpointEntry,
-    CheckpointFencedError,
-    CheckpointForgottenError,
     CheckpointNotFoundError,
     DoesNotFitError,
     PageKey,
-    Reservation,
     TenantMismatchError,
 )
 from kvci_plugin.worthiness import (
@@ -63,83 +70,6 @@ from kvci_plugin.worthiness import (
 logger = logging.getLogger(__name__)
 
 _TRIGGERS = frozenset(get_args(Trigger))
-_NO_DISK = "refused: no disk tier is configured (disk_root)"
-_MAX_FENCED = 4096  # RAM checkpoints a reset fenced that explain still names
-
-
-class PageMover(Protocol):
-    """Copies pages for the manager. Each call returns True when the copy is already done;
-    False means it was queued and the manager hears back through `on_stored` / `on_persisted`."""
-
-    def store(self, reservation: Reservation, source: Any) -> bool: ...
-
-    def persist(self, checkpoint_id: str, tenant: str, keys: Sequence[PageKey],
-                slots: Sequence[int]) -> bool: ...
-
-
-class PromotionOutcome(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    checkpoint_id: str
-    status: Literal["persisting", "persisted", "refused", "failed"]
-    reason: str
-    decision: EligibilityDecision | None = None
-
-
-class ResetOutcome(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    generation: int
-    ram_checkpoints: int
-    disk_checkpoints: int
-
-
-class ForgetOutcome(BaseModel):
-    """What a forget erased: RAM and disk checkpoints, and whether key material was destroyed."""
-
-    model_config = ConfigDict(frozen=True)
-
-    ram_checkpoints: int
-    disk_checkpoints: int
-    key_destroyed: bool
-
-
-class CheckpointOutcome(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    checkpoint_id: str | None
-    tier: Literal["ram", "none"]
-    pending: bool
-    reason: str
-    new_pages: int = 0
-    reused_pages: int = 0
-    evicted: tuple[str, ...] = ()
-    # The pages that left the RAM tier with those evictions (a page an evicted checkpoint shared
-    # with a held one stays): what an admission policy learns "evicted before any hit" from.
-    evicted_pages: tuple[PageKey, ...] = ()
-    persist: PromotionOutcome | None = None
-    retain: RetentionOutcome | None = None
-
-
-@dataclass(frozen=True)
-class RetainAsk:
-    """An agent's retention ask: exempt from eviction for ``ttl_s`` seconds, or until the
-    ``session``'s next request (None: the TTL only)."""
-
-    ttl_s: float
-    session: str | None
-
-
-@dataclass
-class _Persist:
-    """A permitted persist between the gate's decision and its catalog row."""
-
-    tenant: str
-    keys: tuple[PageKey, ...]
-    trigger: Trigger
-    recommendation_json: str
-    decision: EligibilityDecision
-    writing: bool = False  # pages pinned and blobs being written; False: waiting for the RAM copy
 
 
 class TieredCheckpointManager:
@@ -150,6 +80,7 @@ class TieredCheckpointManager:
         mover: PageMover,
         advisor: CheckpointAdvisor | None = None,
         disk: KVCheckpointStore | None = None,
+        disk_attach: DiskAttach | None = None,
         disk_region: str | None = None,
         gate: PersistenceEligibilityGate | None = None,
         clock: Callable[[], float] = time.time,
@@ -158,32 +89,69 @@ class TieredCheckpointManager:
         self.mover = mover
         self.advisor = advisor or CheckpointAdvisor()
         self.disk = disk
-        self._disk_region = disk_region
+        self._disk_attach = disk_attach  # a disk tier that did not answer at start, being built
         self._gate = gate  # None: whatever the seam holds at each evaluation
         self._clock = clock  # decides whether a disk record's retention has passed
         self.lock = threading.RLock()
-        self._persists: dict[str, _Persist] = {}
         # The RAM-only generation (a disk tier keeps its own, in its catalog).
         self._generation = 0
-        # Checkpoints a reset fenced: (tenant, when, generation begun), for explain; and the
-        # writes under way then, whose report must record nothing.
-        self._fenced: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
-        self._fenced_writes: set[str] = set()
-        # Checkpoints a forget erased from RAM: (tenant, when), for explain (the disk tier's
+        # The RAM checkpoints a reset fenced or a forget erased, for explain (the disk tier's
         # are in its catalog).
-        self._forgotten: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._tombstones = Tombstones()
         # Only with a listener (kv events on): which pages each tier can load.
         self._loadable: LoadablePages | None = None
         # The tenant and trigger of each store still being copied: its pages become loadable
         # when it commits, and a system checkpoint then keeps the prefix its prompt re-sent.
         self._copying: dict[str, tuple[str, Trigger]] = {}
         self.retentions = Retentions(index, index.stats().tenant_quota_bytes)
+        self._persists = Persists(self, disk_region=disk_region, clock=clock)
 
     def watch(self, listener: TierListener) -> None:
         """Tell ``listener`` of pages as they become loadable from a tier and as they stop."""
-        loadable = self._loadable = LoadablePages(listener)
-        if self.disk is not None:
+        self._loadable = LoadablePages(listener)
+        self._wire_disk()
+
+    def _wire_disk(self) -> None:
+        loadable = self._loadable
+        if self.disk is not None and loadable is not None:
             self.disk.on_pages_removed = lambda keys: loadable.removed("disk", keys)
+
+    def attach_disk(self) -> bool:
+        """Between two engine steps: attach the disk tier that did not answer at start, once it
+        is built; whether it was attached now (KV is keyed in its generation from now on)."""
+        store = self._disk_attach.take() if self._disk_attach is not None else None
+        if store is None:
+            return False
+        with self.lock:
+            self.disk, self._disk_attach = store, None
+            self._wire_disk()
+        logger.warning("kvci: disk tier attached (%s), generation %d", store.describe(),
+                       store.generation)
+        return True
+
+    @property
+    def disk_attaching(self) -> bool:
+        """Whether a disk tier that did not answer at start is still being built."""
+        return self._disk_attach is not None
+
+    @property
+    def disk_available(self) -> bool | None:
+        """Whether the disk tier answers now (a read of one attribute); None without one."""
+        if self.disk is not None:
+            return self.disk.health.available
+        return False if self._disk_attach is not None else None
+
+    @property
+    def disk_health(self) -> HealthReport | None:
+        """The disk tier's health (while it is being attached, that attempt's); None without one."""
+        if self.disk is not None:
+            return self.disk.health_report()
+        return self._disk_attach.report() if self._disk_attach is not None else None
+
+    def close(self) -> None:
+        """The engine stops: a disk tier still being attached stops being tried."""
+        if self._disk_attach is not None:
+            self._disk_attach.close()
 
     def collect_expired(self) -> None:
         """With a listener: collect the durable checkpoints whose retention has passed, so that
@@ -192,6 +160,11 @@ class TieredCheckpointManager:
                 and self._loadable.expiry_due(self._clock())):
             with self.lock:
                 self.disk.gc_expired(self._clock())
+
+    @property
+    def loadable(self) -> LoadablePages | None:
+        """Which pages each tier can load: kept only with a listener (``watch``)."""
+        return self._loadable
 
     @property
     def generation(self) -> int:
@@ -230,9 +203,11 @@ class TieredCheckpointManager:
         delegation_tokens: Sequence[str] = (),
         offer: Offer | None = None,
         retain: RetainAsk | None = None,
+        pool: str | None = None,
     ) -> CheckpointOutcome:
         """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy;
-        `retain` exempts the checkpoint from eviction for a while (RAM only).
+        `retain` exempts the checkpoint from eviction for a while (RAM only). `pool` is the
+        fair share its bytes count against (None: the tenant's own; see ``ram.room``).
 
         `offer` is what the RAM tier's policy weighs (None: one anchored at the last key,
         explicit unless the trigger is the system's); the policy may find a system offer worth
@@ -260,23 +235,37 @@ class TieredCheckpointManager:
             retained = None  # a refusal, told whether or not the KV is kept
             if retain is not None:
                 try:
-                    self.retentions.check(tenant, keys)
+                    self.retentions.check(tenant, keys, pool)
                 except RetentionRefused as exc:
-                    retained = RetentionOutcome(status="refused", ttl_s=retain.ttl_s, reason=str(exc))
+                    retained = RetentionOutcome(status="refused", ttl_s=retain.ttl_s,
+                                                reason=str(exc))
             try:
                 # Without an offer, what the trigger says: only the system's own keeps are weighed.
-                res = self.index.reserve(cid, tenant, keys, meta, offer=offer or Offer(
-                    anchor=keys[-1], explicit=trigger != "system"))
+                res = self.index.reserve(
+                    cid,
+                    tenant,
+                    keys,
+                    meta,
+                    offer=offer or Offer(anchor=keys[-1], explicit=trigger != "system"),
+                    pool=pool,
+                )
             except (DoesNotFitError, TenantMismatchError) as exc:
-                return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
-                                         reason=f"not kept in RAM: {exc}", retain=retained)
+                return CheckpointOutcome(
+                    checkpoint_id=None,
+                    tier="none",
+                    pending=False,
+                    reason=f"not kept in RAM: {exc}",
+                    retain=retained,
+                )
             # Asked at once, under the manager's lock: no reservation made through the manager
             # can have brought an evicted page back in between.
             evicted_pages = self.index.absent(key for e in res.evicted for key in e.keys)
             if self._loadable is not None:
                 self._loadable.removed("ram", evicted_pages)
             if retained is None and retain is not None:
-                retained = self.retentions.grant(cid, tenant, keys, retain.ttl_s, retain.session)
+                retained = self.retentions.grant(
+                    cid, tenant, keys, retain.ttl_s, retain.session, pool
+                )
             done = True
             if res.new:
                 try:
@@ -292,19 +281,30 @@ class TieredCheckpointManager:
                 self._tell_ram_stored(cid, tenant)
                 self._keep_resent_prefix(cid, trigger)
                 if res.new:
-                    self._start_ready_persists()
+                    self._persists.start_ready()
             else:
                 self._copying[cid] = (tenant, trigger)
             persist_outcome = None
             if persist:
                 persist_outcome = self.promote(
-                    cid, tenant=tenant, trigger=trigger, session_token=session_token,
-                    delegation_tokens=delegation_tokens)
+                    cid,
+                    tenant=tenant,
+                    trigger=trigger,
+                    session_token=session_token,
+                    delegation_tokens=delegation_tokens,
+                )
         return CheckpointOutcome(
-            checkpoint_id=cid, tier="ram", pending=not done, reason="kept in RAM",
-            new_pages=len(res.new), reused_pages=len(res.reused),
-            evicted=tuple(e.checkpoint_id for e in res.evicted), evicted_pages=evicted_pages,
-            persist=persist_outcome, retain=retained)
+            checkpoint_id=cid,
+            tier="ram",
+            pending=not done,
+            reason="kept in RAM",
+            new_pages=len(res.new),
+            reused_pages=len(res.reused),
+            evicted=tuple(e.checkpoint_id for e in res.evicted),
+            evicted_pages=evicted_pages,
+            persist=persist_outcome,
+            retain=retained,
+        )
 
     def expire_retentions(self) -> None:
         """End the retentions whose TTL has passed: their checkpoints compete again."""
@@ -323,7 +323,7 @@ class TieredCheckpointManager:
         """
         with self.lock:
             tenant, trigger = self._copying.pop(checkpoint_id, (None, None))
-            if checkpoint_id in self._fenced or checkpoint_id in self._forgotten:
+            if checkpoint_id in self._tombstones:
                 return None  # a copy of KV from before a reset or a forget: never loadable
             if ok:
                 self.index.commit(checkpoint_id)
@@ -337,8 +337,8 @@ class TieredCheckpointManager:
                 self.retentions.dropped(checkpoint_id)
                 if self._loadable is not None:
                     self._loadable.removed("ram", self.index.absent(keys))
-                self._persists.pop(checkpoint_id, None)
-            return self._start_ready_persists().get(checkpoint_id)
+                self._persists.drop(checkpoint_id)
+            return self._persists.start_ready().get(checkpoint_id)
 
     # ---- disk -----------------------------------------------------------------------------------
 
@@ -355,66 +355,16 @@ class TieredCheckpointManager:
 
         Another tenant's checkpoint raises `TenantMismatchError`, an unknown one
         `CheckpointNotFoundError`. A checkpoint that is already durable, or whose permitted
-        write is under way, is not written again.
+        write is under way, is not written again (``persists``).
         """
         with self.lock:
-            entry = self._ram_entry(checkpoint_id, tenant)
-            unavailable: BaseException | None = None  # the gate still decides, and says why
-            try:
-                record = self._durable_record(checkpoint_id, tenant)
-            except (TierUnavailableError, *DEPENDENCY_ERRORS) as exc:
-                record, unavailable = None, exc
-            if record is not None:
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisted",
-                                        reason="already durable")
-            if entry is None:
-                raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held")
-            in_flight = self._persists.get(checkpoint_id)
-            if in_flight is not None:
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisting",
-                                        reason="a permitted write of this checkpoint is under way",
-                                        decision=in_flight.decision)
-            if self.disk is None:
-                # Nothing could be written whatever the gate said: no decision is recorded.
-                self.index.set_meta(checkpoint_id, refusal=_NO_DISK, decision=None)
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="refused",
-                                        reason=_NO_DISK)
-            request = PersistenceRequest(
-                checkpoint_id=checkpoint_id, tenant=tenant, trigger=trigger,
-                session_token=session_token, delegation_tokens=tuple(delegation_tokens),
-                source_ids=tuple(entry.meta.get("source_ids", ())),
-                durable_store_region=self._disk_region)
-            decision = self.gate.evaluate(request)
-            dumped = decision.model_dump(mode="json")
-            if not decision.permitted:
-                self.index.set_meta(checkpoint_id, refusal=decision.reason, decision=dumped)
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="refused",
-                                        reason=decision.reason, decision=decision)
-            try:
-                if unavailable is not None:
-                    raise unavailable
-                self._clear_expired(checkpoint_id)
-            except (TierUnavailableError, *DEPENDENCY_ERRORS) as exc:
-                return self._disk_unavailable(checkpoint_id, exc, decision)
-            self.index.set_meta(checkpoint_id, refusal=None, decision=dumped, persist_error=None)
-            job = _Persist(tenant=entry.tenant, keys=entry.keys, trigger=trigger,
-                           recommendation_json=json.dumps(entry.meta.get("recommendation")),
-                           decision=decision)
-            self._persists[checkpoint_id] = job
-            if not entry.complete:
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisting",
-                                        reason="permitted; waiting for the RAM copy",
-                                        decision=decision)
-            return self._start_persist(checkpoint_id, job)
-
-    def _disk_unavailable(self, checkpoint_id: str, exc: BaseException,
-                          decision: EligibilityDecision | None = None) -> PromotionOutcome:
-        """A persist the disk tier cannot take now (degraded, or failing): nothing is written,
-        and the caller is told why; the RAM copy stays."""
-        reason = f"persist failed: the disk tier is unavailable ({type(exc).__name__}: {exc})"
-        self._set_meta_if_held(checkpoint_id, persist_error=reason)
-        return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed", reason=reason,
-                                decision=decision)
+            return self._persists.promote(
+                checkpoint_id,
+                tenant=tenant,
+                trigger=trigger,
+                session_token=session_token,
+                delegation_tokens=delegation_tokens,
+            )
 
     def on_persisted(self, checkpoint_id: str, ok: bool, error: str = "") -> PromotionOutcome:
         """Every shard's blobs are durable (or one failed): record the catalog row, or the error.
@@ -422,105 +372,7 @@ class TieredCheckpointManager:
         A report for a checkpoint with no write under way (a duplicate report) changes nothing.
         """
         with self.lock:
-            if checkpoint_id in self._fenced_writes:
-                self._fenced_writes.discard(checkpoint_id)
-                assert self.disk is not None
-                self.disk.end_lease(checkpoint_id)
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed",
-                                        reason="fenced by a cache reset or a forget: not recorded")
-            job = self._persists.get(checkpoint_id)
-            if job is None or not job.writing:
-                logger.warning("kvci: persist report for %s, which has no write under way",
-                               checkpoint_id)
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed",
-                                        reason="no write of this checkpoint is under way")
-            del self._persists[checkpoint_id]
-            self.index.unpin(job.keys)
-            problem = self._record(checkpoint_id, job) if ok else (
-                error or "the blob write reported a failure")
-            if problem and not ok:
-                self._release(checkpoint_id, job)
-            if not problem and self._loadable is not None:
-                self._loadable.stored("disk", job.keys)
-                if job.decision.retention_expiry is not None:
-                    self._loadable.expires(job.decision.retention_expiry)
-            if problem:
-                reason = f"persist failed: {problem}"
-                self._set_meta_if_held(checkpoint_id, persist_error=reason)
-                return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed",
-                                        reason=reason, decision=job.decision)
-            return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisted",
-                                    reason=job.decision.reason, decision=job.decision)
-
-    def _start_persist(self, checkpoint_id: str, job: _Persist) -> PromotionOutcome:
-        # Pinned until the blobs are written: the slots cannot be reused, nor the entry evicted.
-        slots = self.index.pin(job.keys, job.tenant)
-        job.writing = True
-        try:
-            assert self.disk is not None  # a persist is only started with a disk tier
-            # Leased before any blob is written, so that no node's eviction deletes a blob this
-            # write finds and keeps; the lease ends with the catalog row or the failure.
-            self.disk.reserve(checkpoint_id, job.keys)
-            done = self.mover.persist(checkpoint_id, job.tenant, job.keys, slots)
-        except Exception as exc:  # whatever failed, the pins must go and the failure be recorded
-            return self.on_persisted(checkpoint_id, ok=False, error=f"{type(exc).__name__}: {exc}")
-        if done:
-            return self.on_persisted(checkpoint_id, ok=True)
-        return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisting",
-                                reason="permitted; writing blobs", decision=job.decision)
-
-    def _start_ready_persists(self) -> dict[str, PromotionOutcome]:
-        """Start the waiting persists whose pages are all in the pool now; drop those that never
-        can be (their entry is gone, or a page they share was left uncopied by a failed store)."""
-        started: dict[str, PromotionOutcome] = {}
-        for cid, job in list(self._persists.items()):
-            if job.writing:
-                continue
-            try:
-                entry = self.index.get(cid, job.tenant)
-            except CheckpointNotFoundError:
-                del self._persists[cid]
-                continue
-            if entry.complete:
-                started[cid] = self._start_persist(cid, job)
-            elif not entry.pending and not self._copy_pending_for(entry):
-                del self._persists[cid]
-                self.index.set_meta(cid, persist_error=(
-                    "persist failed: a page shared with another checkpoint was never copied in "
-                    "(that checkpoint's store failed)"))
-        return started
-
-    def _copy_pending_for(self, entry: CheckpointEntry) -> bool:
-        """Whether a pending store could still bring in `entry`'s missing pages: only a pending
-        checkpoint naming one of them can. Runs only for a persist stuck behind a failed store."""
-        keys = set(entry.keys)
-        return any(other.pending and not keys.isdisjoint(other.keys)
-                   for other in self.index.entries(entry.tenant))
-
-    def _release(self, checkpoint_id: str, job: _Persist) -> None:
-        """End a failed write's lease; blobs it left that nothing else holds are deleted."""
-        assert self.disk is not None
-        try:
-            self.disk.release(checkpoint_id, job.keys)
-        except TierUnavailableError:
-            pass  # the tier is degraded (logged once): the lease expires by itself
-        except Exception as exc:  # the lease expires by itself; the failure is already reported
-            logger.warning("kvci: releasing the lease of %s failed: %s", checkpoint_id, exc)
-
-    def _record(self, checkpoint_id: str, job: _Persist) -> str:
-        """Add the catalog row of written blobs; returns why it could not, or "" once it is."""
-        assert self.disk is not None  # a persist is only started with a disk tier
-        try:
-            self.disk.record_written(
-                checkpoint_id=checkpoint_id, tenant=job.tenant, keys=job.keys,
-                slot_bytes=self.index.slot_bytes, trigger=job.trigger,
-                recommendation_json=job.recommendation_json,
-                decision_json=job.decision.model_dump_json(),
-                retention_expiry=job.decision.retention_expiry)
-        except Exception as exc:  # any failure (a refusal, the database) is this persist's
-            # The disk tier has already deleted the blobs that no row or other write holds.
-            return f"catalog row not written: {type(exc).__name__}: {exc}"
-        return ""
+            return self._persists.on_persisted(checkpoint_id, ok, error)
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -537,8 +389,7 @@ class TieredCheckpointManager:
             self._copying.clear()
             if self._loadable is not None:
                 self._loadable.cleared("ram")
-            self._fenced_writes.update(cid for cid, job in self._persists.items() if job.writing)
-            self._persists.clear()
+            self._persists.fence_all()
             generation, durable = self.generation + 1, ()
             try:
                 if self.disk is not None:
@@ -549,12 +400,10 @@ class TieredCheckpointManager:
                 else:
                     self._generation = generation
             finally:  # RAM is empty even when the disk tier failed: explain says why
-                for entry in ram:
-                    self._fenced[entry.checkpoint_id] = (entry.tenant, now, generation)
-                while len(self._fenced) > _MAX_FENCED:
-                    self._fenced.popitem(last=False)
-            return ResetOutcome(generation=generation, ram_checkpoints=len(ram),
-                                disk_checkpoints=len(durable))
+                self._tombstones.fence(ram, now, generation)
+            return ResetOutcome(
+                generation=generation, ram_checkpoints=len(ram), disk_checkpoints=len(durable)
+            )
 
     def forget(self, tenant: str) -> ForgetOutcome:
         """Crypto-erase ``tenant`` (the caller checked the authority): RAM forgets its
@@ -563,27 +412,18 @@ class TieredCheckpointManager:
         every node sharing the catalog, then its blobs. Other nodes' RAM tiers are theirs."""
         with self.lock:
             now = self._clock()
-            ram = self.index.entries(tenant)
-            for entry in ram:
-                if entry.pending:
-                    self.index.abort(entry.checkpoint_id)
-                else:
-                    self.index.remove(entry.checkpoint_id, tenant)
-                self._forgotten[entry.checkpoint_id] = (tenant, now)
-            while len(self._forgotten) > _MAX_FENCED:
-                self._forgotten.popitem(last=False)
+            self.retentions.forget(tenant)
+            ram = self.index.erase(tenant)
+            self._tombstones.forget(ram, tenant, now)
             if self._loadable is not None:  # kv events: the erased pages stop being loadable
                 self._loadable.removed("ram", self.index.absent(k for e in ram for k in e.keys))
-            for cid, job in list(self._persists.items()):
-                if job.tenant == tenant:
-                    if job.writing:
-                        self._fenced_writes.add(cid)
-                    del self._persists[cid]
+            self._persists.fence_tenant(tenant)
             report = self.disk.forget(tenant) if self.disk is not None else None
         return ForgetOutcome(
             ram_checkpoints=len(ram),
             disk_checkpoints=0 if report is None else len(report.checkpoint_ids),
-            key_destroyed=report is not None and report.key_destroyed)
+            key_destroyed=report is not None and report.key_destroyed,
+        )
 
     # ---- inspection -----------------------------------------------------------------------------
 
@@ -594,39 +434,19 @@ class TieredCheckpointManager:
         """
         out: dict[str, Any] = {"checkpoint_id": checkpoint_id, "gate_in_force": self.gate.name}
         with self.lock:
-            entry = self._ram_entry(checkpoint_id, tenant)
+            entry = ram_entry(self.index, checkpoint_id, tenant)
             try:
-                record = self._durable_record(checkpoint_id, tenant)
+                record = durable_record(self.disk, checkpoint_id, tenant, self._clock())
             except (TierUnavailableError, *DEPENDENCY_ERRORS):
                 if entry is None:
                     raise  # only the disk tier could say: the caller is told it is unavailable
                 record = None  # RAM holds it; whether disk does too cannot be said now
             if entry is not None:
-                job = self._persists.get(checkpoint_id)
-                out.update(
-                    tier="ram+disk" if record is not None else "ram", tenant=entry.tenant,
-                    trigger=entry.meta.get("trigger"), pages=len(entry.keys),
-                    bytes=entry.nbytes, created=entry.created, pending=entry.pending,
-                    persisting=None if job is None else ("writing" if job.writing else "waiting"),
-                    source_ids=list(entry.meta.get("source_ids", ())),
-                    recommendation=entry.meta.get("recommendation"),
-                    eligibility_decision=entry.meta.get("decision"),
-                    refusal=entry.meta.get("refusal"),
-                    persist_error=entry.meta.get("persist_error"),
-                    retention_expiry=None if record is None else record.retention_expiry)
-                return out
+                return {**out, **describe_ram(entry, record, self._persists.state(checkpoint_id))}
         if record is None:
-            self._raise_if_fenced(checkpoint_id, tenant)
-            self._raise_if_forgotten(checkpoint_id, tenant)
+            self._tombstones.raise_if_gone(checkpoint_id, tenant, self.disk)
             raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held")
-        out.update(
-            tier="disk", tenant=record.tenant, trigger=record.trigger, pages=len(record.pages),
-            bytes=record.nbytes, created=record.created, pending=False, persisting=None,
-            retention_expiry=record.retention_expiry,
-            recommendation=json.loads(record.recommendation_json),
-            eligibility_decision=json.loads(record.decision_json), refusal=None,
-            persist_error=None)
-        return out
+        return {**out, **describe_disk(record)}
 
     def ram_stats(self) -> dict[str, Any]:
         """Occupancy, the gate in force and the registered scorers (a score means nothing
@@ -636,18 +456,36 @@ class TieredCheckpointManager:
             persists = len(self._persists)
             r = self.retentions.stats()
         return {
-            "entries": s.entries, "pending_entries": s.pending_entries, "pages": s.pages,
-            "pinned_pages": s.pinned_pages, "bytes_used": s.bytes_used,
-            "capacity_bytes": s.capacity_bytes, "max_entries": s.max_entries,
-            "slot_bytes": s.slot_bytes, "evictions": s.evictions, "policy": asdict(s.policy),
-            "tenant_bytes": dict(s.tenant_bytes), "tenant_quota_bytes": s.tenant_quota_bytes,
+            "entries": s.entries,
+            "pending_entries": s.pending_entries,
+            "pages": s.pages,
+            "pinned_pages": s.pinned_pages,
+            "bytes_used": s.bytes_used,
+            "capacity_bytes": s.capacity_bytes,
+            "max_entries": s.max_entries,
+            "slot_bytes": s.slot_bytes,
+            "evictions": s.evictions,
+            "policy": asdict(s.policy),
+            "tenant_bytes": dict(s.tenant_bytes),
+            "tenant_quota_bytes": s.tenant_quota_bytes,
             "persists_in_flight": persists,
-            "retentions": r.retentions, "retained_bytes": r.retained_bytes,
+            "retentions": r.retentions,
+            "retained_bytes": r.retained_bytes,
             "tenant_retained_bytes": r.tenant_retained_bytes,
-            "retentions_expired": r.expired, "retentions_released": r.released,
+            "retentions_expired": r.expired,
+            "retentions_released": r.released,
             "gate_in_force": self.gate.name,
             "scorers": {e.name: e.weight for e in self.advisor.registry.entries()},
-            "disk": None if self.disk is None else self._disk_stats(self.disk),
+            "disk": (
+                self._disk_stats(self.disk)
+                if self.disk is not None
+                else None
+                if self._disk_attach is None
+                else {
+                    **{f.name: None for f in fields(DiskStats)},
+                    "health": asdict(self._disk_attach.report()),
+                }
+            ),
         }
 
     @staticmethod
@@ -660,22 +498,6 @@ class TieredCheckpointManager:
             counts = {f.name: None for f in fields(DiskStats)}
         return {**counts, "health": asdict(disk.health_report())}
 
-    def _raise_if_fenced(self, checkpoint_id: str, tenant: str | None) -> None:
-        """CheckpointFencedError when a reset fenced it (and it is the caller's, if one is named)."""
-        fenced = self._fenced.get(checkpoint_id)
-        if fenced is None and self.disk is not None:
-            fenced = self.disk.fenced(checkpoint_id)
-        if fenced is not None and tenant in (None, fenced[0]):
-            raise CheckpointFencedError(checkpoint_id, fenced[1], fenced[2])
-
-    def _raise_if_forgotten(self, checkpoint_id: str, tenant: str | None) -> None:
-        """CheckpointForgottenError when a forget erased it (and it is the caller's, if named)."""
-        forgotten = self._forgotten.get(checkpoint_id)
-        if forgotten is None and self.disk is not None:
-            forgotten = self.disk.forgotten(checkpoint_id)
-        if forgotten is not None and tenant in (None, forgotten[0]):
-            raise CheckpointForgottenError(checkpoint_id, forgotten[1])
-
     # ---- helpers (caller holds the lock) --------------------------------------------------------
 
     def _tell_ram_stored(self, checkpoint_id: str, tenant: str) -> None:
@@ -685,55 +507,15 @@ class TieredCheckpointManager:
             return
         keys = self.index.get(checkpoint_id, tenant).keys
         held = self._loadable.held("ram")
-        self._loadable.stored("ram", [k for k in keys if k not in held
-                                      and self.index.longest_prefix((k,), tenant)])
+        self._loadable.stored(
+            "ram", [k for k in keys if k not in held and self.index.longest_prefix((k,), tenant)]
+        )
 
     def _keep_resent_prefix(self, checkpoint_id: str, trigger: Trigger | None) -> None:
         """A checkpoint the system kept committed: the prefix its prompt re-sent keeps a value of
         its own (``RAMIndex.keep_resent_prefix``). An explicit one needs none: it leaves last."""
         if trigger == "system":
             self.index.keep_resent_prefix(checkpoint_id, uuid.uuid4().hex)
-
-    def _ram_entry(self, checkpoint_id: str, tenant: str | None) -> CheckpointEntry | None:
-        """The RAM record, None when RAM does not hold it; another tenant's raises."""
-        if tenant is not None:
-            try:
-                return self.index.get(checkpoint_id, tenant)
-            except CheckpointNotFoundError:
-                return None
-        # Only explain without a tenant (operator tools) gets here: RAMIndex looks ids up by
-        # tenant, so this scans.
-        return next((e for e in self.index.entries() if e.checkpoint_id == checkpoint_id), None)
-
-    def _durable_record(self, checkpoint_id: str, tenant: str | None) -> KVCheckpointRecord | None:
-        """The live disk record, None when there is none or its retention has passed; another
-        tenant's raises (the message does not name its owner)."""
-        if self.disk is None:
-            return None
-        record = self.disk.explain(checkpoint_id)
-        if record is None or _expired(record, self._clock()):
-            return None
-        if tenant is not None and record.tenant != tenant:
-            raise TenantMismatchError(
-                f"checkpoint {checkpoint_id!r} belongs to another tenant: refused")
-        return record
-
-    def _clear_expired(self, checkpoint_id: str) -> None:
-        """An expired record not yet collected would block the row of a new write of the id."""
-        assert self.disk is not None
-        record = self.disk.explain(checkpoint_id)
-        if record is not None and _expired(record, self._clock()):
-            self.disk.gc_expired(self._clock())
-
-    def _set_meta_if_held(self, checkpoint_id: str, **values: Any) -> None:
-        try:
-            self.index.set_meta(checkpoint_id, **values)
-        except CheckpointNotFoundError:
-            pass  # removed from RAM meanwhile; the disk tier's row (if any) is the record now
-
-
-def _expired(record: KVCheckpointRecord, now: float) -> bool:
-    return record.retention_expiry is not None and record.retention_expiry <= now
 
 
 def _check_source_ids(source_ids: Iterable[str]) -> tuple[str, ...]:

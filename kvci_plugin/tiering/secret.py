@@ -82,7 +82,39 @@ def create_once(path: Path, data: bytes) -> None:
         os.close(folder)
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Put ``data`` at ``path`` whatever is there: a 0600 temp file, fsynced, renamed over it,
+    the folder fsynced (a reader sees the old bytes or the new, never a mix)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
 def read_key_file(path: Path) -> bytes:
+    """The bytes of a key file (at least MIN_SECRET_BYTES) only its owner can read."""
+    data = read_secret_file(path)
+    if len(data) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"secret file {path} holds {len(data)} bytes; a secret needs at least "
+            f"{MIN_SECRET_BYTES}"
+        )
+    return data
+
+
+def read_secret_file(path: Path) -> bytes:
     """The bytes of a secret file that only its owner (this user) can read; refused otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -105,10 +137,4 @@ def read_key_file(path: Path) -> bytes:
                 f"readable by its owner only (chmod 600 {path}, and replace the secret if "
                 "others may have read it)"
             )
-        data = file.read()
-    if len(data) < MIN_SECRET_BYTES:
-        raise ValueError(
-            f"secret file {path} holds {len(data)} bytes; a secret needs at least "
-            f"{MIN_SECRET_BYTES}"
-        )
-    return data
+        return file.read()

@@ -9,9 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvci_plugin.policy import PolicyStats
+if TYPE_CHECKING:
+    # Only named in an annotation: the worker side, which imports these records, imports no
+    # policy (numpy, pydantic, the worthiness layer) for it.
+    from kvci_plugin.policy import PolicyStats
 
 PageKey = bytes
 """A page is named by its 128-bit kvci block key (namespace and tenant are hashed into it)."""
@@ -110,8 +113,8 @@ class CheckpointBusyError(RAMTierError, RuntimeError):
 class DoesNotFitError(RAMTierError):
     """A reservation cannot be satisfied; nothing was changed.
 
-    ``bound`` names what stood in the way: ``"max_entries"``, ``"max_bytes"`` or
-    ``"tenant_quota_bytes"``.
+    ``bound`` names what stood in the way: ``"max_entries"``, ``"max_bytes"``,
+    ``"tenant_quota_bytes"``, or ``"erasure"`` (a page still being erased).
     """
 
     def __init__(self, bound: str, message: str) -> None:

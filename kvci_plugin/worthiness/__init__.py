@@ -34,8 +34,17 @@ from kvci_plugin.worthiness.cache_gate import (
 from kvci_plugin.worthiness.disk_rule import DiskPromotionRule
 from kvci_plugin.worthiness.observation import CheckpointObservation, ModelSelfReport
 from kvci_plugin.worthiness.rebuild_cost import RebuildCostEstimate, RebuildCostModel
-from kvci_plugin.worthiness.recommendation import CheckpointRecommendation, CheckpointTier, Driver, ScorerError
-from kvci_plugin.worthiness.registry import CheckpointScorerRegistry, RegisteredScorer, default_registry
+from kvci_plugin.worthiness.recommendation import (
+    CheckpointRecommendation,
+    CheckpointTier,
+    Driver,
+    ScorerError,
+)
+from kvci_plugin.worthiness.registry import (
+    CheckpointScorerRegistry,
+    RegisteredScorer,
+    default_registry,
+)
 from kvci_plugin.worthiness.request_history import MAX_TRACKED, RequestHistory, SessionTurn
 from kvci_plugin.worthiness.retain_advice import retain_advice
 from kvci_plugin.worthiness.scorer import CheckpointScorer

@@ -13,8 +13,17 @@ import math
 
 from kvci_plugin.worthiness.disk_rule import DiskPromotionRule
 from kvci_plugin.worthiness.observation import CheckpointObservation
-from kvci_plugin.worthiness.recommendation import CheckpointRecommendation, CheckpointTier, Driver, ScorerError
-from kvci_plugin.worthiness.registry import CheckpointScorerRegistry, RegisteredScorer, default_registry
+from kvci_plugin.worthiness.recommendation import (
+    CheckpointRecommendation,
+    CheckpointTier,
+    Driver,
+    ScorerError,
+)
+from kvci_plugin.worthiness.registry import (
+    CheckpointScorerRegistry,
+    RegisteredScorer,
+    default_registry,
+)
 from kvci_plugin.worthiness.scorers import MODEL_SELF_REPORT
 from kvci_plugin.worthiness.signal import CheckpointSignal
 
@@ -40,12 +49,17 @@ class CheckpointAdvisor:
         disk_rule: DiskPromotionRule | None = None,
         max_drivers: int = DEFAULT_MAX_DRIVERS,
     ) -> None:
-        """``disk_threshold`` is the disk rule's aggregate floor: give it or a whole ``disk_rule``."""
+        """``disk_threshold`` is the disk rule's aggregate floor: give it or a whole
+        ``disk_rule``."""
         if disk_threshold is not None and disk_rule is not None:
-            raise ValueError("give disk_threshold or disk_rule (whose aggregate_floor it is), not both")
+            raise ValueError(
+                "give disk_threshold or disk_rule (whose aggregate_floor it is), not both"
+            )
         if disk_rule is None:
             disk_rule = (
-                DiskPromotionRule() if disk_threshold is None else DiskPromotionRule(aggregate_floor=disk_threshold)
+                DiskPromotionRule()
+                if disk_threshold is None
+                else DiskPromotionRule(aggregate_floor=disk_threshold)
             )
         ram_threshold = _ram_threshold(ram_threshold, disk_rule.aggregate_floor)
         if isinstance(max_drivers, bool) or not isinstance(max_drivers, int) or max_drivers < 0:
@@ -65,8 +79,14 @@ class CheckpointAdvisor:
         """``ram_threshold`` replaces the advisor's own for this call (a tier that follows its own
         pressure moves the bar); it must lie in (0, disk threshold] like the advisor's."""
         if not isinstance(observation, CheckpointObservation):
-            raise TypeError(f"observation must be a CheckpointObservation, got {type(observation).__name__}")
-        threshold = self.ram_threshold if ram_threshold is None else _ram_threshold(ram_threshold, self.disk_threshold)
+            raise TypeError(
+                f"observation must be a CheckpointObservation, got {type(observation).__name__}"
+            )
+        threshold = (
+            self.ram_threshold
+            if ram_threshold is None
+            else _ram_threshold(ram_threshold, self.disk_threshold)
+        )
         # One pass over the registry snapshot: run, aggregate, sort out abstentions and vetoes.
         signals: list[CheckpointSignal] = []
         by_name: dict[str, CheckpointSignal] = {}
@@ -102,9 +122,14 @@ class CheckpointAdvisor:
         if score is None:
             blockers.append("no evidence: no scorer with a positive weight answered")
         elif len(live) == 1 and live[0][3].name == MODEL_SELF_REPORT:
-            blockers.append(f"{MODEL_SELF_REPORT} is the only evidence: the model's opinion is evidence, not authority")
+            blockers.append(
+                f"{MODEL_SELF_REPORT} is the only evidence: the model's opinion is evidence, not "
+                "authority"
+            )
         elif score < threshold:
-            blockers.append(f"ram not recommended — score {score:.2f} below the ram threshold {threshold:.2f}")
+            blockers.append(
+                f"ram not recommended — score {score:.2f} below the ram threshold {threshold:.2f}"
+            )
         ram_blocked = bool(blockers)
         disk_failures = self.disk_rule.failures(score, by_name)
         blockers.extend(disk_failures)
@@ -117,7 +142,9 @@ class CheckpointAdvisor:
 
         live.sort(key=_contribution, reverse=True)
         drivers = tuple(
-            Driver(name=signal.name, kind=signal.kind, value=value, weight=weight, reason=signal.reason)
+            Driver(
+                name=signal.name, kind=signal.kind, value=value, weight=weight, reason=signal.reason
+            )
             for _, weight, value, signal in live[: self.max_drivers]
         )
         return CheckpointRecommendation(
@@ -139,7 +166,9 @@ def _ram_threshold(value: object, disk_threshold: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"ram_threshold must be a number, got {type(value).__name__}")
     if not (math.isfinite(value) and 0.0 < value <= disk_threshold):
-        raise ValueError(f"ram_threshold must be in (0, disk threshold {disk_threshold}], got {value!r}")
+        raise ValueError(
+            f"ram_threshold must be in (0, disk threshold {disk_threshold}], got {value!r}"
+        )
     return float(value)
 
 
@@ -160,7 +189,10 @@ def _run(
     except Exception as exc:
         message = str(exc)[:_MAX_ERROR_MESSAGE]
         logger.warning(
-            "checkpoint scorer %r raised %s: %s — recorded as an abstention", entry.name, type(exc).__name__, message
+            "checkpoint scorer %r raised %s: %s — recorded as an abstention",
+            entry.name,
+            type(exc).__name__,
+            message,
         )
         errors.append(ScorerError(name=entry.name, error_type=type(exc).__name__, message=message))
         return None

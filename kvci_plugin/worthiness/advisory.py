@@ -12,22 +12,30 @@ from contextvars import ContextVar, Token
 
 from kvci_plugin.worthiness.recommendation import CheckpointRecommendation
 
-_current: ContextVar[CheckpointRecommendation | None] = ContextVar("kvci_checkpoint_recommendation", default=None)
+_current: ContextVar[CheckpointRecommendation | None] = ContextVar(
+    "kvci_checkpoint_recommendation", default=None
+)
 
 ADVISORY_HEADER = (
-    "KV-CHECKPOINT ADVISORY (from the system's checkpoint-worthiness scorers — advisory only, you decide):"
+    "KV-CHECKPOINT ADVISORY (from the system's checkpoint-worthiness scorers — advisory only, "
+    "you decide):"
 )
 ADVISORY_ACTION = (
-    "If you judge this context worth preserving, call graph_kv_checkpoint with action='checkpoint_now'"
-    " (or send kvci.checkpoint='now' with your next request); add persist=true to ask for a disk copy,"
-    " which the eligibility gate still decides. Otherwise ignore this advisory."
+    "If you judge this context worth preserving, call graph_kv_checkpoint with "
+    "action='checkpoint_now' (or send kvci.checkpoint='now' with your next request); add "
+    "persist=true to ask for a disk copy, which the eligibility gate still decides. Otherwise "
+    "ignore this advisory."
 )
 
 
-def publish_recommendation(recommendation: CheckpointRecommendation | None) -> Token[CheckpointRecommendation | None]:
+def publish_recommendation(
+    recommendation: CheckpointRecommendation | None,
+) -> Token[CheckpointRecommendation | None]:
     """Make ``recommendation`` the current run's verdict; the token restores the previous one."""
     if recommendation is not None and not isinstance(recommendation, CheckpointRecommendation):
-        raise TypeError(f"expected a CheckpointRecommendation or None, got {type(recommendation).__name__}")
+        raise TypeError(
+            f"expected a CheckpointRecommendation or None, got {type(recommendation).__name__}"
+        )
     return _current.set(recommendation)
 
 
@@ -44,7 +52,10 @@ def render_advisory(recommendation: CheckpointRecommendation | None = None) -> s
     rec = recommendation if recommendation is not None else _current.get()
     if rec is None or not rec.worth_it or rec.score is None:
         return ""
-    lines = [ADVISORY_HEADER, f"checkpoint-worthy: score {rec.score:.2f} (recommended tier: {rec.tier.value})"]
+    lines = [
+        ADVISORY_HEADER,
+        f"checkpoint-worthy: score {rec.score:.2f} (recommended tier: {rec.tier.value})",
+    ]
     if rec.drivers:
         drivers = "; ".join(f"{d.name}={d.value:.2f} ({_one_line(d.reason)})" for d in rec.drivers)
         lines.append(f"  drivers: {drivers}")

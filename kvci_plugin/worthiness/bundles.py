@@ -6,8 +6,8 @@ shape; every list is optional because an absent list means "the producer did not
 while an empty list means "it reported none"::
 
     {
-      "items":          [{"id": "doc-7#p2", "novel": true}, ...],        # what was retrieved / included
-      "claims":         [{"id": "c1", "evidence": ["doc-7#p2"]}, ...],  # statements and their cited spans
+      "items":          [{"id": "doc-7#p2", "novel": true}, ...],        # retrieved / included
+      "claims":         [{"id": "c1", "evidence": ["doc-7#p2"]}, ...],  # with their cited spans
       "contradictions": [{"id": "x1", "severity": "high", "resolved": false}, ...],
       "dropped_items":  3                                              # context_bundle only
     }
@@ -91,7 +91,9 @@ class EvidenceBundle(BaseModel):
 
     @field_validator("items", "claims", "contradictions")
     @classmethod
-    def _ids_unique(cls, records: list[_Record] | None, info: ValidationInfo) -> list[_Record] | None:
+    def _ids_unique(
+        cls, records: list[_Record] | None, info: ValidationInfo
+    ) -> list[_Record] | None:
         return _unique_ids(records, info.field_name or "records")
 
 
@@ -101,7 +103,9 @@ class ContextBundle(EvidenceBundle):
     dropped_items: Annotated[int, Field(ge=0, le=10**15)] | None = None
 
 
-def derive_observation_fields(evidence: EvidenceBundle | None, context: ContextBundle | None) -> dict[str, int]:
+def derive_observation_fields(
+    evidence: EvidenceBundle | None, context: ContextBundle | None
+) -> dict[str, int]:
     """Observation fields measured by the bundles; a field no bundle reported is absent."""
     bundles: list[EvidenceBundle] = [bundle for bundle in (evidence, context) if bundle is not None]
     derived: dict[str, int] = {}
@@ -125,7 +129,9 @@ def derive_observation_fields(evidence: EvidenceBundle | None, context: ContextB
             if any(not record.resolved for record in group)
         ]
         derived["contradictions_unresolved"] = len(open_severities)
-        derived["contradictions_high_severity"] = sum(1 for rank in open_severities if rank == _SEVERITY_RANK["high"])
+        derived["contradictions_high_severity"] = sum(
+            1 for rank in open_severities if rank == _SEVERITY_RANK["high"]
+        )
     if context is not None and context.dropped_items is not None:
         derived["context_evictions"] = context.dropped_items
     return derived

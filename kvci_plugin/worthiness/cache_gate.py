@@ -33,15 +33,15 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from kvci_plugin.worthiness.request_history import SessionTurn
 
-# Break-even for a paid prompt cache is ~25 % hits (the cache-gate seed's derivation); a tier
-# that evicts to store pays a similar price, and the margin above it keeps the gate from
-# flapping around break-even.
+# Break-even for a paid prompt cache is ~25 % hits (where the reads a write serves pay back its
+# premium); a tier that evicts to store pays a similar price, and the margin above it keeps the
+# gate from flapping around break-even.
 HIT_RATE_FLOOR = 0.30
 HIT_RATE_WINDOW = 64
 MIN_LOOKUPS = 16
 CHURN_WINDOW_S = 300.0
 # With a window of five minutes, three context changes mean the session is reshaping its
-# context faster than a checkpoint is reused (the seed uses 3 changes per window as well).
+# context faster than a checkpoint is reused.
 CHURN_THRESHOLD = 3
 MAX_TRACKED_SESSIONS = 4096
 
@@ -51,6 +51,10 @@ class CacheGateRule(str, Enum):
     HIT_RATE_FLOOR = "hit_rate_floor"
     CHURN = "churn"
     DEFAULT = "default"
+
+
+ENGINE_WIDE_INPUTS = ("lookups", "hits", "hit_rate")
+"""Inputs of the hit-rate rule that count every tenant's lookups (left out of a client's reply)."""
 
 
 class RuleEvaluation(BaseModel):
@@ -79,12 +83,19 @@ def churn_keeps(decision: CacheGateDecision, turn: SessionTurn | None) -> int:
     it re-sent from the session's previous prompt (``turn.kept_items``). What the changes rewrote
     would be superseded, but what they kept (a system prompt and tools shared by every rewrite,
     say) the next one is likely to keep too. Paused whole with the rest, that prefix was lost once
-    its holders were evicted and never stored again (``benchmarks.policy_sim``, the mixed trace
-    keyed by its first blocks, 1 % budget: 0.13x what LRU saved; 1.08x with the prefix offered).
+    its holders were evicted and never stored again: on the mixed trace keyed by its first
+    blocks kvci then saved a fraction of what LRU saved (``benchmarks.policy_sim
+    --session-keyed``; the current figures: benchmarks/results/README.md,
+    policy_sim_hiverge_keyed).
     A turn that only extended its previous prompt in a churning session is paused whole: its
     shared part is the last turn's, not what the rewrites kept. The kill switch and the hit-rate
     floor pause everything."""
-    if decision.allow or decision.rule is not CacheGateRule.CHURN or turn is None or not turn.rewrote:
+    if (
+        decision.allow
+        or decision.rule is not CacheGateRule.CHURN
+        or turn is None
+        or not turn.rewrote
+    ):
         return 0
     return turn.kept_items
 
@@ -109,7 +120,9 @@ class CacheGate:
         _require_int("hit_rate_window", hit_rate_window, 1)
         _require_int("min_lookups", min_lookups, 1)
         if min_lookups > hit_rate_window:
-            raise ValueError(f"min_lookups ({min_lookups}) cannot exceed hit_rate_window ({hit_rate_window})")
+            raise ValueError(
+                f"min_lookups ({min_lookups}) cannot exceed hit_rate_window ({hit_rate_window})"
+            )
         _require_int("hit_rate_retry_after", hit_rate_retry_after, 1)
         _require_number("churn_window_s", churn_window_s, 0.0, math.inf)
         if churn_window_s <= 0.0:
@@ -182,9 +195,13 @@ class CacheGate:
                 matched, inputs = check()
                 evaluated.append(RuleEvaluation(rule=rule, matched=matched, inputs=inputs))
                 if matched:
-                    return CacheGateDecision(allow=False, rule=rule, inputs=inputs, evaluated=tuple(evaluated))
+                    return CacheGateDecision(
+                        allow=False, rule=rule, inputs=inputs, evaluated=tuple(evaluated)
+                    )
             evaluated.append(RuleEvaluation(rule=CacheGateRule.DEFAULT, matched=True, inputs={}))
-            return CacheGateDecision(allow=True, rule=CacheGateRule.DEFAULT, inputs={}, evaluated=tuple(evaluated))
+            return CacheGateDecision(
+                allow=True, rule=CacheGateRule.DEFAULT, inputs={}, evaluated=tuple(evaluated)
+            )
 
     def _kill_switch_rule(self) -> tuple[bool, dict[str, JsonValue]]:
         return self._kill_switch, {"kill_switch": self._kill_switch}

@@ -38,7 +38,9 @@ class DiskPromotionRule(BaseModel):
     # The aggregate score a disk recommendation needs on top of the three requirements.
     aggregate_floor: UnitFloat = 0.75
 
-    def failures(self, score: float | None, signals: Mapping[str, CheckpointSignal]) -> tuple[str, ...]:
+    def failures(
+        self, score: float | None, signals: Mapping[str, CheckpointSignal]
+    ) -> tuple[str, ...]:
         """Every unmet requirement, each naming itself; empty when disk is recommended."""
         failed = [
             failure
@@ -52,7 +54,9 @@ class DiskPromotionRule(BaseModel):
         if score is None:
             failed.append(f"{_PREFIX}no aggregate score")
         elif score < self.aggregate_floor:
-            failed.append(f"{_PREFIX}score {score:.2f} below the disk floor {self.aggregate_floor:.2f}")
+            failed.append(
+                f"{_PREFIX}score {score:.2f} below the disk floor {self.aggregate_floor:.2f}"
+            )
         return tuple(failed)
 
     @model_validator(mode="after")

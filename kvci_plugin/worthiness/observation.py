@@ -58,15 +58,16 @@ class CheckpointObservation(BaseModel):
     retrievals: NonNegativeInt | None = None
     wall_time_s: Annotated[float, Field(ge=0.0, le=MAX_WALL_TIME_S)] | None = Field(
         default=None,
-        description="time that assembled the context; the engine passes prefill time when the client gives none",
+        description="time that assembled the context; the engine passes prefill time when the "
+                    "client gives none",
     )
     # Expected reuse (read by predicted_reuse).
     sibling_tasks: NonNegativeInt | None = None
     queued_tasks: NonNegativeInt | None = None
     observed_reuse: NonNegativeInt | None = Field(
         default=None,
-        description="re-sends of this context seen so far (the engine counts a session's turns since "
-                    "its context last changed, or without a session the loads of the prefix it loaded)"
+        description="re-sends of this context seen so far (the engine counts a session's turns "
+        "since its context last changed, or without a session the loads of the prefix it loaded)",
     )
     # Convergence of what entered the context (read by retrieval_saturation): the items retrieved
     # or included (a compiled context's items, e.g. a turn's prompt blocks) and those of them not
@@ -118,14 +119,17 @@ class CheckpointObservation(BaseModel):
         evidence = _as_bundle(evidence_bundle, EvidenceBundle, "evidence_bundle")
         context = _as_bundle(context_bundle, ContextBundle, "context_bundle")
         if isinstance(observation, CheckpointObservation):
-            explicit: Mapping[str, Any] = {name: getattr(observation, name) for name in type(observation).model_fields}
+            explicit: Mapping[str, Any] = {
+                name: getattr(observation, name) for name in type(observation).model_fields
+            }
         elif observation is None:
             explicit = {}
         elif isinstance(observation, Mapping):
             explicit = observation
         else:
             raise TypeError(
-                f"observation must be a mapping or a CheckpointObservation, got {type(observation).__name__}"
+                "observation must be a mapping or a CheckpointObservation, got "
+                f"{type(observation).__name__}"
             )
         merged: dict[str, Any] = dict(derive_observation_fields(evidence, context))
         merged.update((key, value) for key, value in explicit.items() if value is not None)
@@ -137,9 +141,13 @@ def _require_at_most(part: int | None, part_name: str, whole: int | None, whole_
         raise ValueError(f"{part_name} ({part}) cannot exceed {whole_name} ({whole})")
 
 
-def _as_bundle(value: Mapping[str, Any] | _Bundle | None, model: type[_Bundle], field: str) -> _Bundle | None:
+def _as_bundle(
+    value: Mapping[str, Any] | _Bundle | None, model: type[_Bundle], field: str
+) -> _Bundle | None:
     if value is None or isinstance(value, model):
         return value
     if isinstance(value, Mapping):
         return model.model_validate(value)
-    raise TypeError(f"{field} must be a JSON object or a {model.__name__}, got {type(value).__name__}")
+    raise TypeError(
+        f"{field} must be a JSON object or a {model.__name__}, got {type(value).__name__}"
+    )

@@ -98,7 +98,9 @@ class RebuildCostModel(BaseModel):
         if tokens is not None and observation.output_tokens is not None:
             tokens += observation.output_tokens
         # The observation's fields are validated already: skip the checks on the hot path.
-        return self._estimate(tokens, observation.tool_calls, observation.retrievals, observation.wall_time_s)
+        return self._estimate(
+            tokens, observation.tool_calls, observation.retrievals, observation.wall_time_s
+        )
 
     def _estimate(
         self,

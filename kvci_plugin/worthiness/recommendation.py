@@ -75,5 +75,9 @@ class CheckpointRecommendation(BaseModel):
             return False
         if self.score >= self.ram_threshold:
             return False
-        live = [s.name for s in self.signals if s.value is not None and self.weights.get(s.name, 0.0) > 0.0]
+        live = [
+            s.name
+            for s in self.signals
+            if s.value is not None and self.weights.get(s.name, 0.0) > 0.0
+        ]
         return live != [MODEL_SELF_REPORT]

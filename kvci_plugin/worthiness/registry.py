@@ -47,7 +47,9 @@ class CheckpointScorerRegistry:
         entry = _entry(scorer, weight)
         with self._lock:
             if any(existing.name == entry.name for existing in self._entries):
-                raise ValueError(f"a scorer named {entry.name!r} is already registered; use replace()")
+                raise ValueError(
+                    f"a scorer named {entry.name!r} is already registered; use replace()"
+                )
             self._entries = (*self._entries, entry)
 
     def unregister(self, name: str) -> CheckpointScorer:
@@ -95,11 +97,14 @@ class CheckpointScorerRegistry:
         for index, entry in enumerate(self._entries):
             if entry.name == name:
                 return index
-        raise KeyError(f"no scorer named {name!r} is registered (registered: {', '.join(self.names()) or 'none'})")
+        raise KeyError(
+            f"no scorer named {name!r} is registered (registered: "
+            f"{', '.join(self.names()) or 'none'})"
+        )
 
 
 def default_registry() -> CheckpointScorerRegistry:
-    """A fresh registry holding the seed's default signal set and weights (they sum to 1)."""
+    """A fresh registry holding the default signal set and weights (they sum to 1)."""
     return CheckpointScorerRegistry(
         [
             RebuildCostScorer(),
@@ -118,8 +123,8 @@ def _entry(scorer: CheckpointScorer, weight: float | None) -> RegisteredScorer:
     name = getattr(scorer, "name", None)
     if not isinstance(name, str) or not name or len(name) > _MAX_NAME_LENGTH:
         raise TypeError(
-            f"scorer {type(scorer).__name__} needs a non-empty str name of at most {_MAX_NAME_LENGTH} characters,"
-            f" got {name!r}"
+            f"scorer {type(scorer).__name__} needs a non-empty str name of at most "
+            f"{_MAX_NAME_LENGTH} characters, got {name!r}"
         )
     if not callable(getattr(scorer, "score", None)):
         raise TypeError(f"scorer {name!r} has no callable score(observation)")

@@ -8,12 +8,15 @@ it, whichever cache served it: vLLM's own prefix cache serves most of a conversa
 and kvci's loads never see those); without one, how often the prefix the request loaded was
 loaded before (counted per the last key of each hit). Not the larger of the two: a hit on a
 shared system prompt says nothing of whether this context comes back, and mixing it in cost
-hits (``benchmarks.policy_sim``, conversation trace: 1 % 1.94 -> 1.89x LRU, 2.5 % 1.51 -> 1.48x).
+hits at the small budgets (``benchmarks.policy_sim``, conversation trace).
 The connector's scheduler keeps one ``RequestHistory``; the policy simulator replays the same one
 (``benchmarks/policysim/kvci_tier.py``), so both score what the same history says.
 
 Keys are opaque and hashable (the connector's page keys, the simulator's block ids). Both tables
-are bounded, the least recently used entry forgotten first, as a live table must be.
+are bounded, the least recently used entry forgotten first, as a live table must be: at most
+``max_tracked`` prefixes and sessions, and at most ``max_keys`` keys of sessions' prompts in all
+(session ids are the client's to choose; a prompt's keys are as many as its blocks). With the
+connector's 16-byte page keys the default bound holds about 2^20 keys, some 70 MiB at most.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 MAX_TRACKED = 65536  # prefixes whose reuse is counted, and sessions whose context is remembered
+MAX_KEYS = 1 << 20  # keys of sessions' previous prompts, over every session
 SESSION_WINDOW = 8  # turns over which a session's context rewrites are counted
 
 
@@ -31,7 +35,9 @@ class SessionTurn:
     """One turn of a session, as its observation reads it."""
 
     rewrote: bool  # the turn did not re-send the session's previous prompt
-    context_rewrites: int  # rewrites over the session's last SESSION_WINDOW turns, this one included
+    context_rewrites: (
+        int  # rewrites over the session's last SESSION_WINDOW turns, this one included
+    )
     turns_since_change: int  # 0: the context was created or rewritten by this turn
     retrieved_items: int  # the prompt's blocks
     novel_items: int  # of those, the ones the previous prompt did not hold
@@ -58,10 +64,13 @@ class Measured:
 
 
 class RequestHistory:
-    def __init__(self, *, max_tracked: int = MAX_TRACKED) -> None:
-        if isinstance(max_tracked, bool) or not isinstance(max_tracked, int) or max_tracked < 1:
-            raise ValueError(f"max_tracked must be an int >= 1, got {max_tracked!r}")
+    def __init__(self, *, max_tracked: int = MAX_TRACKED, max_keys: int = MAX_KEYS) -> None:
+        for name, value in (("max_tracked", max_tracked), ("max_keys", max_keys)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self._max = max_tracked
+        self._max_keys = max_keys
+        self._keys = 0  # keys held in sessions' prefixes
         self._reuse: OrderedDict[Hashable, int] = OrderedDict()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
 
@@ -80,16 +89,21 @@ class RequestHistory:
         """Record ``session``'s turn whose prompt is ``prefix`` (its blocks' keys)."""
         prompt = tuple(prefix)
         s = self._sessions.pop(session, None) or _Session()
+        self._keys -= len(s.prefix)
         rewrote = bool(s.prefix) and prompt[: len(s.prefix)] != s.prefix
         shared = next((i for i, (a, b) in enumerate(zip(s.prefix, prompt)) if a != b),
                       min(len(s.prefix), len(prompt)))
         s.rewrites = (s.rewrites + [rewrote])[-SESSION_WINDOW:]
         # A context created this turn has not yet gone a turn unchanged.
         s.turns_since_change = 0 if rewrote or not s.prefix else s.turns_since_change + 1
-        s.prefix = prompt
+        # A prompt past the bound is remembered by its leading keys: a rewrite of them is
+        # still seen, and a turn that re-sends them still counts as unchanged.
+        s.prefix = prompt[: self._max_keys]
+        self._keys += len(s.prefix)
         self._sessions[session] = s
-        if len(self._sessions) > self._max:
-            self._sessions.popitem(last=False)
+        while len(self._sessions) > self._max or self._keys > self._max_keys:
+            _, dropped = self._sessions.popitem(last=False)
+            self._keys -= len(dropped.prefix)
         return SessionTurn(rewrote=rewrote, context_rewrites=sum(s.rewrites),
                            turns_since_change=s.turns_since_change, retrieved_items=len(prompt),
                            novel_items=len(prompt) - shared)
@@ -109,3 +123,9 @@ class RequestHistory:
         self._reuse.clear()
         for session in self._sessions.values():
             session.prefix = ()
+        self._keys = 0
+
+    @property
+    def keys_held(self) -> int:
+        """Keys of sessions' previous prompts held now (at most ``max_keys``)."""
+        return self._keys

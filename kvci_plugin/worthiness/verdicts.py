@@ -3,10 +3,10 @@
 vLLM 0.32 returns `kv_transfer_params` only on non-streaming responses (0.33 also on a stream's
 final chunk; an abort or a stop string loses them on both), so such an agent gets no advisory
 back. The scheduler keeps, per (tenant, session_id), the `kvci` object it would have
-returned, and the control surface's `advisory` action hands it over. Per-run state, as the seed
-asks of the verdict: one tenant's session never reads another's, and a verdict published under
-a verified session credential is read only with a verified one (a declared tenant proves
-nothing). Bounded per tenant and in all: the least recently published sessions go first, and
+returned, and the control surface's `advisory` action hands it over. A verdict is per-run
+state, read only within its run's tenant: one tenant's session never reads another's, and a verdict
+published under a verified session credential is read only with a verified one (a declared tenant
+proves nothing). Bounded per tenant and in all: the least recently published sessions go first, and
 one tenant's many sessions cannot push out every other tenant's.
 """
 
@@ -25,7 +25,9 @@ MAX_SESSIONS_PER_TENANT = 512
 
 @dataclass(frozen=True)
 class PublishedVerdict:
-    kvci: dict[str, Any]  # the response's kv_transfer_params.kvci, as a non-streaming client gets it
+    kvci: dict[
+        str, Any
+    ]  # the response's kv_transfer_params.kvci, as a non-streaming client gets it
     finished_at: float  # wall-clock time the request finished
     verified: bool  # the request's tenant came from a verified session credential
 
@@ -36,14 +38,18 @@ class PublishedVerdicts:
     def __init__(self, max_sessions: int = MAX_SESSIONS,
                  max_per_tenant: int = MAX_SESSIONS_PER_TENANT) -> None:
         if not 1 <= max_per_tenant <= max_sessions:
-            raise ValueError(f"need 1 <= max_per_tenant ({max_per_tenant}) <= max_sessions ({max_sessions})")
+            raise ValueError(
+                f"need 1 <= max_per_tenant ({max_per_tenant}) <= max_sessions ({max_sessions})"
+            )
         self._max, self._max_per_tenant = max_sessions, max_per_tenant
         self._lock = threading.Lock()
         # Stored as JSON text: a reader gets its own copy, and nobody's edit reaches the store.
         self._latest: OrderedDict[tuple[str, str], tuple[str, float, bool]] = OrderedDict()
         self._per_tenant: dict[str, OrderedDict[str, None]] = {}
 
-    def publish(self, tenant: str, session_id: str, kvci: dict[str, Any], *, verified: bool) -> None:
+    def publish(
+        self, tenant: str, session_id: str, kvci: dict[str, Any], *, verified: bool
+    ) -> None:
         entry = (json.dumps(kvci), time.time(), verified)
         with self._lock:
             key = (tenant, session_id)
@@ -65,7 +71,9 @@ class PublishedVerdicts:
         if entry is None or (entry[2] and not verified):
             return None
         text, finished_at, was_verified = entry
-        return PublishedVerdict(kvci=json.loads(text), finished_at=finished_at, verified=was_verified)
+        return PublishedVerdict(
+            kvci=json.loads(text), finished_at=finished_at, verified=was_verified
+        )
 
     def _forget(self, key: tuple[str, str]) -> None:
         del self._latest[key]

@@ -1,27 +1,32 @@
 """Fixtures: a control plane over a real checkpoint manager, without vLLM.
 
 The manager is the real `TieredCheckpointManager` over a real `RAMIndex`, `PagePool` (with
-`LocalPageMover`), `KVCheckpointStore` and `DerivedAuthorityGate` with a real HS256 verifier and SQLite label
+`LocalPageMover`, from tests/support), the disk tier (`DiskTierForTests`, the same) and
+`DerivedAuthorityGate` with a real HS256 verifier and SQLite label
 catalog. `EngineSide` plays the scheduler's part of `ControlTarget`: the tenant rule of the
-connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused),
-a record of armed sessions, the forget gate (`governance.authorize_forget`, as the scheduler), the verdicts finished requests published, the RAM admission bar (a real `PressureAwareAdmission` when the
-test gives one, else the advisor's fixed threshold), and a cache reset asked for from the control
-surface, applied to the real manager at the scheduler's next hook (`step`): at once by default, as
-a busy engine does; when `idle`, only once the test steps it.
+connector's `TenantResolver` (verified session wins, a disagreeing declared tenant is refused;
+with `tenancy` "verified" no declared tenant is taken),
+a record of armed sessions, the forget gate (`governance.authorize_forget`, as the scheduler), the
+verdicts finished requests published, the RAM admission bar (a real `PressureAwareAdmission` when
+the test gives one, else the advisor's fixed threshold), and a cache reset asked for from the
+control surface, applied to the real manager at the scheduler's next hook (`step`): at once by
+default, as a busy engine does; when `idle`, only once the test steps it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import Future
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.disk_tier import DiskTierForTests
+from support.local_mover import LocalPageMover
 
 from kvci_plugin.api.control import ControlPlane
 from kvci_plugin.governance import (
@@ -35,13 +40,12 @@ from kvci_plugin.governance import (
     authorize_forget,
     write_hmac_key_file,
 )
-from kvci_plugin.tiering.admission import AdmissionStats, PressureAwareAdmission
-from kvci_plugin.tiering.blob_store import BlobStore
-from kvci_plugin.tiering.disk_store import KVCheckpointStore
-from kvci_plugin.tiering.local_mover import LocalPageMover
-from kvci_plugin.tiering.manager import ForgetOutcome, ResetOutcome, TieredCheckpointManager
-from kvci_plugin.tiering.page_pool import PagePool
-from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.policy.admission import AdmissionStats, PressureAwareAdmission
+from kvci_plugin.tiering.blobs.folder import BlobStore
+from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.outcomes import ForgetOutcome, ResetOutcome
+from kvci_plugin.tiering.ram.index import RAMIndex
+from kvci_plugin.tiering.ram.pool import PagePool
 from kvci_plugin.worthiness import PublishedVerdict, PublishedVerdicts
 
 TENANT = "acme"
@@ -59,6 +63,7 @@ class EngineSide:
     verdicts: PublishedVerdicts = field(default_factory=PublishedVerdicts)
     idle: bool = False  # no scheduler hook runs until the test calls `step`
     reset_asked: Future[ResetOutcome] | None = None
+    tenancy: str = "declared"  # as the connector's `tenancy`: "verified" takes no declared tenant
 
     @property
     def ram_threshold(self) -> float:
@@ -69,6 +74,9 @@ class EngineSide:
 
     def resolve_tenant(self, tenant: str | None, session_token: str | None) -> str:
         if session_token is None:
+            if self.tenancy == "verified":
+                raise ValueError("tenancy is \"verified\": only a verified session credential "
+                                 "(session_token) sets the tenant")
             return tenant or "default"
         try:
             session = self.verifier.verify_session(session_token)
@@ -84,7 +92,9 @@ class EngineSide:
                                                 session_token=session_token,
                                                 delegation_tokens=delegation_tokens)
 
-    def latest_verdict(self, tenant: str, session_id: str, *, verified: bool) -> PublishedVerdict | None:
+    def latest_verdict(
+        self, tenant: str, session_id: str, *, verified: bool
+    ) -> PublishedVerdict | None:
         return self.verdicts.latest(tenant, session_id, verified=verified)
 
     def forget_tenant(self, tenant: str, session_token: str | None,
@@ -120,7 +130,7 @@ class World:
     issuer: CredentialIssuer
     side: EngineSide
     plane: ControlPlane
-    disk: KVCheckpointStore
+    disk: DiskTierForTests
 
     @property
     def manager(self) -> TieredCheckpointManager:
@@ -162,8 +172,10 @@ def make_world(root: Path) -> World:
     labels = CatalogLabelResolver(root / "labels.sqlite")
     labels.set_labels(PUBLIC_SOURCE, SourceLabels(classification="PUBLIC", mandatory_markings=[]))
     gate = DerivedAuthorityGate(verifier, labels, durable_store_region="eu")
-    disk = KVCheckpointStore(root / "disk", NAMESPACE, 1 << 24)
-    mover = LocalPageMover(PagePool(64, SLOT_BYTES, pin_memory=False), BlobStore(root / "disk", NAMESPACE))
+    disk = DiskTierForTests(root / "disk", NAMESPACE, 1 << 24)
+    mover = LocalPageMover(
+        PagePool(64, SLOT_BYTES, pin_memory=False), BlobStore(root / "disk", NAMESPACE)
+    )
     manager = TieredCheckpointManager(index=RAMIndex(64, SLOT_BYTES, 16), mover=mover, disk=disk,
                                       disk_region="eu", gate=gate)
     side = EngineSide(manager, verifier)

@@ -1,5 +1,7 @@
 """The REST control surface in process: each action on a real checkpoint manager, the gate's
-refusals recorded for `explain`, stable error codes, the body cap and the bearer check."""
+refusals recorded for `explain`, stable error codes, the body cap and the bearer check. The
+client bears the operator token unless a test says otherwise (test_control_access.py holds the
+per-role rules, on a real server)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from control_support import OPERATOR_TOKEN, TENANT_TOKEN, control_app, control_client
 from starlette.testclient import TestClient
 
-from kvci_plugin.api.app import DEFAULT_MAX_BODY_BYTES, build_app
+from kvci_plugin.api.app import DEFAULT_MAX_BODY_BYTES
 from kvci_plugin.api.schema import ENDPOINT
-from kvci_plugin.tiering.admission import PressureAwareAdmission
+from kvci_plugin.policy.admission import PressureAwareAdmission
 from kvci_plugin.tiering.types import CheckpointFencedError
 from kvci_plugin.worthiness import CheckpointObservation
-
-TOKEN = b"0123456789abcdef-control-token"
 
 
 @pytest.fixture
 def client(world: Any) -> TestClient:
-    return TestClient(build_app(world.plane))
+    return control_client(world.plane)
 
 
 def post(client: TestClient, **body: Any) -> Any:
@@ -34,14 +35,16 @@ def signal(recommendation: dict[str, Any], name: str) -> float | None:
     return found["value"]
 
 
-# ---- recommend ------------------------------------------------------------------------------------
+# ---- recommend -----------------------------------------------------------------------------------
 
 BUNDLE = {"claims": [{"id": "c1", "evidence": ["doc#1"]}, {"id": "c2", "evidence": []}]}
 
 
 def test_recommend_derives_from_bundles_and_explicit_fields_win(client: TestClient) -> None:
     derived = post(client, action="recommend", evidence_bundle_json=BUNDLE).json()
-    assert signal(derived["recommendation"], "grounding_density") == pytest.approx(0.5)  # 1 span, 2 claims
+    assert signal(derived["recommendation"], "grounding_density") == pytest.approx(
+        0.5
+    )  # 1 span, 2 claims
 
     explicit = post(client, action="recommend", evidence_bundle_json=BUNDLE,
                     observation_json={"evidence_spans": 2}).json()
@@ -97,7 +100,9 @@ def advise(client: TestClient, action: str, wall_time_s: float) -> dict[str, Any
 
 
 @pytest.mark.parametrize("action", ["recommend", "checkpoint_now"])
-def test_advice_is_scored_at_the_engines_moving_bar(client: TestClient, world: Any, action: str) -> None:
+def test_advice_is_scored_at_the_engines_moving_bar(
+    client: TestClient, world: Any, action: str
+) -> None:
     fixed = world.manager.advisor.ram_threshold
     at_rest = advise(client, action, 6.0)
     assert (at_rest["ram_threshold"], at_rest["tier"]) == (fixed, "ram")  # 0.57 over 0.55
@@ -106,7 +111,11 @@ def test_advice_is_scored_at_the_engines_moving_bar(client: TestClient, world: A
     wasted_writes(bar, 3)
     assert bar.threshold == pytest.approx(fixed + 0.03)
     raised = advise(client, action, 6.0)
-    assert (raised["ram_threshold"], raised["tier"], raised["score"]) == (bar.threshold, "none", at_rest["score"])
+    assert (raised["ram_threshold"], raised["tier"], raised["score"]) == (
+        bar.threshold,
+        "none",
+        at_rest["score"],
+    )
 
     missed_reuses(world, bar, 11)
     assert bar.threshold == pytest.approx(fixed - 0.08)
@@ -143,7 +152,7 @@ def test_recommend_refuses_an_observation_that_does_not_compose(client: TestClie
     assert "novel_items" in error["message"] and "retrieved_items" in error["message"]
 
 
-# ---- checkpoint_now -------------------------------------------------------------------------------
+# ---- checkpoint_now ------------------------------------------------------------------------------
 
 def test_checkpoint_now_arms_the_verified_sessions_tenant(client: TestClient, world: Any) -> None:
     token = world.session()
@@ -151,8 +160,9 @@ def test_checkpoint_now_arms_the_verified_sessions_tenant(client: TestClient, wo
                 persist=True, trigger="agent").json()
     assert body["armed"] is True and body["tenant"] == "acme" and body["persist"] is True
     assert body["detail"].startswith("armed")
+    # The arm holds no credential: the request that spends it persists with its own (#46 item 12).
     assert world.side.armed[("acme", "s-1")] == {
-        "trigger": "agent", "persist": True, "session_token": token, "delegation_tokens": ()}
+        "trigger": "agent", "persist": True, "session_token": None, "delegation_tokens": ()}
 
 
 @pytest.mark.parametrize(("declared", "tenant"), [("beta", "beta"), (None, "default")])
@@ -164,7 +174,9 @@ def test_checkpoint_now_without_credential_uses_the_declared_tenant(
     assert world.side.armed[(tenant, "s-2")]["persist"] is False
 
 
-def test_checkpoint_now_refuses_a_credential_that_does_not_verify(client: TestClient, world: Any) -> None:
+def test_checkpoint_now_refuses_a_credential_that_does_not_verify(
+    client: TestClient, world: Any
+) -> None:
     expired = world.expired_session()
     response = post(client, action="checkpoint_now", session_id="s-3", session_token=expired)
     assert response.status_code == 403
@@ -172,8 +184,13 @@ def test_checkpoint_now_refuses_a_credential_that_does_not_verify(client: TestCl
     assert "expired" in response.json()["error"]["message"]
     assert expired not in response.text
 
-    mismatch = post(client, action="checkpoint_now", session_id="s-3", session_token=world.session(),
-                    tenant="beta")
+    mismatch = post(
+        client,
+        action="checkpoint_now",
+        session_id="s-3",
+        session_token=world.session(),
+        tenant="beta",
+    )
     assert mismatch.status_code == 403 and "disagrees" in mismatch.json()["error"]["message"]
     assert world.side.armed == {}
 
@@ -186,13 +203,15 @@ def test_checkpoint_now_needs_a_session_id(client: TestClient) -> None:
     assert ["body", "checkpoint_now", "session_id"] in [f["loc"] for f in error["fields"]]
 
 
-# ---- promote and explain --------------------------------------------------------------------------
+# ---- promote and explain -------------------------------------------------------------------------
 
 def explain(client: TestClient, checkpoint_id: str, **who: Any) -> Any:
     return post(client, action="explain", checkpoint_id=checkpoint_id, **who)
 
 
-def test_promote_without_credential_is_refused_and_explain_says_why(client: TestClient, world: Any) -> None:
+def test_promote_without_credential_is_refused_and_explain_says_why(
+    client: TestClient, world: Any
+) -> None:
     cid = world.checkpoint()
     body = post(client, action="promote", checkpoint_id=cid, tenant="acme").json()
     assert body["status"] == "refused"
@@ -205,7 +224,9 @@ def test_promote_without_credential_is_refused_and_explain_says_why(client: Test
     assert world.disk.stats().checkpoints == 0
 
 
-def test_promote_with_an_expired_credential_is_refused_and_explained(client: TestClient, world: Any) -> None:
+def test_promote_with_an_expired_credential_is_refused_and_explained(
+    client: TestClient, world: Any
+) -> None:
     cid = world.checkpoint()
     body = post(client, action="promote", checkpoint_id=cid, session_token=world.expired_session(),
                 tenant="acme").json()
@@ -224,7 +245,9 @@ def test_promote_with_the_callers_session_persists(client: TestClient, world: An
     assert explanation["tier"] == "ram+disk" and explanation["persisting"] is None
     assert explanation["source_ids"] == ["doc-public"]
     assert explanation["refusal"] is None  # the earlier refusal is superseded
-    assert [c["verdict"] for c in explanation["eligibility_decision"]["derivation"]["checks"]] == ["pass"] * 9
+    assert [c["verdict"] for c in explanation["eligibility_decision"]["derivation"]["checks"]] == [
+        "pass"
+    ] * 9
     assert tuple(world.disk.load(cid, "acme").shape) == (4, 256)
 
 
@@ -248,7 +271,9 @@ def test_another_tenant_sees_no_checkpoint(client: TestClient, world: Any) -> No
 
 def test_explain_an_unknown_checkpoint(client: TestClient) -> None:
     response = explain(client, "0" * 32)
-    assert response.status_code == 404 and response.json()["error"]["code"] == "checkpoint_not_found"
+    assert (
+        response.status_code == 404 and response.json()["error"]["code"] == "checkpoint_not_found"
+    )
 
 
 def test_ram_stats_reports_occupancy_gate_and_scorers(client: TestClient, world: Any) -> None:
@@ -266,7 +291,7 @@ def test_ram_stats_reports_occupancy_gate_and_scorers(client: TestClient, world:
     assert stats["admission"]["mode"] == "fixed"
 
 
-# ---- request errors -------------------------------------------------------------------------------
+# ---- request errors ------------------------------------------------------------------------------
 
 def test_fields_must_fit_the_action(client: TestClient) -> None:
     response = post(client, action="ram_stats", checkpoint_id="abc")
@@ -293,7 +318,11 @@ def test_unreadable_body_unknown_path_and_method(client: TestClient) -> None:
 
 
 def test_body_over_the_limit_is_refused_413(client: TestClient) -> None:
-    big = b'{"action": "recommend", "observation_json": {"phase": "' + b"x" * DEFAULT_MAX_BODY_BYTES + b'"}}'
+    big = (
+        b'{"action": "recommend", "observation_json": {"phase": "'
+        + b"x" * DEFAULT_MAX_BODY_BYTES
+        + b'"}}'
+    )
     declared = client.post(ENDPOINT, content=big, headers={"content-type": "application/json"})
     assert (declared.status_code, declared.json()["error"]["code"]) == (413, "body_too_large")
 
@@ -305,28 +334,40 @@ def test_body_over_the_limit_is_refused_413(client: TestClient) -> None:
     assert (streamed.status_code, streamed.json()["error"]["code"]) == (413, "body_too_large")
 
     under = b'{"action": "recommend", "observation_json": {"phase": "' + b"x" * 1000 + b'"}}'
-    assert client.post(ENDPOINT, content=under, headers={"content-type": "application/json"}).status_code == 422
+    assert (
+        client.post(
+            ENDPOINT, content=under, headers={"content-type": "application/json"}
+        ).status_code
+        == 422
+    )
 
 
 def test_bearer_token_guards_every_path(world: Any) -> None:
-    client = TestClient(build_app(world.plane, bearer_token=TOKEN))
+    client = TestClient(control_app(world.plane))
     for headers in ({}, {"Authorization": "Bearer wrong-token-of-some-length"},
-                    {"Authorization": "Basic " + TOKEN.decode()}, {"Authorization": TOKEN.decode()}):
+                    {"Authorization": "Basic " + OPERATOR_TOKEN}, {"Authorization": OPERATOR_TOKEN},
+                    {"Authorization": "Bearer " + OPERATOR_TOKEN[:-1]}):
         response = client.post(ENDPOINT, json={"action": "ram_stats"}, headers=headers)
         assert response.status_code == 401, headers
         assert response.json()["error"]["code"] == "unauthorized"
         assert response.headers["www-authenticate"].startswith("Bearer")
     assert client.get("/openapi.json").status_code == 401
 
-    good = {"Authorization": "Bearer " + TOKEN.decode()}
-    assert client.post(ENDPOINT, json={"action": "ram_stats"}, headers=good).status_code == 200
-    assert client.get("/openapi.json", headers=good).status_code == 200
+    for token in (OPERATOR_TOKEN, TENANT_TOKEN):
+        good = {"Authorization": "Bearer " + token}
+        assert client.post(ENDPOINT, json={"action": "ram_stats"}, headers=good).status_code == 200
+        assert client.get("/openapi.json", headers=good).status_code == 200
 
 
-# ---- advisory -------------------------------------------------------------------------------------
+# ---- advisory ------------------------------------------------------------------------------------
 
-def test_advisory_returns_what_the_sessions_latest_request_was_told(client: TestClient, world: Any) -> None:
-    first, latest = {"tier": "none", "hit_tokens": 0}, {"tier": "ram", "checkpoint_id": "c1", "hit_tokens": 64}
+def test_advisory_returns_what_the_sessions_latest_request_was_told(
+    client: TestClient, world: Any
+) -> None:
+    first, latest = (
+        {"tier": "none", "hit_tokens": 0},
+        {"tier": "ram", "checkpoint_id": "c1", "hit_tokens": 64},
+    )
     world.side.verdicts.publish("acme", "run-1", first, verified=True)
     world.side.verdicts.publish("acme", "run-1", latest, verified=True)
     world.side.verdicts.publish("beta", "run-1", {"tier": "none"}, verified=False)
@@ -354,11 +395,13 @@ def test_advisory_of_another_tenants_or_an_unknown_session_is_not_found(
 
 def test_advisory_refuses_a_credential_that_does_not_verify(client: TestClient, world: Any) -> None:
     world.side.verdicts.publish("acme", "run-4", {"tier": "ram"}, verified=False)
-    response = post(client, action="advisory", session_id="run-4", session_token=world.expired_session())
+    response = post(
+        client, action="advisory", session_id="run-4", session_token=world.expired_session()
+    )
     assert response.status_code == 403 and response.json()["error"]["code"] == "credential_refused"
 
 
-# ---- reset ----------------------------------------------------------------------------------------
+# ---- reset ---------------------------------------------------------------------------------------
 
 def fenced_message(world: Any, checkpoint_id: str) -> str:
     with pytest.raises(CheckpointFencedError) as fenced:
@@ -377,7 +420,9 @@ def test_reset_fences_every_checkpoint_and_explain_says_so(client: TestClient, w
     assert (body["ram_checkpoints"], body["disk_checkpoints"]) == (2, 1)
     assert body["detail"].startswith("fenced 2 RAM and 1 disk checkpoints")
     assert "generation 1" in body["detail"]
-    assert "kvci's RAM and disk tiers only" in body["scope"] and "reset_prefix_cache" in body["scope"]
+    assert (
+        "kvci's RAM and disk tiers only" in body["scope"] and "reset_prefix_cache" in body["scope"]
+    )
     stats = post(client, action="ram_stats").json()["stats"]
     assert (stats["entries"], stats["disk"]["checkpoints"]) == (0, 0)
 
@@ -404,14 +449,20 @@ def test_another_tenants_fenced_checkpoint_is_not_found_like_an_unknown_one(
         assert "fenced" not in response.text
 
 
-def test_reset_on_an_idle_engine_is_pending_until_its_next_hook(client: TestClient, world: Any) -> None:
+def test_reset_on_an_idle_engine_is_pending_until_its_next_hook(
+    client: TestClient, world: Any
+) -> None:
     world.side.idle = True
     cid = world.checkpoint()
     started = time.monotonic()
     body = post(client, action="reset", wait_s=0.2).json()
     assert time.monotonic() - started >= 0.2
-    assert (body["status"], body["generation"], body["ram_checkpoints"], body["disk_checkpoints"]) == (
-        "pending", None, None, None)
+    assert (
+        body["status"],
+        body["generation"],
+        body["ram_checkpoints"],
+        body["disk_checkpoints"],
+    ) == ("pending", None, None, None)
     assert "before its next lookup" in body["detail"] and "reset_prefix_cache" in body["scope"]
     asked = world.side.reset_asked
     assert explain(client, cid).status_code == 200  # not applied yet

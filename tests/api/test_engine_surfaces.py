@@ -106,7 +106,8 @@ class Engine:
         self.url = f"http://127.0.0.1:{self.port}"
         self.control_url = f"http://127.0.0.1:{self.control_port}"
         self.openai = openai.OpenAI(base_url=self.url + "/v1", api_key="unused")
-        self.control = ControlClient(self.control_url, timeout_s=120)
+        self.state = tmp / "state"  # the engine writes its control tokens here when it starts
+        self.control: ControlClient | None = None
         # What every test of the module sent and what it did, whichever ran before: what
         # /metrics must show (test_metrics_match_the_traffic).
         self.sent: Counter[str] = Counter()
@@ -114,10 +115,15 @@ class Engine:
 
     def wait(self, timeout_s: float = 600) -> Engine:
         wait_healthy(self.proc, self.url, self.log, timeout_s)
+        # The operator's token: these tests explain any checkpoint and read every tenant's stats.
+        self.control = ControlClient(
+            self.control_url, token_file=self.state / "control-operator.token", timeout_s=120
+        )
         return self
 
     def stop(self) -> None:
-        self.control.close()
+        if self.control is not None:
+            self.control.close()
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=60)
@@ -157,13 +163,16 @@ class Engine:
         return reply
 
     def act(self, **request: Any) -> dict[str, Any]:
+        assert self.control is not None, "the engine has not started"
         body = self.control.call(request)
         if request["action"] == "promote" and body["status"] in ("persisting", "persisted"):
             self.persists.add(request["checkpoint_id"])
         return body
 
     def explain(self, checkpoint_id: str) -> dict[str, Any]:
-        explained: dict[str, Any] = self.act(action="explain", checkpoint_id=checkpoint_id)["explanation"]
+        explained: dict[str, Any] = self.act(action="explain", checkpoint_id=checkpoint_id)[
+            "explanation"
+        ]
         return explained
 
     def wait_stored(self, checkpoint_id: str) -> dict[str, Any]:
@@ -243,7 +252,9 @@ def test_rest_scores_at_the_bar_the_engine_moved(engine: Engine) -> None:
     assert RAM_THRESHOLD_MIN <= teach_score < moved - BAR_STEP / 2, "teach must stay under the bar"
     assert moved + BAR_STEP / 2 <= probe_score < RAM_THRESHOLD, "probe must lie between the bars"
 
-    replies = [engine.complete(PROMPT_C, tenant="acme", observation=teach) for _ in range(misses + 1)]
+    replies = [
+        engine.complete(PROMPT_C, tenant="acme", observation=teach) for _ in range(misses + 1)
+    ]
     assert [r["tier"] for r in replies] == ["none"] * (misses + 1)
     scored_at = [r["recommendation"]["ram_threshold"] for r in replies]
     assert scored_at == pytest.approx([RAM_THRESHOLD - i * BAR_STEP for i in range(misses + 1)])
@@ -257,12 +268,19 @@ def test_rest_scores_at_the_bar_the_engine_moved(engine: Engine) -> None:
                        observation_json=probe)["recommendation"]
     served = engine.complete(PROMPT_D, tenant="acme", observation=probe)
     verdict = served["recommendation"]
-    assert rest["ram_threshold"] == armed["ram_threshold"] == verdict["ram_threshold"] == bar["threshold"]
+    assert (
+        rest["ram_threshold"]
+        == armed["ram_threshold"]
+        == verdict["ram_threshold"]
+        == bar["threshold"]
+    )
     assert rest["score"] == verdict["score"] == probe_score
     # At the configured 0.5 this would be "none"; at the engine's moved bar it is worth RAM.
     assert rest["tier"] == armed["tier"] == verdict["tier"] == "ram"
     assert served["tier"] == "none" and served["cache_gate"]["rule"] == "kill_switch"
-    assert engine.act(action="ram_stats")["stats"]["admission"] == bar  # a worthy request moves nothing
+    assert (
+        engine.act(action="ram_stats")["stats"]["admission"] == bar
+    )  # a worthy request moves nothing
 
 
 def test_checkpoint_now_explain_and_reuse(engine: Engine, kept: Kept) -> None:
@@ -279,12 +297,17 @@ def test_checkpoint_now_explain_and_reuse(engine: Engine, kept: Kept) -> None:
 def test_promote_refusals_are_explained(engine: Engine, kept: Kept) -> None:
     checkpoint_id = kept.checkpoint_id
     refused = engine.act(action="promote", checkpoint_id=checkpoint_id, tenant="acme")
-    assert refused["status"] == "refused" and refused["decision"]["failed_check"] == "verified_authority"
+    assert (
+        refused["status"] == "refused"
+        and refused["decision"]["failed_check"] == "verified_authority"
+    )
     refusal = engine.act(action="explain", checkpoint_id=checkpoint_id)["explanation"]["refusal"]
     assert refusal.startswith("refused at verified_authority: no checked session")
 
     expired = engine.session(now=time.time() - 7200, ttl_s=60)
-    refused = engine.act(action="promote", checkpoint_id=checkpoint_id, session_token=expired, tenant="acme")
+    refused = engine.act(
+        action="promote", checkpoint_id=checkpoint_id, session_token=expired, tenant="acme"
+    )
     assert refused["status"] == "refused"
     refusal = engine.act(action="explain", checkpoint_id=checkpoint_id)["explanation"]["refusal"]
     assert refusal.startswith("refused at verified_authority") and "expired" in refusal
@@ -295,12 +318,40 @@ def test_promote_with_the_callers_session_persists(engine: Engine, kept: Kept) -
     engine.wait_stored(checkpoint_id)
     # Every other test waits for the persists it starts: none is in flight now.
     on_disk = engine.act(action="ram_stats")["stats"]["disk"]["checkpoints"]
-    promoted = engine.act(action="promote", checkpoint_id=checkpoint_id, session_token=engine.session())
+    promoted = engine.act(
+        action="promote", checkpoint_id=checkpoint_id, session_token=engine.session()
+    )
     assert promoted["status"] in ("persisting", "persisted") and promoted["decision"]["permitted"]
     explained = engine.wait_persisted(checkpoint_id)
     assert explained["refusal"] is None and explained["eligibility_decision"]["permitted"] is True
     stats = engine.act(action="ram_stats")["stats"]
-    assert stats["disk"]["checkpoints"] == on_disk + 1 and stats["gate_in_force"] == "derived_authority"
+    assert (
+        stats["disk"]["checkpoints"] == on_disk + 1
+        and stats["gate_in_force"] == "derived_authority"
+    )
+
+
+def test_an_armed_credential_is_spent_by_no_other_client(engine: Engine,
+                                                         request: pytest.FixtureRequest) -> None:
+    """#46 finding 12. This engine's tenancy is "declared": any client may send tenant acme and a
+    session id it learnt. acme arms its session through REST with its credential and a persist;
+    another client's request naming that tenant and session, with no credential, must not get a
+    disk copy under acme's authority. acme's own request, with its credential, does."""
+    session_id = f"chat/{request.node.name}"
+    token = engine.session()
+    armed = engine.act(action="checkpoint_now", session_id=session_id, session_token=token,
+                       persist=True)
+    assert armed["armed"] is True and armed["persist"] is True
+    foreign = engine.complete(own_prompt(request, 4, "foreign"), tenant="acme",
+                              session_id=session_id, source_ids=["doc-public"])
+    assert foreign["trigger"] == "user" and foreign["persist"]["status"] == "refused", foreign
+    assert foreign["persist"]["decision"]["failed_check"] == "verified_authority"
+
+    engine.act(action="checkpoint_now", session_id=session_id, session_token=token, persist=True)
+    own = engine.complete(own_prompt(request, 4, "own"), session_id=session_id, session_token=token,
+                          source_ids=["doc-public"])
+    assert own["persist"]["status"] in ("persisting", "persisted"), own
+    engine.wait_persisted(own["checkpoint_id"])  # none left in flight for the other tests
 
 
 def test_recommend_and_ram_stats(engine: Engine, request: pytest.FixtureRequest) -> None:
@@ -320,7 +371,8 @@ def test_recommend_and_ram_stats(engine: Engine, request: pytest.FixtureRequest)
 def test_mcp_client_over_stdio(engine: Engine, kept: Kept) -> None:
     checkpoint_id = kept.checkpoint_id
     params = StdioServerParameters(command=sys.executable, env=ENV, args=[
-        "-m", "kvci_plugin.cli", "mcp", "--control-url", engine.control_url])
+        "-m", "kvci_plugin.cli", "mcp", "--control-url", engine.control_url,
+        "--state-dir", str(engine.state)])  # the tenant token the engine wrote there
 
     async def session() -> dict[str, Any]:
         async with Client(params, read_timeout_seconds=120) as client:
@@ -330,20 +382,28 @@ def test_mcp_client_over_stdio(engine: Engine, kept: Kept) -> None:
                 "recommend": await client.call_tool(TOOL_NAME, {
                     "action": "recommend", "observation_json": OBSERVATION}),
                 "explain": await client.call_tool(TOOL_NAME, {
-                    "action": "explain", "checkpoint_id": checkpoint_id}),
+                    "action": "explain", "checkpoint_id": checkpoint_id,
+                    "session_token": engine.session()}),
                 "ram_stats": await client.call_tool(TOOL_NAME, {"action": "ram_stats"}),
+                "reset": await client.call_tool(TOOL_NAME, {"action": "reset"}),
             }
 
     results = anyio.run(session)
     assert results["tools"] == [TOOL_NAME]
     assert results["recommend"].structured_content["recommendation"]["score"] is not None
     assert results["explain"].structured_content["explanation"]["checkpoint_id"] == checkpoint_id
-    assert results["ram_stats"].structured_content["stats"]["entries"] >= 1
-    assert not any(results[k].is_error for k in ("recommend", "explain", "ram_stats"))
+    assert not any(results[k].is_error for k in ("recommend", "explain"))
+    # The agent's tool offers its own actions only: no stats of every tenant, no reset.
+    for refused in ("ram_stats", "reset"):
+        assert (
+            results[refused].is_error and '"action_not_offered"' in results[refused].content[0].text
+        )
     # The same bar as REST's: MCP forwards to the same endpoint.
     bar = engine.act(action="ram_stats")["stats"]["admission"]
-    assert results["ram_stats"].structured_content["stats"]["admission"] == bar
-    assert results["recommend"].structured_content["recommendation"]["ram_threshold"] == bar["threshold"]
+    assert (
+        results["recommend"].structured_content["recommendation"]["ram_threshold"]
+        == bar["threshold"]
+    )
 
 
 def metrics(engine: Engine) -> tuple[str, dict[tuple[str, str], float]]:
@@ -357,7 +417,9 @@ def metrics(engine: Engine) -> tuple[str, dict[tuple[str, str], float]]:
     return text, values
 
 
-def test_metrics_match_the_traffic(engine: Engine, kept: Kept, request: pytest.FixtureRequest) -> None:
+def test_metrics_match_the_traffic(
+    engine: Engine, kept: Kept, request: pytest.FixtureRequest
+) -> None:
     """/metrics equals what the module's tests sent so far (`Engine.sent`), whichever of them ran
     before; this test's own traffic gives every series something to count: its checkpoint (kept
     fixture) hit from RAM, a checkpoint persisted with a valid session, one refused at the gate."""
@@ -368,8 +430,13 @@ def test_metrics_match_the_traffic(engine: Engine, kept: Kept, request: pytest.F
     persisted = engine.complete(own_prompt(request, 4, "persisted"), session_token=token,
                                 checkpoint="now", persist=True, source_ids=["doc-public"])
     assert persisted["tier"] == "ram" and persisted["persist"]["decision"]["permitted"]
-    reply = engine.complete(own_prompt(request, 4, "refused"), tenant="acme", checkpoint="now",
-                            persist=True, source_ids=["doc-public"])  # kept in RAM, refused at the gate
+    reply = engine.complete(
+        own_prompt(request, 4, "refused"),
+        tenant="acme",
+        checkpoint="now",
+        persist=True,
+        source_ids=["doc-public"],
+    )  # kept in RAM, refused at the gate
     assert reply["persist"]["decision"]["failed_check"] == "verified_authority"
     for checkpoint_id in sorted(engine.persists):
         engine.wait_persisted(checkpoint_id)
@@ -386,7 +453,9 @@ def test_metrics_match_the_traffic(engine: Engine, kept: Kept, request: pytest.F
             ("vllm:kvci_hit_tokens_total", "ram"): sent["hit_tokens_ram"],
             ("vllm:kvci_loaded_bytes_total", "ram"): sent["hit_tokens_ram"] // BLOCK_SIZE * slot,
             ("vllm:kvci_checkpoints_total", ""): sent["kept"],
-            ("vllm:kvci_gate_refusals_total", "verified_authority"): sent["gate_refusals_verified_authority"],
+            ("vllm:kvci_gate_refusals_total", "verified_authority"): sent[
+                "gate_refusals_verified_authority"
+            ],
             ("vllm:kvci_persisted_checkpoints_total", ""): len(engine.persists),
             ("vllm:kvci_stored_bytes_total", "disk"): stats["disk"]["bytes_used"],
             ("vllm:kvci_stored_bytes_total", "ram"): sent["kept_pages"] * slot,
@@ -451,13 +520,20 @@ def test_a_streaming_client_reads_its_advisory_over_rest(engine: Engine,
     body = engine.act(action="advisory", session_id="stream-1", session_token=token)
     streamed = engine.count(body["kvci"], prompt)
     assert (body["tenant"], body["session_id"]) == ("acme", "stream-1")
-    assert streamed["recommendation"] == plain["recommendation"] and streamed["advisory"] == plain["advisory"]
+    assert (
+        streamed["recommendation"] == plain["recommendation"]
+        and streamed["advisory"] == plain["advisory"]
+    )
     assert streamed["advisory"].startswith("KV-CHECKPOINT ADVISORY")
     assert (streamed["tier"], streamed["not_kept"]) == ("none", plain["not_kept"])
 
     # Another tenant naming the same session learns nothing, not even that it exists; nor does
     # a caller that only declares acme, since the request proved its tenant with a credential.
-    for caller in ({"tenant": "globex"}, {"tenant": "acme"}, {"session_token": engine.session(tenant="globex")}):
+    for caller in (
+        {"tenant": "globex"},
+        {"tenant": "acme"},
+        {"session_token": engine.session(tenant="globex")},
+    ):
         with pytest.raises(ControlCallError) as refused:
             engine.act(action="advisory", session_id="stream-1", **caller)
         assert refused.value.code == "no_advisory"

@@ -7,17 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from control_support import control_client
 from starlette.testclient import TestClient
 
-from kvci_plugin.api.app import build_app
 from kvci_plugin.api.schema import ENDPOINT
 from kvci_plugin.governance import FORGET_SCOPE
+from kvci_plugin.tiering.blobs.tenant_keys import TOMBSTONE
 from kvci_plugin.tiering.types import CheckpointNotFoundError
 
 
 @pytest.fixture
 def client(world: Any) -> TestClient:
-    return TestClient(build_app(world.plane))
+    return control_client(world.plane)  # the operator's token: explain naming no tenant sees any
 
 
 def post(client: TestClient, **body: Any) -> Any:
@@ -73,10 +74,15 @@ def test_forget_erases_the_tenant_and_explain_says_so(client: TestClient, world:
                     session_token=world.session(scopes=[FORGET_SCOPE]))
     assert response.status_code == 200, response.text
     body = response.json()
-    assert (body["ram_checkpoints"], body["disk_checkpoints"], body["key_destroyed"]) == (2, 1, True)
+    assert (body["ram_checkpoints"], body["disk_checkpoints"], body["key_destroyed"]) == (
+        2,
+        1,
+        True,
+    )
     assert "destroyed" in body["detail"]
     assert material.hex() not in response.text and root_keys._root.hex() not in response.text
-    assert root_keys._materials.read_material(root_keys.tenant_id("acme")) is None
+    # A tombstone stands where the material was: no writer makes it again (tenant_keys).
+    assert root_keys._materials.read_material(root_keys.tenant_id("acme")) == TOMBSTONE
 
     for cid in (on_disk, in_ram):
         for who in ({}, {"tenant": "acme"}, {"session_token": world.session()}):
@@ -100,4 +106,8 @@ def test_forget_of_a_tenant_with_nothing_stored_says_no_material_existed(
         client: TestClient, world: Any) -> None:
     body = post(client, action="forget", tenant="initech",
                 session_token=world.session(tenant="initech", scopes=[FORGET_SCOPE])).json()
-    assert (body["ram_checkpoints"], body["disk_checkpoints"], body["key_destroyed"]) == (0, 0, False)
+    assert (body["ram_checkpoints"], body["disk_checkpoints"], body["key_destroyed"]) == (
+        0,
+        0,
+        False,
+    )

@@ -10,7 +10,9 @@ from benchmarks.policysim.sessions import RequestContext, SessionTracker, sessio
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
 
 
-def request(chain: Sequence[int], *, at_ms: int = 0, short_by: int = 0, output: int = 200) -> TraceRequest:
+def request(
+    chain: Sequence[int], *, at_ms: int = 0, short_by: int = 0, output: int = 200
+) -> TraceRequest:
     """A request whose input fills ``chain`` (the last block partly when ``short_by`` > 0: a
     partial block is never kept, and a hit never covers the last token)."""
     return TraceRequest(at_ms, len(chain) * BLOCK_TOKENS - short_by, output, tuple(chain))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from bench.sim_traces import contexts_of, request
 from benchmarks.policysim.hindsight import FrozenHazard, hindsight_policy
 from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
-from bench.sim_traces import contexts_of, request
 from kvci_plugin.policy import Offer, ValuePolicy
 from kvci_plugin.policy.reuse_hazard import ReuseHazard
 
@@ -59,4 +59,6 @@ def test_hindsight_replays_the_product_tier_and_learns_nothing_more() -> None:
     tally = replay_kvci(requests, contexts, bound)
     assert tally.ram_saved_tokens > 0 and bound.stats()["policy"]["admitted"] > 0  # type: ignore[index]
     # Weighing as the online run had learned by the end, before the replay and after it alike.
-    assert [policy.reuse_hazard(end_s).resend_probability(cls, age, 30.0) for age in (0.0, 20.0)] == weighed
+    assert [
+        policy.reuse_hazard(end_s).resend_probability(cls, age, 30.0) for age in (0.0, 20.0)
+    ] == weighed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.sim_traces import contexts_of, request
 from benchmarks.policysim.admission import StoreEverything
 from benchmarks.policysim.engine_view import EngineCache, EngineView
 from benchmarks.policysim.kvci_tier import KVCITier, page_key, replay_kvci
@@ -13,7 +14,6 @@ from benchmarks.policysim.replay import replay
 from benchmarks.policysim.sessions import SessionTracker, session_contexts
 from benchmarks.policysim.told import told_at_random, told_when_back
 from benchmarks.policysim.trace import BLOCK_TOKENS
-from bench.sim_traces import contexts_of, request
 
 CHAIN = (1, 2, 3, 4, 5, 6)
 VIEW = EngineView(block_tokens=32, cache_blocks=4)
@@ -41,7 +41,10 @@ def test_with_an_engine_view_kvci_loads_only_what_vllms_cache_does_not_hold() ->
     tally = replay_kvci(requests, contexts_of(requests), tier)
     assert tally.admitted_requests >= 1
     # The repeat: blocks 1-4 from vLLM's cache, 5 from kvci (never every token: 6 is computed).
-    assert (tally.engine_saved_tokens, tally.ram_saved_tokens) == (4 * BLOCK_TOKENS, 1 * BLOCK_TOKENS)
+    assert (tally.engine_saved_tokens, tally.ram_saved_tokens) == (
+        4 * BLOCK_TOKENS,
+        1 * BLOCK_TOKENS,
+    )
     assert tally.saved_tokens == 5 * BLOCK_TOKENS
     # The load is what the request history counts, at the last key it loaded.
     assert tier.history.reuse(page_key(5)) == 1 and tier.history.reuse(page_key(4)) == 0
@@ -56,7 +59,11 @@ def test_without_an_engine_view_kvci_serves_the_whole_hit() -> None:
 
 
 def test_a_block_tier_behind_vllms_cache_serves_only_past_it() -> None:
-    requests = [request(CHAIN, short_by=10), request(CHAIN, short_by=10), request((1, 2, 3, 4, 5, 7), short_by=10)]
+    requests = [
+        request(CHAIN, short_by=10),
+        request(CHAIN, short_by=10),
+        request((1, 2, 3, 4, 5, 7), short_by=10),
+    ]
     ram = LRUBlockCache(6)
     tally = replay(requests, contexts_of(requests), StoreEverything("lru"), ram, engine=VIEW)
     assert tally.engine_saved_tokens == 8 * BLOCK_TOKENS  # 4 blocks for each repeat
@@ -68,7 +75,9 @@ def test_a_churning_session_keeps_only_the_prefix_its_rewrites_kept() -> None:
     """As the connector does (``churn_keeps``): sessions keyed by their first blocks, every turn a
     rewrite past the shared three-block prefix; the third rewrite is paused by the churn rule but
     its prefix is still kept, and no more."""
-    requests = [request((1, 2, 3, 10 * n, 10 * n + 1), short_by=10, at_ms=1000 * n) for n in range(1, 5)]
+    requests = [
+        request((1, 2, 3, 10 * n, 10 * n + 1), short_by=10, at_ms=1000 * n) for n in range(1, 5)
+    ]
     tier = KVCITier(100, prefill_tokens_per_second=8192.0)
     replay_kvci(requests, session_contexts(requests, SessionTracker(threads=False)), tier)
     outcomes = tier.stats()["outcomes"]
@@ -92,10 +101,16 @@ def test_what_the_clients_say_reaches_the_policy_as_each_requests_class() -> Non
     replay_kvci(requests, contexts_of(requests), quiet)
     assert {cls[2] for cls in quiet.policy.learned(10.0).idle} == {None}
     with pytest.raises(IndexError, match="told covers 2 requests; request 3 arrived"):
-        replay_kvci(requests, contexts_of(requests), KVCITier(100, prefill_tokens_per_second=8192.0, told=told[:2]))
+        replay_kvci(
+            requests,
+            contexts_of(requests),
+            KVCITier(100, prefill_tokens_per_second=8192.0, told=told[:2]),
+        )
 
 
-def test_told_when_back_says_true_of_each_continued_request_and_random_says_as_many_elsewhere() -> None:
+def test_told_when_back_says_true_of_each_continued_request_and_random_says_as_many_elsewhere() -> (
+    None
+):
     continued = [True, False, False, True, False, False, False, True]
     assert told_when_back(continued) == [True, None, None, True, None, None, None, True]
     drawn = told_at_random(continued, seed=3)

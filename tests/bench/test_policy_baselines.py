@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.sim_traces import chains, contexts_of, request
 from benchmarks.policysim.admission import AdmissionPolicy, StoreEverything
 from benchmarks.policysim.arc_cache import ARCBlockCache
 from benchmarks.policysim.belady_bound import BeladyBound, is_chained, next_uses
@@ -24,11 +25,11 @@ from benchmarks.policysim.replay import Tally, replay
 from benchmarks.policysim.s3fifo_cache import S3FIFOBlockCache
 from benchmarks.policysim.tinylfu_cache import WTinyLFUBlockCache
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
-from bench.sim_traces import chains, contexts_of, request
 
 
 def accesses_on(cache: BlockCache, blocks: Sequence[int]) -> int:
-    """Drive a cache as a plain block stream (touch a resident block, insert a missing one); hits."""
+    """Drive a cache as a plain block stream (touch a resident block, insert a missing one);
+    hits."""
     hits = 0
     for block in blocks:
         if block in cache:
@@ -88,7 +89,9 @@ def test_s3fifo_never_exceeds_its_capacity(capacity: int, blocks: list[int]) -> 
         assert not set(cache.small) & set(cache.main)
         assert not set(cache.ghost) & (set(cache.small) | set(cache.main))
         assert len(cache.ghost) <= max(1, capacity - cache.small_target)
-        assert all(0 <= frequency <= 3 for frequency in [*cache.small.values(), *cache.main.values()])
+        assert all(
+            0 <= frequency <= 3 for frequency in [*cache.small.values(), *cache.main.values()]
+        )
 
 
 # --- W-TinyLFU --------------------------------------------------------------------------------
@@ -129,8 +132,8 @@ def test_w_tinylfu_rejects_a_window_victim_used_less_than_the_main_victim() -> N
     assert len(cache) == 100 and cache.rejected == 0
     for block in range(1000, 1050):  # a scan of one-offs
         cache.insert(block)
-    # Each one-off (estimate 1) lost to the main victim (estimate 2): only the newest stays, in the window.
-    # 99, the window's when the scan began, tied with the main victim and lost too.
+    # Each one-off (estimate 1) lost to the main victim (estimate 2): only the newest stays, in the
+    # window. 99, the window's when the scan began, tied with the main victim and lost too.
     assert cache.rejected == 50 and list(cache.window) == [1049]
     assert all(block in cache for block in range(99)) and 99 not in cache
 
@@ -147,7 +150,9 @@ def test_w_tinylfu_promotes_a_probation_hit_and_demotes_protected_overflow() -> 
 
 @settings(max_examples=150, deadline=None)
 @given(capacity=st.integers(1, 150), blocks=st.lists(st.integers(0, 200), max_size=400))
-def test_w_tinylfu_never_exceeds_its_capacity_or_its_segments(capacity: int, blocks: list[int]) -> None:
+def test_w_tinylfu_never_exceeds_its_capacity_or_its_segments(
+    capacity: int, blocks: list[int]
+) -> None:
     cache = WTinyLFUBlockCache(capacity)
     for block in blocks:
         accesses_on(cache, [block])
@@ -174,20 +179,26 @@ def test_the_replay_counts_a_rejected_window_victim_as_written_once() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(chains=chains(), capacity=st.integers(1, 30))
-def test_every_cache_replays_a_trace_the_same_way_twice(chains: list[tuple[int, ...]], capacity: int) -> None:
+def test_every_cache_replays_a_trace_the_same_way_twice(
+    chains: list[tuple[int, ...]], capacity: int
+) -> None:
     trace = [request(chain, at_ms=i) for i, chain in enumerate(chains)]
     contexts = contexts_of(trace)
     for cache in (S3FIFOBlockCache, WTinyLFUBlockCache, ARCBlockCache):
         first = replay(trace, contexts, StoreEverything("x"), cache(capacity))
         assert replay(trace, contexts, StoreEverything("x"), cache(capacity)) == first
     bounds = [BeladyBound(trace, capacity) for _ in range(2)]
-    assert replay(trace, contexts, bounds[0], bounds[0]) == replay(trace, contexts, bounds[1], bounds[1])
+    assert replay(trace, contexts, bounds[0], bounds[0]) == replay(
+        trace, contexts, bounds[1], bounds[1]
+    )
 
 
 def test_arc_replays_a_request_that_evicts_and_writes_again_a_block_it_was_served() -> None:
     # Found by the property below: with one block of room, a request served from T2 evicts that
     # block with its own writes and writes it again, into T1, where its refresh must find it.
-    trace = [request(chain, at_ms=i) for i, chain in enumerate([(0,), (0, 1), (0, 2, 1), (0, 2, 1, 3)])]
+    trace = [
+        request(chain, at_ms=i) for i, chain in enumerate([(0,), (0, 1), (0, 2, 1), (0, 2, 1, 3)])
+    ]
     arc = replay(trace, contexts_of(trace), StoreEverything("arc"), ARCBlockCache(1))
     assert arc.requests == len(trace)
     assert arc == replay(trace, contexts_of(trace), StoreEverything("arc"), ARCBlockCache(1))
@@ -222,7 +233,8 @@ def test_the_bound_writes_no_block_it_never_sees_again_and_bypasses_a_far_one() 
 
 
 def test_the_bound_evicts_a_chain_from_its_tail() -> None:
-    # Capacity 3: after request 1 holds 0, 1, 2, request 2 needs 7 sooner than 2 and 1 are used again.
+    # Capacity 3: after request 1 holds 0, 1, 2, request 2 needs 7 sooner than 2 and 1 are used
+    # again.
     trace = [request([0, 1, 2]), request([7, 8]), request([7, 8]), request([0, 1, 2, 9])]
     bound = BeladyBound(trace, 3)
     tally = replay(trace, contexts_of(trace), bound, bound)
@@ -257,7 +269,9 @@ def optimum(trace: Sequence[TraceRequest], capacity: int) -> tuple[int, int]:
     return max(hits for hits, _ in best.values()), max(saved for _, saved in best.values())
 
 
-def others(trace: Sequence[TraceRequest]) -> list[tuple[AdmissionPolicy, Callable[[int], BlockCache]]]:
+def others(
+    trace: Sequence[TraceRequest],
+) -> list[tuple[AdmissionPolicy, Callable[[int], BlockCache]]]:
     return [
         (StoreEverything("lru"), LRUBlockCache),
         (StoreEverything("arc"), ARCBlockCache),
@@ -275,7 +289,11 @@ def replay_bound(trace: Sequence[TraceRequest], capacity: int) -> tuple[BeladyBo
 
 
 @settings(max_examples=120, deadline=None)
-@given(chains=chains(max_requests=7, max_grow=3), capacity=st.integers(1, 3), short_by=st.sampled_from([0, 100, 511]))
+@given(
+    chains=chains(max_requests=7, max_grow=3),
+    capacity=st.integers(1, 3),
+    short_by=st.sampled_from([0, 100, 511]),
+)
 def test_the_bound_gets_the_most_hit_blocks_and_saved_tokens_of_any_policy_exactly(
     chains: list[tuple[int, ...]], capacity: int, short_by: int
 ) -> None:

@@ -14,6 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import kvci_plugin
+from bench.sim_traces import chains, contexts_of, request
 from benchmarks.policysim.admission import Admission, StoreEverything
 from benchmarks.policysim.arc_cache import ARCBlockCache
 from benchmarks.policysim.belady_bound import BeladyBound
@@ -24,22 +25,33 @@ from benchmarks.policysim.offer_threshold import StoreAfterNOffers
 from benchmarks.policysim.oracle_admission import ContinuationOracle, continued_later
 from benchmarks.policysim.random_admission import RandomAdmission
 from benchmarks.policysim.replay import Tally, replay
-from benchmarks.policysim.report import BudgetRun, PolicyResult, Role, SimulationReport, budget_run, target_for
+from benchmarks.policysim.report import (
+    BudgetRun,
+    PolicyResult,
+    Role,
+    SimulationReport,
+    budget_run,
+    target_for,
+)
 from benchmarks.policysim.s3fifo_cache import S3FIFOBlockCache
 from benchmarks.policysim.sessions import RequestContext, SessionTracker, extends
 from benchmarks.policysim.tinylfu_cache import WTinyLFUBlockCache
 from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, load_trace
 from benchmarks.policysim.worthiness_admission import WorthinessAdmission
-from kvci_plugin.tiering.admission import PressureAwareAdmission
+from kvci_plugin.policy.admission import PressureAwareAdmission
 from kvci_plugin.worthiness import CheckpointAdvisor, CheckpointObservation
-from bench.sim_traces import chains, contexts_of, request
 
 REPO_ROOT = Path(kvci_plugin.__file__).resolve().parents[1]
 
 
 def write_trace(path: Path, requests: Sequence[TraceRequest]) -> Path:
     rows = (
-        {"timestamp": r.timestamp_ms, "input_length": r.input_length, "output_length": r.output_length, "hash_ids": list(r.hash_ids)}
+        {
+            "timestamp": r.timestamp_ms,
+            "input_length": r.input_length,
+            "output_length": r.output_length,
+            "hash_ids": list(r.hash_ids),
+        }
         for r in requests
     )
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
@@ -56,7 +68,9 @@ def test_llama_3_8b_costs_128_kib_per_token() -> None:
 
 
 def test_load_trace_reads_lines_and_honours_limit(tmp_path: Path) -> None:
-    path = write_trace(tmp_path / "t.jsonl", [request([0, 1], at_ms=0), request([0, 1, 2], at_ms=5)])
+    path = write_trace(
+        tmp_path / "t.jsonl", [request([0, 1], at_ms=0), request([0, 1, 2], at_ms=5)]
+    )
     assert load_trace(path) == [request([0, 1], at_ms=0), request([0, 1, 2], at_ms=5)]
     assert load_trace(path, limit=1) == [request([0, 1], at_ms=0)]
 
@@ -65,15 +79,31 @@ def test_load_trace_reads_lines_and_honours_limit(tmp_path: Path) -> None:
     ("line", "message"),
     [
         ("not json", r"t.jsonl:2: not JSON"),
-        ('{"timestamp": 9, "input_length": 600, "output_length": 1}', r"t.jsonl:2: hash_ids must be a list"),
-        ('{"timestamp": 9, "input_length": -1, "output_length": 1, "hash_ids": []}', r"t.jsonl:2: input_length"),
-        ('{"timestamp": 9, "input_length": 600, "output_length": 1, "hash_ids": [0]}', r"1 hash_ids for input_length 600"),
-        ('{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [0]}', r"timestamp 1 goes back in time"),
+        (
+            '{"timestamp": 9, "input_length": 600, "output_length": 1}',
+            r"t.jsonl:2: hash_ids must be a list",
+        ),
+        (
+            '{"timestamp": 9, "input_length": -1, "output_length": 1, "hash_ids": []}',
+            r"t.jsonl:2: input_length",
+        ),
+        (
+            '{"timestamp": 9, "input_length": 600, "output_length": 1, "hash_ids": [0]}',
+            r"1 hash_ids for input_length 600",
+        ),
+        (
+            '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [0]}',
+            r"timestamp 1 goes back in time",
+        ),
     ],
 )
-def test_load_trace_names_the_line_and_field_it_rejects(tmp_path: Path, line: str, message: str) -> None:
+def test_load_trace_names_the_line_and_field_it_rejects(
+    tmp_path: Path, line: str, message: str
+) -> None:
     path = tmp_path / "t.jsonl"
-    path.write_text('{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n' + line + "\n")
+    path.write_text(
+        '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n' + line + "\n"
+    )
     with pytest.raises(ValueError, match=message):
         load_trace(path)
 
@@ -130,7 +160,9 @@ def test_arc_lists_stay_within_their_bounds(capacity: int, accesses: list[int]) 
 def test_sessions_count_turns_rewrites_and_earlier_requests() -> None:
     tracker = SessionTracker(key_blocks=2, rewrite_window_s=10.0)
     first = tracker.observe(request([0, 5, 6], at_ms=0))
-    extended = tracker.observe(request([0, 5, 6, 7, 8], at_ms=1_000))  # re-sends 0, 5 (6 was partial)
+    extended = tracker.observe(
+        request([0, 5, 6, 7, 8], at_ms=1_000)
+    )  # re-sends 0, 5 (6 was partial)
     rewritten = tracker.observe(request([0, 5, 9], at_ms=2_000))  # drops 6, 7: a rewrite
     again = tracker.observe(request([0, 5, 9, 10], at_ms=3_000))
     late = tracker.observe(request([0, 5, 11], at_ms=20_000))  # the earlier rewrite left the window
@@ -193,7 +225,9 @@ def test_the_oracle_admits_exactly_the_requests_whose_session_continues() -> Non
     assert decisions == [2, 0, 0, 0]
 
 
-def test_the_later_turn_oracle_knows_only_later_turns_and_admits_first_turns_by_its_choice() -> None:
+def test_the_later_turn_oracle_knows_only_later_turns_and_admits_first_turns_by_its_choice() -> (
+    None
+):
     trace = [
         request([0, 1]),  # first turn, continued
         request([0, 1, 2]),  # later turn, continued
@@ -221,8 +255,12 @@ def rates(table: tuple[FollowUpRate, ...]) -> list[tuple[int, int]]:
     return [(rate.requests, rate.followed_up) for rate in table]
 
 
-def test_the_follow_up_table_counts_each_sessions_requests_by_what_is_known_when_they_finish() -> None:
-    long_session = [request([0, *range(20, 20 + turn)], output=200) for turn in range(1, 8)]  # D: 7 turns
+def test_the_follow_up_table_counts_each_sessions_requests_by_what_is_known_when_they_finish() -> (
+    None
+):
+    long_session = [
+        request([0, *range(20, 20 + turn)], output=200) for turn in range(1, 8)
+    ]  # D: 7 turns
     trace = [
         request([0, 1], output=100),  # A, turn 1, 2 blocks: continued
         request([0, 5, 6, 7, 8], output=300),  # B, turn 1, 5 blocks: never continued
@@ -239,7 +277,15 @@ def test_the_follow_up_table_counts_each_sessions_requests_by_what_is_known_when
     assert [(rate.low, rate.high) for rate in table.first_turns_by_input_blocks] == [
         (1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, None),
     ]  # fmt: skip
-    assert rates(table.first_turns_by_input_blocks) == [(3, 3), (0, 0), (1, 0), (0, 0), (0, 0), (0, 0), (0, 0)]
+    assert rates(table.first_turns_by_input_blocks) == [
+        (3, 3),
+        (0, 0),
+        (1, 0),
+        (0, 0),
+        (0, 0),
+        (0, 0),
+        (0, 0),
+    ]
     # Outputs: A 100, D 200, B 300, C 1500.
     assert rates(table.first_turns_by_output_tokens) == [(1, 1), (1, 1), (1, 0), (0, 0), (1, 1)]
     # Turn 2: A, C, D; turn 3: A, D; turns 4, 5: D; turns 6+: D's 6th and 7th.
@@ -249,7 +295,9 @@ def test_the_follow_up_table_counts_each_sessions_requests_by_what_is_known_when
 
 
 def kvci(**advisor_settings: float) -> WorthinessAdmission:
-    return WorthinessAdmission(CheckpointAdvisor(**advisor_settings), prefill_tokens_per_second=8192.0)
+    return WorthinessAdmission(
+        CheckpointAdvisor(**advisor_settings), prefill_tokens_per_second=8192.0
+    )
 
 
 def test_kvci_admits_a_long_settled_session_and_not_its_first_request() -> None:
@@ -286,12 +334,15 @@ def test_kvci_obeys_the_cache_gate() -> None:
         churning.admit(request(chain, at_ms=at_ms), RequestContext("s", 6, 0, 1, True, 30), 0)
     assert churning.admit(request(chain, at_ms=3_000), settled, 0).ram_blocks == 0
     assert churning.stats()["gate_refusals"].get("churn", 0) >= 1
-    assert churning.admit(request(chain, at_ms=400_000), settled, 0).ram_blocks == 60  # the window passed
+    assert (
+        churning.admit(request(chain, at_ms=400_000), settled, 0).ram_blocks == 60
+    )  # the window passed
 
 
 def test_kvci_admits_a_turn_that_adds_a_message_and_not_one_that_is_mostly_new_material() -> None:
     # Same size, same history (second turn): re-sending 59 known blocks and adding one is a
-    # context that has converged; 59 new blocks behind the same root is one still taking in material.
+    # context that has converged; 59 new blocks behind the same root is one still taking in
+    # material.
     chain = list(range(60))
     follow_up = kvci().admit(request(chain), RequestContext("s", 1, 1, 0, False, 1), 0)
     new_material = kvci().admit(request(chain), RequestContext("s", 1, 1, 0, False, 59), 0)
@@ -306,8 +357,12 @@ def test_a_kvci_threshold_is_named_in_the_policy() -> None:
 
 def kvci_pressure(capacity_blocks: int = 100) -> WorthinessAdmission:
     advisor = CheckpointAdvisor()
-    bar: PressureAwareAdmission[int] = PressureAwareAdmission.for_advisor(advisor, capacity_bytes=capacity_blocks)
-    return WorthinessAdmission(advisor, prefill_tokens_per_second=8192.0, pressure=bar, block_bytes=1)
+    bar: PressureAwareAdmission[int] = PressureAwareAdmission.for_advisor(
+        advisor, capacity_bytes=capacity_blocks
+    )
+    return WorthinessAdmission(
+        advisor, prefill_tokens_per_second=8192.0, pressure=bar, block_bytes=1
+    )
 
 
 def test_the_lru_cache_reports_each_evicted_block() -> None:
@@ -325,9 +380,13 @@ def test_kvci_pressure_lowers_its_bar_when_a_held_back_first_turn_is_continued()
     policy = kvci_pressure()
     bar = policy.pressure
     assert bar is not None
-    first = request(list(range(100, 160)), short_by=100)  # 30k tokens: scored ~0.34, under the bar of 0.55
+    first = request(
+        list(range(100, 160)), short_by=100
+    )  # 30k tokens: scored ~0.34, under the bar of 0.55
     assert policy.admit(first, RequestContext("s", 0, 0, 0, False, 60), 0) == Admission(0, 0)
-    second = request([*range(100, 159), 500, 501], at_ms=60_000, short_by=100)  # re-sends the first's full blocks
+    second = request(
+        [*range(100, 159), 500, 501], at_ms=60_000, short_by=100
+    )  # re-sends the first's full blocks
     policy.admit(second, RequestContext("s", 1, 1, 0, False, 2), 0)
     assert bar.threshold == pytest.approx(0.54)
     assert bar.stats().missed_reuses == 1
@@ -338,10 +397,17 @@ def test_kvci_pressure_raises_its_bar_when_an_admitted_request_is_evicted_unused
     bar = policy.pressure
     assert bar is not None
     chain = list(range(60))
-    assert policy.admit(request(chain, short_by=100), RequestContext("s", 6, 6, 0, False, 1), 0).ram_blocks == 60
+    assert (
+        policy.admit(
+            request(chain, short_by=100), RequestContext("s", 6, 6, 0, False, 1), 0
+        ).ram_blocks
+        == 60
+    )
     policy.evicted(0)  # not the anchor: nothing learnt
     assert bar.threshold == 0.55
-    policy.evicted(58)  # the anchor: the last full block (the 60th is partial), what a continuation hits
+    policy.evicted(
+        58
+    )  # the anchor: the last full block (the 60th is partial), what a continuation hits
     assert bar.threshold == pytest.approx(0.56)
     assert policy.stats()["pressure"] == {
         "threshold": pytest.approx(0.56), "wasted_writes": 1, "missed_reuses": 0, "paid_writes": 0,
@@ -366,7 +432,9 @@ def test_replay_of_a_hand_worked_lru_example() -> None:
 
 def test_a_disk_tier_serves_what_ram_evicted_and_counts_apart() -> None:
     trace = [request([1, 2]), request([3, 4]), request([1, 2, 5])]
-    tally = replay(trace, contexts_of(trace), StoreEverything("lru"), LRUBlockCache(2), LRUBlockCache(10))
+    tally = replay(
+        trace, contexts_of(trace), StoreEverything("lru"), LRUBlockCache(2), LRUBlockCache(10)
+    )
     assert (tally.ram_hit_blocks, tally.disk_hit_blocks) == (0, 2)
     assert tally.disk_saved_tokens == 2 * BLOCK_TOKENS
     assert tally.disk_blocks_written == 5  # write-through: every block once
@@ -402,7 +470,10 @@ def test_replay_bounds_hold_for_every_policy(chains: list[tuple[int, ...]], capa
             (bound := BeladyBound(trace, capacity), lambda n: bound),
             (StoreAfterNOffers(2), LRUBlockCache),
             (kvci(), LRUBlockCache),
-            (pressured := kvci_pressure(capacity), lambda n: LRUBlockCache(n, on_evict=pressured.evicted)),
+            (
+                pressured := kvci_pressure(capacity),
+                lambda n: LRUBlockCache(n, on_evict=pressured.evicted),
+            ),
             (RandomAdmission(0.5, seed=1), LRUBlockCache),
             (ContinuationOracle(continued_later(trace, 2)), LRUBlockCache),
         ]
@@ -413,16 +484,21 @@ def test_replay_bounds_hold_for_every_policy(chains: list[tuple[int, ...]], capa
         assert tally.ram_hit_blocks <= tally.requested_blocks
     for policy, cache in policies(len(distinct)):
         roomy = replay(trace, contexts, policy, cache(len(distinct)))  # type: ignore[operator,arg-type]
-        assert roomy.ram_blocks_written <= len(distinct), "with room for all, no block is written twice"
+        assert roomy.ram_blocks_written <= len(distinct), (
+            "with room for all, no block is written twice"
+        )
     roomy_bound = BeladyBound(trace, len(distinct))
     assert replay(trace, contexts, roomy_bound, roomy_bound).ram_saved_tokens == ceiling
 
 
 @settings(max_examples=60, deadline=None)
 @given(chains=chains())
-def test_kvci_reads_each_prompt_as_the_context_bundle_of_its_turn(chains: list[tuple[int, ...]]) -> None:
+def test_kvci_reads_each_prompt_as_the_context_bundle_of_its_turn(
+    chains: list[tuple[int, ...]],
+) -> None:
     # What the simulator passes is what a context bundle of the turn derives through the
-    # observation's own path: items = the prompt's blocks, novel = not in the session's previous prompt.
+    # observation's own path: items = the prompt's blocks, novel = not in the session's previous
+    # prompt.
     trace = [request(chain, at_ms=i) for i, chain in enumerate(chains)]
     policy = kvci()
     previous: dict[tuple[int, ...], set[int]] = {}
@@ -432,9 +508,14 @@ def test_kvci_reads_each_prompt_as_the_context_bundle_of_its_turn(chains: list[t
             assert (observation.retrieved_items, observation.novel_items) == (None, None)
             continue
         known = previous.get(r.hash_ids[:2], set())
-        bundle = {"items": [{"id": str(block), "novel": block not in known} for block in r.hash_ids]}
+        bundle = {
+            "items": [{"id": str(block), "novel": block not in known} for block in r.hash_ids]
+        }
         derived = CheckpointObservation.from_inputs(context_bundle=bundle)
-        assert (observation.retrieved_items, observation.novel_items) == (derived.retrieved_items, derived.novel_items)
+        assert (observation.retrieved_items, observation.novel_items) == (
+            derived.retrieved_items,
+            derived.novel_items,
+        )
         previous[r.hash_ids[:2]] = set(r.hash_ids)
 
 
@@ -442,16 +523,28 @@ def test_kvci_reads_each_prompt_as_the_context_bundle_of_its_turn(chains: list[t
 
 
 def result(name: str, role: Role, saved: int, written: int) -> PolicyResult:
-    tally = Tally(requests=1, input_tokens=10**6, ram_saved_tokens=saved, ram_blocks_written=written)
+    tally = Tally(
+        requests=1, input_tokens=10**6, ram_saved_tokens=saved, ram_blocks_written=written
+    )
     return PolicyResult.from_tally(name, "lru", role, tally, 1, {})
 
 
-def test_the_targets_are_per_budget_for_the_policy_named_kvci_and_ask_for_the_best_online_too() -> None:
-    assert [target_for(f).saved_ratio for f in (0.01, 0.025, 0.05, 0.10, 0.25)] == [1.9, 1.7, 1.2, 1.05, 1.0]
+def test_the_targets_are_per_budget_for_the_policy_named_kvci_and_ask_for_the_best_online_too() -> (
+    None
+):
+    assert [target_for(f).saved_ratio for f in (0.01, 0.025, 0.05, 0.10, 0.25)] == [
+        1.9,
+        1.7,
+        1.2,
+        1.05,
+        1.0,
+    ]
     assert [target_for(f).write_reduction for f in (0.01, 0.025, 0.05)] == [3.0, 3.0, None]
     assert target_for(0.5) is None
 
-    def run(kvci_saved: int, kvci_written: int, best_saved: int, fraction: float = 0.01) -> BudgetRun:
+    def run(
+        kvci_saved: int, kvci_written: int, best_saved: int, fraction: float = 0.01
+    ) -> BudgetRun:
         results = [
             result("lru", "baseline", 1000, 300),
             result("arc", "baseline", best_saved, 300),
@@ -464,7 +557,11 @@ def test_the_targets_are_per_budget_for_the_policy_named_kvci_and_ask_for_the_be
 
     met = run(kvci_saved=1900, kvci_written=100, best_saved=1500)
     comparisons = {comparison.policy: comparison for comparison in met.comparisons}
-    assert (met.best_online, met.best_online_saved_ratio, met.bound_saved_ratio) == ("arc", 1.5, 3.0)
+    assert (met.best_online, met.best_online_saved_ratio, met.bound_saved_ratio) == (
+        "arc",
+        1.5,
+        3.0,
+    )
     assert comparisons["kvci"].target_met and comparisons["kvci"].at_least_best_online
     assert comparisons["kvci"].bound_share == pytest.approx(900 / 2000)
     assert comparisons["belady"].bound_share == 1.0 and comparisons["arc"].bound_share == 0.25
@@ -500,7 +597,12 @@ def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     # A wide console, so that the table does not shorten policy names.
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -513,8 +615,14 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
         "--kvci-ram-threshold", "0.55", "--kvci-ram-threshold", "0.4", "--out", str(results),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "kvci-threshold@0.4" in done.stdout and "store-after-2" in done.stdout and "w-tinylfu" in done.stdout
-    report = SimulationReport.model_validate_json((results / "policy_sim_synthetic.json").read_text())
+    assert (
+        "kvci-threshold@0.4" in done.stdout
+        and "store-after-2" in done.stdout
+        and "w-tinylfu" in done.stdout
+    )
+    report = SimulationReport.model_validate_json(
+        (results / "policy_sim_synthetic.json").read_text()
+    )
     assert report.label == "synthetic" and report.report_format == "kvci-policy-sim/3"
     assert (results / "policy_sim_synthetic.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [run.budget_fraction for run in report.runs] == [0.1, 0.5]
@@ -523,9 +631,10 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
         names = [result.name for result in run.policies]
         assert names == [
             "lru", "arc", "s3-fifo", "w-tinylfu", "store-after-2", "kvci", "kvci-restarted",
-            "kvci-restarted-warm", "lru-restarted", "kvci-threshold", "kvci-threshold@0.4", "kvci-pressure",
-            "random", "kvci-told-random",
-            "oracle", "oracle-later-first-all", "oracle-later-first-none", "kvci-hindsight", "kvci-told", "belady",
+            "kvci-restarted-warm", "lru-restarted", "kvci-threshold", "kvci-threshold@0.4",
+            "kvci-pressure", "random", "kvci-told-random",
+            "oracle", "oracle-later-first-all", "oracle-later-first-none", "kvci-hindsight",
+            "kvci-told", "belady",
         ]  # fmt: skip
         assert [result.name for result in run.policies if result.reads_the_future] == names[-6:]
         roles = {result.name: result.role for result in run.policies}
@@ -533,23 +642,37 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
         bar = run.policy("kvci-pressure").stats["pressure"]
         assert isinstance(bar, dict) and 0.30 <= bar["threshold"] <= 0.75  # type: ignore[operator]
         lru, bound = run.policy("lru"), run.policy("belady")
-        assert lru.disk_bytes_written == report.working_set_bytes  # write-through, a disk that holds
+        assert (
+            lru.disk_bytes_written == report.working_set_bytes
+        )  # write-through, a disk that holds
         for result in run.policies:
             assert result.saved_tokens <= report.ceiling_saved_tokens
             assert result.ram_hit_blocks <= bound.ram_hit_blocks
-            assert result.bytes_written == (result.ram_blocks_written + result.disk_blocks_written) * report.block_bytes
+            assert (
+                result.bytes_written
+                == (result.ram_blocks_written + result.disk_blocks_written) * report.block_bytes
+            )
         by_name = {comparison.policy: comparison for comparison in run.comparisons}
-        assert by_name["kvci"].saved_ratio == pytest.approx(run.policy("kvci").saved_tokens / lru.saved_tokens)
+        assert by_name["kvci"].saved_ratio == pytest.approx(
+            run.policy("kvci").saved_tokens / lru.saved_tokens
+        )
         assert run.bound_saved_ratio == pytest.approx(bound.saved_tokens / lru.saved_tokens)
         if bound.saved_tokens > lru.saved_tokens:
             assert by_name["belady"].bound_share == pytest.approx(1.0)
-            share = (run.policy("arc").saved_tokens - lru.saved_tokens) / (bound.saved_tokens - lru.saved_tokens)
+            share = (run.policy("arc").saved_tokens - lru.saved_tokens) / (
+                bound.saved_tokens - lru.saved_tokens
+            )
             assert by_name["arc"].bound_share == pytest.approx(share)
         best = max(run.policy(name).saved_tokens for name in names[:5])
-        assert run.policy(run.best_online).saved_tokens == best and roles[run.best_online] == "baseline"
+        assert (
+            run.policy(run.best_online).saved_tokens == best
+            and roles[run.best_online] == "baseline"
+        )
         kvci = by_name["kvci"]
         assert kvci.target_applies == (run.budget_fraction == 0.1)
-        assert not by_name["kvci-threshold@0.4"].target_applies and not by_name["arc"].target_applies
+        assert (
+            not by_name["kvci-threshold@0.4"].target_applies and not by_name["arc"].target_applies
+        )
         if kvci.target_applies:
             assert (kvci.target_saved_ratio, kvci.target_write_reduction) == (1.05, None)
             assert kvci.at_least_best_online == (run.policy("kvci").saved_tokens >= best)
@@ -558,10 +681,15 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     rendered = run_module("benchmarks.render_results", "--results", str(results))
     assert rendered.returncode == 0, rendered.stderr
     readme = (results / "README.md").read_text()
-    assert report.command in readme and "synthetic.jsonl" in readme and "## policy_sim_synthetic" in readme
+    assert (
+        report.command in readme
+        and "synthetic.jsonl" in readme
+        and "## policy_sim_synthetic" in readme
+    )
     for name in ("kvci-hindsight", "kvci-told", "kvci-told-random"):
         assert f"| {name} |" in readme  # beside the oracle-later bounds, against the targets
-    # After the restart, each restarted tier against LRU restarted alike, from the reports' own counts.
+    # After the restart, each restarted tier against LRU restarted alike, from the reports' own
+    # counts.
     assert "### After a restart" in readme
     for run in report.runs:
         after = {name: run.policy(name).stats["saved_tokens_after_restart"]
@@ -573,11 +701,18 @@ def test_the_cli_writes_a_report_a_figure_and_a_readme(tmp_path: Path) -> None:
     for run in report.runs:
         for comparison in run.comparisons:
             if comparison.target_applies:
-                assert f"| {comparison.saved_ratio:.2f}x | >= {comparison.target_saved_ratio}x |" in readme
+                assert (
+                    f"| {comparison.saved_ratio:.2f}x | >= {comparison.target_saved_ratio}x |"
+                    in readme
+                )
         for result in run.policies:
             assert f"| {result.name} | {result.saved_tokens:,} |" in readme
         by_name = {comparison.policy: comparison for comparison in run.comparisons}
-        assert f"{by_name['belady'].saved_ratio:.2f}x | {run.best_online_saved_ratio:.2f}x ({run.best_online}) |" in readme
+        assert (
+            f"{by_name['belady'].saved_ratio:.2f}x | {run.best_online_saved_ratio:.2f}x "
+            f"({run.best_online}) |"
+            in readme
+        )
     assert "`oracle`, `oracle-later-first-all`, `oracle-later-first-none` read the future" in readme
     first = report.follow_up.by_turn[0]
     assert f"| all turns, by turn | 1 | {first.requests:,} | {first.followed_up:,} |" in readme
@@ -589,17 +724,29 @@ def test_a_second_trace_gets_its_own_report_and_section(tmp_path: Path) -> None:
     results = tmp_path / "results"
     for name in ("mooncake_first_trace.jsonl", "mooncake_second_trace.jsonl"):
         trace = write_trace(tmp_path / name, synthetic_trace())
-        done = run_module("benchmarks.policy_sim", "--trace", str(trace), "--budgets", "0.25", "--out", str(results))
+        done = run_module(
+            "benchmarks.policy_sim",
+            "--trace",
+            str(trace),
+            "--budgets",
+            "0.25",
+            "--out",
+            str(results),
+        )
         assert done.returncode == 0, done.stderr
     labelled = run_module(
-        "benchmarks.policy_sim", "--trace", str(trace), "--budgets", "0.25", "--label", "second-tuned",
-        "--json", str(results / "named.json"),
+        "benchmarks.policy_sim", "--trace", str(trace), "--budgets", "0.25",
+        "--label", "second-tuned", "--json", str(results / "named.json"),
     )  # fmt: skip
     assert labelled.returncode == 0, labelled.stderr
     assert sorted(path.name for path in results.iterdir()) == [
-        "named.json", "policy_sim_first.json", "policy_sim_first.png", "policy_sim_second.json", "policy_sim_second.png",
+        "named.json", "policy_sim_first.json", "policy_sim_first.png",
+        "policy_sim_second.json", "policy_sim_second.png",
     ]  # fmt: skip
-    assert SimulationReport.model_validate_json((results / "named.json").read_text()).label == "second-tuned"
+    assert (
+        SimulationReport.model_validate_json((results / "named.json").read_text()).label
+        == "second-tuned"
+    )
     assert run_module("benchmarks.render_results", "--results", str(results)).returncode == 0
     readme = (results / "README.md").read_text()
     for section in ("## named", "## policy_sim_first", "## policy_sim_second"):

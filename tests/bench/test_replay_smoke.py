@@ -30,7 +30,9 @@ REPO_ROOT = Path(kvci_plugin.__file__).resolve().parents[1]
 VOCAB = 1024
 
 
-def req(chain: Sequence[int], at_ms: int = 0, short_by: int = 100, output: int = 200) -> TraceRequest:
+def req(
+    chain: Sequence[int], at_ms: int = 0, short_by: int = 100, output: int = 200
+) -> TraceRequest:
     return TraceRequest(at_ms, len(chain) * BLOCK_TOKENS - short_by, output, tuple(chain))
 
 
@@ -56,15 +58,22 @@ def smoke_trace(path: Path) -> Path:
 @pytest.mark.parametrize(("input_length", "blocks", "tokens"), [
     (512, 1, 32), (1, 1, 1), (16, 1, 1), (17, 1, 2), (1024, 2, 64), (1025, 3, 65), (6758, 14, 423),
 ])
-def test_engine_length_keeps_full_blocks_and_scales_the_last(input_length: int, blocks: int, tokens: int) -> None:
+def test_engine_length_keeps_full_blocks_and_scales_the_last(
+    input_length: int, blocks: int, tokens: int
+) -> None:
     assert engine_tokens(input_length, blocks) == tokens
 
 
 def test_prompts_share_exactly_the_prefixes_their_chains_share() -> None:
     trace = [req([0, 1, 2]), req([0, 1, 2, 3], short_by=0), req([0, 4]), req([5])]
     prompts = engine_prompts(trace, VOCAB, max_output_tokens=3)
-    blocks = [[p.token_ids[i:i + ENGINE_BLOCK_TOKENS] for i in range(0, len(p.token_ids), ENGINE_BLOCK_TOKENS)]
-              for p in prompts]
+    blocks = [
+        [
+            p.token_ids[i : i + ENGINE_BLOCK_TOKENS]
+            for i in range(0, len(p.token_ids), ENGINE_BLOCK_TOKENS)
+        ]
+        for p in prompts
+    ]
     assert [len(p.token_ids) for p in prompts] == [2 * 32 + 26, 4 * 32, 32 + 26, 26]
     # The partial last block is the head of its hash id's full block.
     assert blocks[1][2][:26] == blocks[0][2] and blocks[1][:2] == blocks[0][:2]
@@ -98,7 +107,11 @@ def test_the_simulator_sees_the_outputs_the_engine_generated() -> None:
     scale = BLOCK_TOKENS // ENGINE_BLOCK_TOKENS
     # The engine generates the capped output (at least one token); the simulator counts it in
     # trace tokens, and nothing else of the request changes.
-    assert [r.output_length for r in ran] == [p.max_tokens * scale for p in prompts] == [2 * scale, scale, scale]
+    assert (
+        [r.output_length for r in ran]
+        == [p.max_tokens * scale for p in prompts]
+        == [2 * scale, scale, scale]
+    )
     assert [(r.timestamp_ms, r.input_length, r.hash_ids) for r in ran] == [
         (r.timestamp_ms, r.input_length, r.hash_ids) for r in trace]
 
@@ -107,8 +120,14 @@ def test_the_simulator_sees_the_outputs_the_engine_generated() -> None:
 
 
 def sample(cached: int, kvci: int, prompt: int = 64) -> RequestSample:
-    return RequestSample(arrival_s=0.0, prompt_tokens=prompt, cached_tokens=cached, kvci_tokens=kvci,
-                         kept=kvci > 0, ttft_s=0.01)
+    return RequestSample(
+        arrival_s=0.0,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        kvci_tokens=kvci,
+        kept=kvci > 0,
+        ttft_s=0.01,
+    )
 
 
 def test_an_engine_run_adds_up_its_samples_by_source() -> None:
@@ -140,7 +159,9 @@ def test_three_engines_replay_the_slice_and_the_readme_shows_it(tmp_path: Path) 
 
     assert list(report.runs) == list(RUNS) and report.requests == 12
     prompt_tokens = {run.prompt_tokens for run in report.runs.values()}
-    assert prompt_tokens == {sum(engine_tokens(len(c) * BLOCK_TOKENS - 100, len(c)) for c in SMOKE_CHAINS)}
+    assert prompt_tokens == {
+        sum(engine_tokens(len(c) * BLOCK_TOKENS - 100, len(c)) for c in SMOKE_CHAINS)
+    }
     for run in report.runs.values():
         assert len(run.samples) == 12
         assert run.saved_vllm_tokens + run.saved_kvci_tokens == run.saved_tokens == sum(
@@ -159,10 +180,17 @@ def test_three_engines_replay_the_slice_and_the_readme_shows_it(tmp_path: Path) 
     assert report.simulated["lru"].saved_tokens > 0
     assert set(report.simulated_all) >= {"lru", "kvci"}
     assert report.simulated_all["lru"] == report.simulated["lru"].saved_tokens
-    assert report.simulated_product_lru is not None and report.simulated_product_lru.admitted_requests > 0
+    assert (
+        report.simulated_product_lru is not None
+        and report.simulated_product_lru.admitted_requests > 0
+    )
     assert report.product_agreement is not None
 
     assert load_replays(results) == [(results / "replay.json", report)]
     readme = render(*load_reports(results), load_replays(results))
     assert "## replay" in readme and "kvci keeping everything" in readme
-    assert f"| {RUNS['kvci_keep_all']} | {keep_all.saved_vllm_tokens:,} | {keep_all.saved_kvci_tokens:,} |" in readme
+    assert (
+        f"| {RUNS['kvci_keep_all']} | {keep_all.saved_vllm_tokens:,} | "
+        f"{keep_all.saved_kvci_tokens:,} |"
+        in readme
+    )

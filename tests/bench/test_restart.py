@@ -3,12 +3,12 @@ learning afresh or from its policy state file (through a real file), and LRU res
 
 from __future__ import annotations
 
+from bench.sim_traces import contexts_of, request
 from benchmarks.policysim.admission import StoreEverything
 from benchmarks.policysim.kvci_tier import KVCITier, replay_kvci
 from benchmarks.policysim.lru_cache import LRUBlockCache
 from benchmarks.policysim.replay import replay
 from benchmarks.policysim.restart import replay_lru_restarted, replay_restarted
-from bench.sim_traces import contexts_of, request
 
 
 def sessions_between_one_offs(n: int = 40) -> list:
@@ -36,7 +36,9 @@ def test_the_warm_restart_acts_on_what_the_first_half_learned() -> None:
     cold, cold_stats = replay_restarted(requests, contexts, tier, warm=False)
     warm, warm_stats = replay_restarted(requests, contexts, tier, warm=True)
     assert cold.requests == warm.requests == len(requests)
-    assert cold_stats["restart_at_request"] == warm_stats["restart_at_request"] == len(requests) // 2
+    assert (
+        cold_stats["restart_at_request"] == warm_stats["restart_at_request"] == len(requests) // 2
+    )
     # Learning afresh, the tier weighs by its optimistic prior and keeps what it is offered; from
     # the state file it knows at once that one-offs do not come back and refuses them.
     assert cold_stats["after_restart"]["policy"]["refused_under_pressure"] == 0  # type: ignore[index]

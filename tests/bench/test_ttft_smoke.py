@@ -52,13 +52,19 @@ def timings(**medians: float) -> dict[str, PathTiming]:
 
 
 def share(value: float = 0.005) -> StepShare:
-    return StepShare(engine="traced", steps=1, hooks_per_step_s=value * 0.01, step_s=0.01, share=value)
+    return StepShare(
+        engine="traced", steps=1, hooks_per_step_s=value * 0.01, step_s=0.01, share=value
+    )
 
 
 def rates(off: float = 100.0, on: float = 100.0, step: float = 0.005) -> dict[str, DecodeRate]:
-    return {"decode_off": DecodeRate.of("plain", [off]), "decode_off_again": DecodeRate.of("plain2", [off]),
-            "decode_on": DecodeRate.of("kvci", [on], share(step)), "decode_on_again": DecodeRate.of("kvci2", [on]),
-            "decode_example_connector": DecodeRate.of("example_connector", [off], share())}
+    return {
+        "decode_off": DecodeRate.of("plain", [off]),
+        "decode_off_again": DecodeRate.of("plain2", [off]),
+        "decode_on": DecodeRate.of("kvci", [on], share(step)),
+        "decode_on_again": DecodeRate.of("kvci2", [on]),
+        "decode_example_connector": DecodeRate.of("example_connector", [off], share()),
+    }
 
 
 FLOORS = Floors(nbytes=32 << 20, threads=2, copy_one_thread_s=0.004, copy_all_threads_s=0.002,
@@ -66,19 +72,51 @@ FLOORS = Floors(nbytes=32 << 20, threads=2, copy_one_thread_s=0.004, copy_all_th
                 read_page_cache_s=0.003, xxh3_s=0.002)
 PAIRED = PairedHits.of(131, [0.05], [0.05])
 PAIRED_DISK = PairedHits.of(None, [0.05], [0.05])
-PHASES = HitPhases(total_s=0.04, front_s=0.002, lookup_s=0.0005, steps=1, queue_s=0.001, load_s=0.003,
-                   disk_load_s=0.0, read_s=0.0, scatter_s=0.0, forward_s=0.03, layer_wait_s=0.001,
-                   back_s=0.003, finish_s=0.0002)
+PHASES = HitPhases(
+    total_s=0.04,
+    front_s=0.002,
+    lookup_s=0.0005,
+    steps=1,
+    queue_s=0.001,
+    load_s=0.003,
+    disk_load_s=0.0,
+    read_s=0.0,
+    scatter_s=0.0,
+    forward_s=0.03,
+    layer_wait_s=0.001,
+    back_s=0.003,
+    finish_s=0.0002,
+)
 
 
-def report(ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], **overrides: object) -> TTFTReport:
+def report(
+    ttft: dict[str, PathTiming], decode: dict[str, DecodeRate], **overrides: object
+) -> TTFTReport:
     fields: dict[str, object] = {
-        "command": "python -m benchmarks.ttft", "runtime_s": 400.0, "vllm_version": "0.0",
-        "vllm_cpu_env": {}, "cpus": 2, "load_average": (1.0, 2.0), "model": FULL_MODEL, "block_size": 32,
-        "prompt_tokens": 4096, "batched_tokens": 4128, "chunk_tokens": 1024, "samples": 1,
-        "hit_samples": 1, "hit_rest_s": 1.0, "decode_tokens": 256, "decode_prompt_tokens": 64, "ttft": ttft, "decode": decode,
-        "phases": {name: PHASES for name in TRACED_PATHS}, "floors": FLOORS, "paired_ram": PAIRED,
-        "paired_disk": PAIRED_DISK, "paired_chunked_ram": PAIRED, "paired_chunked_disk": PAIRED_DISK,
+        "command": "python -m benchmarks.ttft",
+        "runtime_s": 400.0,
+        "vllm_version": "0.0",
+        "vllm_cpu_env": {},
+        "cpus": 2,
+        "load_average": (1.0, 2.0),
+        "model": FULL_MODEL,
+        "block_size": 32,
+        "prompt_tokens": 4096,
+        "batched_tokens": 4128,
+        "chunk_tokens": 1024,
+        "samples": 1,
+        "hit_samples": 1,
+        "hit_rest_s": 1.0,
+        "decode_tokens": 256,
+        "decode_prompt_tokens": 64,
+        "ttft": ttft,
+        "decode": decode,
+        "phases": {name: PHASES for name in TRACED_PATHS},
+        "floors": FLOORS,
+        "paired_ram": PAIRED,
+        "paired_disk": PAIRED_DISK,
+        "paired_chunked_ram": PAIRED,
+        "paired_chunked_disk": PAIRED_DISK,
     }
     fields.update(overrides)
     if "targets" not in fields:
@@ -96,15 +134,33 @@ def run_module(*args: str) -> subprocess.CompletedProcess[str]:
 
 @settings(max_examples=100, deadline=None)
 @given(
-    recompute=st.floats(0.5, 50.0), ram=st.floats(0.01, 1.0), floor=st.floats(0.01, 1.0),
-    disk=st.floats(0.01, 1.0), example=st.floats(0.01, 1.0), chunked_ram=st.floats(0.01, 1.0),
-    chunked_floor=st.floats(0.01, 1.0), chunked_disk=st.floats(0.01, 1.0), chunked_example=st.floats(0.01, 1.0),
-    off=st.floats(10.0, 200.0), on=st.floats(10.0, 200.0), step=st.floats(0.0, 0.05),
+    recompute=st.floats(0.5, 50.0),
+    ram=st.floats(0.01, 1.0),
+    floor=st.floats(0.01, 1.0),
+    disk=st.floats(0.01, 1.0),
+    example=st.floats(0.01, 1.0),
+    chunked_ram=st.floats(0.01, 1.0),
+    chunked_floor=st.floats(0.01, 1.0),
+    chunked_disk=st.floats(0.01, 1.0),
+    chunked_example=st.floats(0.01, 1.0),
+    off=st.floats(10.0, 200.0),
+    on=st.floats(10.0, 200.0),
+    step=st.floats(0.0, 0.05),
 )
-def test_targets_follow_the_issue_bounds(recompute: float, ram: float, floor: float, disk: float,
-                                         example: float, chunked_ram: float, chunked_floor: float,
-                                         chunked_disk: float, chunked_example: float, off: float, on: float,
-                                         step: float) -> None:
+def test_targets_follow_the_issue_bounds(
+    recompute: float,
+    ram: float,
+    floor: float,
+    disk: float,
+    example: float,
+    chunked_ram: float,
+    chunked_floor: float,
+    chunked_disk: float,
+    chunked_example: float,
+    off: float,
+    on: float,
+    step: float,
+) -> None:
     checks = {t.name: t for t in evaluate_targets(
         timings(recompute=recompute, kvci_ram_hit=ram, prefix_cache_hit=floor, kvci_disk_hit=disk,
                 example_connector_hit=example, chunked_kvci_ram_hit=chunked_ram,
@@ -119,7 +175,9 @@ def test_targets_follow_the_issue_bounds(recompute: float, ram: float, floor: fl
     # Chunked prefill: the same bounds against the same anchors on an engine chunked alike.
     assert checks["chunked_ram_vs_prefix_cache"].met == (chunked_ram / chunked_floor <= 1.1)
     assert checks["chunked_ram_extra_vs_copy"].met == ((chunked_ram - chunked_floor) / copy <= 2.0)
-    assert checks["chunked_disk_vs_example_connector"].met == (chunked_disk / chunked_example <= 1.1)
+    assert checks["chunked_disk_vs_example_connector"].met == (
+        chunked_disk / chunked_example <= 1.1
+    )
     assert checks["decode_overhead"].value == pytest.approx(1 - on / off)
     assert checks["decode_overhead"].met == (1 - on / off <= 0.01)
     assert checks["decode_step_share"].value == step
@@ -184,9 +242,21 @@ def test_decode_overhead_pairs_each_prompt_with_the_plain_engines_run_of_it() ->
     # the engines' medians alone would say it gained.
     off = DecodeRate.of("plain", [100.0, 50.0, 50.0])
     on = DecodeRate.of("kvci", [98.0, 98.0, 49.0], share())
-    decode = {"decode_off": off, "decode_off_again": off, "decode_on": on, "decode_on_again": on,
-              "decode_example_connector": DecodeRate.of("example_connector", [100.0, 50.0, 50.0], share())}
-    checks = {t.name: t for t in evaluate_targets(timings(), decode, FLOORS, PAIRED, PAIRED_DISK, PAIRED, PAIRED_DISK)}
+    decode = {
+        "decode_off": off,
+        "decode_off_again": off,
+        "decode_on": on,
+        "decode_on_again": on,
+        "decode_example_connector": DecodeRate.of(
+            "example_connector", [100.0, 50.0, 50.0], share()
+        ),
+    }
+    checks = {
+        t.name: t
+        for t in evaluate_targets(
+            timings(), decode, FLOORS, PAIRED, PAIRED_DISK, PAIRED, PAIRED_DISK
+        )
+    }
     assert checks["decode_overhead"].value == pytest.approx(0.02)
     assert not checks["decode_overhead"].met
     unpaired = {**decode, "decode_on": DecodeRate.of("kvci", [98.0, 49.0], share())}
@@ -202,19 +272,39 @@ def test_decode_overhead_pools_each_kinds_two_engines() -> None:
     # alone says -5% or +4.5%.
     slow, fast = DecodeRate.of("plain", [100.0, 100.0]), DecodeRate.of("plain2", [110.0, 110.0])
     on = DecodeRate.of("kvci", [105.0, 105.0], share())
-    decode = {"decode_off": slow, "decode_off_again": fast, "decode_on": on,
-              "decode_on_again": DecodeRate.of("kvci2", [105.0, 105.0]),
-              "decode_example_connector": DecodeRate.of("example_connector", [100.0, 100.0], share())}
-    check = {t.name: t for t in evaluate_targets(timings(), decode, FLOORS, PAIRED, PAIRED_DISK, PAIRED, PAIRED_DISK)}["decode_overhead"]
+    decode = {
+        "decode_off": slow,
+        "decode_off_again": fast,
+        "decode_on": on,
+        "decode_on_again": DecodeRate.of("kvci2", [105.0, 105.0]),
+        "decode_example_connector": DecodeRate.of("example_connector", [100.0, 100.0], share()),
+    }
+    check = {
+        t.name: t
+        for t in evaluate_targets(
+            timings(), decode, FLOORS, PAIRED, PAIRED_DISK, PAIRED, PAIRED_DISK
+        )
+    }["decode_overhead"]
     assert check.value == pytest.approx(1 - 210 / 210) and check.met
     decode["decode_on_again"] = DecodeRate.of("kvci2", [95.0, 95.0])
-    check = {t.name: t for t in evaluate_targets(timings(), decode, FLOORS, PAIRED, PAIRED_DISK, PAIRED, PAIRED_DISK)}["decode_overhead"]
+    check = {
+        t.name: t
+        for t in evaluate_targets(
+            timings(), decode, FLOORS, PAIRED, PAIRED_DISK, PAIRED, PAIRED_DISK
+        )
+    }["decode_overhead"]
     assert check.value == pytest.approx(1 - 200 / 210) and not check.met
     # The traced twins carry the step share: the plain engines and kvci's second do not.
     with pytest.raises(ValidationError, match="carry a step share"):
-        report(timings(), {**decode, "decode_on_again": DecodeRate.of("kvci2", [95.0, 95.0], share())}, targets=())
+        report(
+            timings(),
+            {**decode, "decode_on_again": DecodeRate.of("kvci2", [95.0, 95.0], share())},
+            targets=(),
+        )
     with pytest.raises(ValidationError, match="carry a step share"):
-        report(timings(), {**decode, "decode_on": DecodeRate.of("kvci", [105.0, 105.0])}, targets=())
+        report(
+            timings(), {**decode, "decode_on": DecodeRate.of("kvci", [105.0, 105.0])}, targets=()
+        )
 
 
 def test_the_step_share_is_each_steps_hooks_over_its_time_without_the_tracers_writes() -> None:
@@ -248,12 +338,23 @@ def test_the_paired_bound_is_the_median_of_the_rounds_ratios_not_the_ratio_of_me
     paired = PairedHits.of(131, [0.021, 0.042, 0.105], [0.020, 0.040, 0.100])
     assert paired.ratio_median == pytest.approx(1.05)
     assert paired.extra_median_s == pytest.approx(0.002)
-    checks = {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, paired, PAIRED_DISK, PAIRED, PAIRED_DISK)}
+    checks = {
+        t.name: t
+        for t in evaluate_targets(
+            timings(), rates(), FLOORS, paired, PAIRED_DISK, PAIRED, PAIRED_DISK
+        )
+    }
     assert checks["paired_ram_vs_prefix_cache"].met
-    assert checks["paired_ram_extra_vs_copy"].value == pytest.approx(0.002 / FLOORS.copy_cold_all_threads_s)
+    assert checks["paired_ram_extra_vs_copy"].value == pytest.approx(
+        0.002 / FLOORS.copy_cold_all_threads_s
+    )
     slower = PairedHits.of(131, [0.025, 0.050], [0.020, 0.040])
-    assert not {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, slower, PAIRED_DISK, PAIRED, PAIRED_DISK)}[
-        "paired_ram_vs_prefix_cache"].met
+    assert not {
+        t.name: t
+        for t in evaluate_targets(
+            timings(), rates(), FLOORS, slower, PAIRED_DISK, PAIRED, PAIRED_DISK
+        )
+    }["paired_ram_vs_prefix_cache"].met
     with pytest.raises(ValidationError, match="medians"):
         PairedHits(engine_blocks=131, kvci_s=(0.02,), anchor_s=(0.02,), ratio_median=0.9,
                    extra_median_s=0.0)
@@ -262,27 +363,49 @@ def test_the_paired_bound_is_the_median_of_the_rounds_ratios_not_the_ratio_of_me
     with pytest.raises(ValidationError, match="one round per hit sample"):
         report(timings(), rates(), paired_disk=PairedHits.of(None, [0.05, 0.05], [0.05, 0.05]))
     with pytest.raises(ValidationError, match="one round per hit sample"):
-        report(timings(), rates(), paired_chunked_ram=PairedHits.of(131, [0.05, 0.05], [0.05, 0.05]))
+        report(
+            timings(), rates(), paired_chunked_ram=PairedHits.of(131, [0.05, 0.05], [0.05, 0.05])
+        )
     with pytest.raises(ValidationError, match="one round per hit sample"):
-        report(timings(), rates(), paired_chunked_disk=PairedHits.of(None, [0.05, 0.05], [0.05, 0.05]))
+        report(
+            timings(), rates(), paired_chunked_disk=PairedHits.of(None, [0.05, 0.05], [0.05, 0.05])
+        )
     # Chunked prefill's pair is judged by the same bounds, on its own rounds.
-    checks = {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, PAIRED, PAIRED_DISK, slower, PAIRED_DISK)}
-    assert checks["paired_ram_vs_prefix_cache"].met and not checks["paired_chunked_ram_vs_prefix_cache"].met
-    assert checks["paired_chunked_ram_extra_vs_copy"].value == pytest.approx(0.0075 / FLOORS.copy_cold_all_threads_s)
+    checks = {
+        t.name: t
+        for t in evaluate_targets(
+            timings(), rates(), FLOORS, PAIRED, PAIRED_DISK, slower, PAIRED_DISK
+        )
+    }
+    assert (
+        checks["paired_ram_vs_prefix_cache"].met
+        and not checks["paired_chunked_ram_vs_prefix_cache"].met
+    )
+    assert checks["paired_chunked_ram_extra_vs_copy"].value == pytest.approx(
+        0.0075 / FLOORS.copy_cold_all_threads_s
+    )
 
 
 def test_the_paired_disk_bound_is_kvci_over_example_connector_round_by_round() -> None:
     # The machine slows down in the second round: paired, kvci's disk hit is 1.2x in each.
     disk = PairedHits.of(None, [0.036, 0.072, 0.036], [0.030, 0.060, 0.030])
-    checks = {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, PAIRED, disk, PAIRED, PAIRED_DISK)}
+    checks = {
+        t.name: t
+        for t in evaluate_targets(timings(), rates(), FLOORS, PAIRED, disk, PAIRED, PAIRED_DISK)
+    }
     assert checks["paired_disk_vs_example_connector"].value == pytest.approx(1.2)
     assert not checks["paired_disk_vs_example_connector"].met
     assert checks["paired_chunked_disk_vs_example_connector"].met
     fast = PairedHits.of(None, [0.031, 0.062], [0.030, 0.060])
-    assert {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, PAIRED, fast, PAIRED, PAIRED_DISK)}[
-        "paired_disk_vs_example_connector"].met
+    assert {
+        t.name: t
+        for t in evaluate_targets(timings(), rates(), FLOORS, PAIRED, fast, PAIRED, PAIRED_DISK)
+    }["paired_disk_vs_example_connector"].met
     # The chunked engine's pair is judged on its own rounds.
-    checks = {t.name: t for t in evaluate_targets(timings(), rates(), FLOORS, PAIRED, PAIRED_DISK, PAIRED, disk)}
+    checks = {
+        t.name: t
+        for t in evaluate_targets(timings(), rates(), FLOORS, PAIRED, PAIRED_DISK, PAIRED, disk)
+    }
     assert checks["paired_disk_vs_example_connector"].met
     assert checks["paired_chunked_disk_vs_example_connector"].value == pytest.approx(1.2)
     assert not checks["paired_chunked_disk_vs_example_connector"].met
@@ -311,9 +434,18 @@ def test_the_cli_refuses_a_rest_that_is_not_a_finite_wait(rest: str) -> None:
 
 
 def test_the_readme_table_is_rendered_from_the_json(tmp_path: Path) -> None:
-    ttft = timings(recompute=5.0, kvci_ram_hit=0.093, prefix_cache_hit=0.09, kvci_disk_hit=0.3,
-                   example_connector_hit=0.1, chunked_kvci_miss=6.0, chunked_kvci_ram_hit=0.093,
-                   chunked_prefix_cache_hit=0.09, chunked_kvci_disk_hit=0.36, chunked_example_connector_hit=0.3)
+    ttft = timings(
+        recompute=5.0,
+        kvci_ram_hit=0.093,
+        prefix_cache_hit=0.09,
+        kvci_disk_hit=0.3,
+        example_connector_hit=0.1,
+        chunked_kvci_miss=6.0,
+        chunked_kvci_ram_hit=0.093,
+        chunked_prefix_cache_hit=0.09,
+        chunked_kvci_disk_hit=0.36,
+        chunked_example_connector_hit=0.3,
+    )
     made = report(ttft, rates(off=60.0, on=57.0), command="python -m benchmarks.ttft --samples 1")
     (tmp_path / "ttft.json").write_text(made.model_dump_json(indent=2))
     (tmp_path / "other.json").write_text(json.dumps({"report_format": "something-else"}))
@@ -323,14 +455,25 @@ def test_the_readme_table_is_rendered_from_the_json(tmp_path: Path) -> None:
     readme = (tmp_path / "README.md").read_text()
     assert made.command in readme
     assert "| kvci RAM hit | engine | 4,064 | 0.093 | 0.093 - 0.093 | 53.76x |" in readme
-    assert "| kvci disk hit TTFT / ExampleConnector disk hit TTFT | 3.00x | <= 1.10x | no |" in readme
-    assert "| chunked prefill: kvci disk hit TTFT / ExampleConnector disk hit TTFT | 1.20x | <= 1.10x | no |" in readme
-    assert "| decode tokens/s lost with kvci on (no hits), two engines each | 5.0% | <= 1.0% | no |" in readme
+    assert (
+        "| kvci disk hit TTFT / ExampleConnector disk hit TTFT | 3.00x | <= 1.10x | no |" in readme
+    )
+    assert (
+        "| chunked prefill: kvci disk hit TTFT / ExampleConnector disk hit TTFT | 1.20x | <= 1.10x "
+        "| no |"
+        in readme
+    )
+    assert (
+        "| decode tokens/s lost with kvci on (no hits), two engines each | 5.0% | <= 1.0% | no |"
+        in readme
+    )
     assert "| one engine: kvci's hooks' time / a decode step's | 0.5% | <= 1.0% | yes |" in readme
     assert f"| {DECODE_PATHS['decode_on']} | 57.0 | 57.0 - 57.0 | 0.95x | 50 us | 0.50% |" in readme
     assert f"| {DECODE_PATHS['decode_on_again']} | 57.0 | 57.0 - 57.0 | 0.95x | - | - |" in readme
     assert "two engines started alike differ by 0.0% (the two without a connector)" in readme
-    assert "Met: 12 of 15." in readme  # the paired rounds meet both RAM bounds and the disks' (0.05 s each)
+    assert (
+        "Met: 12 of 15." in readme
+    )  # the paired rounds meet both RAM bounds and the disks' (0.05 s each)
     assert "| kvci RAM hit | 0.050 | 0.050 - 0.050 |" in readme
     assert ("| kvci RAM hit | 40.00 | 2.00 | 0.50 | 1 | 1.00 | 3.00 | 0.00 | 0.00 | 0.00 | 30.00 "
             "| 1.00 | 3.00 | 0.20 |") in readme

@@ -26,8 +26,11 @@ def test_the_value_policy_is_the_default_and_a_bar_setting_chooses_the_threshold
         assert KVCIConfig.from_extra_config(bar).ram_policy == "threshold"
     assert KVCIConfig(ram_policy="lru").ram_policy == "lru"
     for policy in ("value", "lru"):
-        with pytest.raises(ValueError, match=f"ram_threshold set the worthiness bar, which applies only "
-                                             f"with ram_policy 'threshold' \\(ram_policy is '{policy}'\\)"):
+        with pytest.raises(
+            ValueError,
+            match=f"ram_threshold set the worthiness bar, which applies only "
+            f"with ram_policy 'threshold' \\(ram_policy is '{policy}'\\)",
+        ):
             KVCIConfig.from_extra_config({"ram_policy": policy, "ram_threshold": 0.5})
     with pytest.raises(ValueError, match="ram_policy"):
         KVCIConfig.from_extra_config({"ram_policy": "arc"})
@@ -37,7 +40,10 @@ def test_the_value_policy_is_the_default_and_a_bar_setting_chooses_the_threshold
     ("extra", "message"),
     [
         ({"ram_threshold_min": 0.6}, r"ram_threshold_min \(0.6\) is above .* starts at \(0.55\)"),
-        ({"ram_threshold": 0.2, "ram_admission": "pressure"}, r"ram_threshold_min \(0.3\) is above"),
+        (
+            {"ram_threshold": 0.2, "ram_admission": "pressure"},
+            r"ram_threshold_min \(0.3\) is above",
+        ),
         ({"ram_admission": "fixed", "ram_threshold_min": 0.2}, "ram_threshold_min applies only"),
         ({"ram_threshold": 0.6, "ram_threshold_min": 0.2}, "ram_threshold_min applies only"),
         ({"ram_threshold_min": 0.0}, "ram_threshold_min"),

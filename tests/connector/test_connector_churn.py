@@ -38,7 +38,9 @@ def baseline(tiny_model):
 
 @pytest.fixture(scope="module")
 def llm(tiny_model, baseline, tmp_path_factory):
-    llm = make_llm(tiny_model, {"ram_bytes": "1MiB", "state_dir": str(tmp_path_factory.mktemp("state"))})
+    llm = make_llm(
+        tiny_model, {"ram_bytes": "1MiB", "state_dir": str(tmp_path_factory.mktemp("state"))}
+    )
     yield llm
     shutdown(llm)
 
@@ -58,7 +60,11 @@ def test_a_churning_session_keeps_only_the_prefix_its_rewrites_kept(llm, baselin
     assert (churned["trigger"], churned["tier"]) == ("system", "ram")
     assert churned["checkpoint_id"] is not None
     gate = churned["cache_gate"]
-    assert (gate["allow"], gate["rule"], gate["offered_prefix_tokens"]) == (False, "churn", 3 * BLOCK_SIZE)
+    assert (gate["allow"], gate["rule"], gate["offered_prefix_tokens"]) == (
+        False,
+        "churn",
+        3 * BLOCK_SIZE,
+    )
 
     # The next rewrite finds the system prompt in the tier, and only it.
     out, next_turn = _reply(llm, TURNS[4], checkpoint="never")

@@ -30,15 +30,16 @@ from fault_support import (
     ModuleEngine,
     assert_alive,
     assert_baseline,
-    baseline,
+    base_fixture,
     counter,
     durable_extra,
     evict_to_disk,
     faults,
     faults_since,
     fill,
-    hang_guard,
+    no_hang_fixture,
     persist,
+    persisted_to_disk,
     send,
     step_until,
     tmpfs,
@@ -62,30 +63,18 @@ class Disk:
     ids: dict[str, str]  # prompt -> checkpoint id
 
 
-@pytest.fixture(scope="module")
-def base(tiny_model):
-    return baseline(tiny_model)
+base = base_fixture()
+no_hang = no_hang_fixture(240)
 
 
 @pytest.fixture(scope="module")
 def disk_tier(tiny_model, base, tmp_path_factory):
     root = tmp_path_factory.mktemp("faults-disk")
-    with tmpfs(root / "disk", "16M") as disk:
-        engine = ModuleEngine(tiny_model, durable_extra(root, disk_root=str(disk)), base)
-        try:
-            ids = persist(engine.llm, root, list(KEPT.values()))
-            step_until(engine.llm, lambda: set(ids.values()) <= set(catalog_rows(disk)),
-                       "the persisted checkpoints reaching the catalog")
-            evict_to_disk(engine.llm, list(KEPT.values()), base)
-            yield Disk(engine, root, disk, ids)
-        finally:
-            engine.close()
-
-
-@pytest.fixture(autouse=True)
-def no_hang():
-    with hang_guard(240):
-        yield
+    with (tmpfs(root / "disk", "16M") as disk,
+          ModuleEngine(tiny_model, durable_extra(root, disk_root=str(disk)), base) as engine):
+        ids = persisted_to_disk(engine.llm, root, list(KEPT.values()), base,
+                                lambda: set(catalog_rows(disk)))
+        yield Disk(engine, root, disk, ids)
 
 
 def _blob(d: Disk, name: str, page: int = 0) -> Path:
@@ -240,5 +229,5 @@ def test_blobs_no_catalog_row_names_are_ignored_then_reused(disk_tier, base):
     (cid,) = persist(llm, d.root, [name]).values()
     step_until(llm, lambda: cid in catalog_rows(d.disk), "the persist over orphaned blobs")
     d.ids[name] = cid
-    evict_to_disk(llm, [name], base)
+    evict_to_disk(llm, d.root, [name], base)
     assert_alive(llm, base)

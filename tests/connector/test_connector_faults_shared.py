@@ -26,25 +26,21 @@ import pytest
 from durable_support import shared_catalog_ids
 from fault_support import (
     ModuleEngine,
-    PostgresServer,
-    RedisServer,
     assert_alive,
     assert_baseline,
-    baseline,
+    base_fixture,
     disk_healthy,
-    durable_extra,
-    evict_to_disk,
     faults,
     faults_since,
-    hang_guard,
-    persist,
-    private_postgres,
-    private_redis,
+    no_hang_fixture,
+    persisted_to_disk,
     send,
     send_disk,
-    step_until,
+    shared_extra,
     wait_for_disk_hit,
 )
+
+from tools.servers import PostgresServer, RedisServer
 
 pytestmark = pytest.mark.engine
 
@@ -69,34 +65,19 @@ class Shared:
     root: Path
 
 
-@pytest.fixture(scope="module")
-def base(tiny_model):
-    return baseline(tiny_model)
+base = base_fixture()
+no_hang = no_hang_fixture(240)
 
 
 @pytest.fixture(scope="module")
 def shared(tiny_model, base, tmp_path_factory):
-    with private_postgres() as pg, private_redis() as rd:
+    with PostgresServer() as pg, RedisServer() as rd:
         root = tmp_path_factory.mktemp("faults-shared")
-        extra = durable_extra(root)
-        del extra["disk_root"]  # the blobs live in Redis, the catalog in PostgreSQL
-        extra.update(catalog_url=pg.new_database(), blob_url=rd.url)
-        engine = ModuleEngine(tiny_model, extra, base)
-        try:
-            ids = persist(engine.llm, root, list(KEPT.values()))
-            step_until(engine.llm,
-                       lambda: set(ids.values()) <= shared_catalog_ids(extra["catalog_url"]),
-                       "the persisted checkpoints reaching the catalog")
-            evict_to_disk(engine.llm, list(KEPT.values()), base)
-            yield Shared(engine, pg, rd, extra["catalog_url"], root)
-        finally:
-            engine.close()
-
-
-@pytest.fixture(autouse=True)
-def no_hang():
-    with hang_guard(240):
-        yield
+        catalog_url = pg.new_database()
+        with ModuleEngine(tiny_model, shared_extra(root, catalog_url, rd.url), base) as engine:
+            persisted_to_disk(engine.llm, root, list(KEPT.values()), base,
+                              lambda: shared_catalog_ids(catalog_url))
+            yield Shared(engine, pg, rd, catalog_url, root)
 
 
 def _during(llm: Any, base: dict[str, list[int]], kept: str, fresh: list[str],
@@ -144,38 +125,34 @@ def test_catalog_connections_terminated_by_the_server(shared, base):
     assert disk_healthy(llm) == 1
 
 
-def test_postgres_stopped_then_started_again(shared, base):
+def _stopped_then_started(shared: Shared, base: dict[str, list[int]],
+                          server: PostgresServer | RedisServer, kept: str,
+                          fresh: list[str]) -> None:
+    """`server` stopped under the engine, then started again: the requests sent meanwhile
+    complete, the tier degrades, and once the server answers it serves `kept` from disk again;
+    the fault was counted as `unavailable`."""
     llm = shared.engine.alive()
     before = faults(llm)
-    shared.pg.stop()
+    server.stop()
     try:
         started = time.monotonic()
-        _during(llm, base, KEPT["pg_stopped"], ["fresh2", "fresh3"], shared.root)
+        _during(llm, base, kept, fresh, shared.root)
         while time.monotonic() - started < 3.0:  # down for a while: probes fail too
-            assert_baseline(send(llm, "fresh2", tenant="acme"), "fresh2", base)
-        assert disk_healthy(llm) == 0  # degraded while the catalog is down
+            assert_baseline(send(llm, fresh[0], tenant="acme"), fresh[0], base)
+        assert disk_healthy(llm) == 0  # degraded while the dependency is down
     finally:
-        if not shared.pg.running:
-            shared.pg.start()
-    _recovered(llm, base, KEPT["pg_stopped"])
+        if not server.running:
+            server.start()
+    _recovered(llm, base, kept)
     _counted(llm, before, "unavailable")
+
+
+def test_postgres_stopped_then_started_again(shared, base):
+    _stopped_then_started(shared, base, shared.pg, KEPT["pg_stopped"], ["fresh2", "fresh3"])
 
 
 def test_redis_stopped_then_started_again(shared, base):
-    llm = shared.engine.alive()
-    before = faults(llm)
-    shared.redis.stop()
-    try:
-        started = time.monotonic()
-        _during(llm, base, KEPT["redis_stopped"], ["fresh4", "fresh5"], shared.root)
-        while time.monotonic() - started < 3.0:
-            assert_baseline(send(llm, "fresh4", tenant="acme"), "fresh4", base)
-        assert disk_healthy(llm) == 0
-    finally:
-        if not shared.redis.running:
-            shared.redis.start()
-    _recovered(llm, base, KEPT["redis_stopped"])
-    _counted(llm, before, "unavailable")
+    _stopped_then_started(shared, base, shared.redis, KEPT["redis_stopped"], ["fresh4", "fresh5"])
 
 
 def test_redis_frozen_longer_than_the_timeout(shared, base):

@@ -36,17 +36,15 @@ from fault_support import (
     ModuleEngine,
     assert_alive,
     assert_baseline,
-    baseline,
-    durable_extra,
-    evict_to_disk,
-    hang_guard,
-    persist,
-    private_postgres,
-    private_redis,
+    base_fixture,
+    no_hang_fixture,
+    persisted_to_disk,
     send,
-    step_until,
+    shared_extra,
     wait_for_disk_hit,
 )
+
+from tools.servers import PostgresServer, RedisServer
 
 pytestmark = pytest.mark.engine
 
@@ -109,22 +107,18 @@ class NodeA:
         return self.proc.returncode
 
 
-@pytest.fixture(scope="module")
-def base(tiny_model):
-    return baseline(tiny_model)
+base = base_fixture()
+no_hang = no_hang_fixture(300)
 
 
 @pytest.fixture(scope="module")
 def nodes(tiny_model, base, tmp_path_factory):
-    with private_postgres() as pg, private_redis() as redis_a, private_redis() as redis_b:
+    with PostgresServer() as pg, RedisServer() as redis_a, RedisServer() as redis_b:
         catalog = pg.new_database()
         root_a = tmp_path_factory.mktemp("faults-node-a")
-        extra_a = durable_extra(root_a, catalog_url=catalog, blob_url=redis_a.url)
-        del extra_a["disk_root"]
+        extra_a = shared_extra(root_a, catalog, redis_a.url)
         root_b = tmp_path_factory.mktemp("faults-node-b")
-        extra_b = durable_extra(root_b, catalog_url=catalog, blob_url=redis_b.url,
-                                timeouts=B_TIMEOUTS)
-        del extra_b["disk_root"]
+        extra_b = shared_extra(root_b, catalog, redis_b.url, timeouts=B_TIMEOUTS)
         node_a = NodeA(root_a, tiny_model, extra_a)  # starts while B's engine starts
         engine_b = None
         try:
@@ -132,21 +126,14 @@ def nodes(tiny_model, base, tmp_path_factory):
             # B persists only once A has started: a start-up reconciliation drops the rows of
             # its namespace whose blobs its own store lacks (B's are in B's Redis).
             node_a.wait_ready()
-            ids = persist(engine_b.llm, root_b, [KEPT], tenant="globex")
-            step_until(engine_b.llm, lambda: set(ids.values()) <= shared_catalog_ids(catalog),
-                       "B's persisted checkpoint reaching the catalog")
-            evict_to_disk(engine_b.llm, [KEPT], base, tenant="globex")
+            persisted_to_disk(engine_b.llm, root_b, [KEPT], base,
+                              lambda: shared_catalog_ids(catalog), tenant="globex",
+                              what="B's persisted checkpoint reaching the catalog")
             yield node_a, engine_b, redis_a, root_b
         finally:
             node_a.stop()
             if engine_b is not None:
                 engine_b.close()
-
-
-@pytest.fixture(autouse=True)
-def no_hang():
-    with hang_guard(300):
-        yield
 
 
 def _b_traffic(llm, base, token: str, seconds: float) -> list[tuple[str, float]]:

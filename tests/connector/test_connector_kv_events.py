@@ -195,7 +195,11 @@ def test_persist_announces_storage_after_cpu(llm, sub, root):
     assert set(cpu) == set(storage) and len(storage) == n
     assert all(cpu[h] == storage[h] for h in cpu)
     # CPU first: the durable copy is written from the RAM tier's pages.
-    kinds = [(type(e).__name__, e.medium) for e in events if set(getattr(e, "block_hashes", ())) & set(cpu)]
+    kinds = [
+        (type(e).__name__, e.medium)
+        for e in events
+        if set(getattr(e, "block_hashes", ())) & set(cpu)
+    ]
     assert kinds.index(("BlockStored", "CPU")) < kinds.index(("BlockStored", "STORAGE"))
 
 
@@ -217,8 +221,14 @@ def test_reset_removes_every_tier(llm, sub, root):
     _, ram_only = _keep(llm, _tokens(4 * BLOCK_SIZE + 3), tenant="reset")
     _, durable = _keep(llm, _tokens(4 * BLOCK_SIZE + 11), tenant="acme",
                        session_token=session_token(root), persist=True, source_ids=["doc:handbook"])
-    events = _wait(llm, sub, mark, lambda ev: len(_of(_blocks(ev, "BlockStored", "STORAGE"), durable))
-                   >= _kept_blocks(durable))
+    events = _wait(
+        llm,
+        sub,
+        mark,
+        lambda ev: (
+            len(_of(_blocks(ev, "BlockStored", "STORAGE"), durable)) >= _kept_blocks(durable)
+        ),
+    )
     in_ram = set(_of(_blocks(events, "BlockStored", "CPU"), ram_only))
     on_disk = set(_of(_blocks(events, "BlockStored", "STORAGE"), durable))
     assert in_ram and on_disk

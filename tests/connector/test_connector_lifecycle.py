@@ -113,6 +113,11 @@ def _persist(llm, root: Path, prompt: str, tenant: str) -> dict:
     return reply
 
 
+def _operator_token(extra: dict) -> Path:
+    """The control surface's operator token, which node A wrote into its state folder."""
+    return Path(extra["state_dir"]) / "control-operator.token"
+
+
 def _kvci_hit(llm, prompt: str, tenant: str):
     out = generate_one(llm, PROMPTS[prompt], kvci_params(tenant=tenant, checkpoint="never"))
     return out.kv_transfer_params["kvci"]["hit_tokens"], list(out.outputs[0].token_ids)
@@ -123,7 +128,9 @@ def test_a_reset_after_a_weight_update_fences_every_tenant_node_and_restart(
     root, extra = shared
     before, after = baselines
     kept = {t: _persist(node_a, root, t, t) for t in ("acme", "globex")}
-    durable_ids = {r["checkpoint_id"] for r in kept.values()} | {node_b[1]["node_b"]["checkpoint_id"]}
+    durable_ids = {r["checkpoint_id"] for r in kept.values()} | {
+        node_b[1]["node_b"]["checkpoint_id"]
+    }
     for _ in range(200):  # step until A's persists reach the shared catalog
         if durable_ids <= shared_catalog_ids(extra["catalog_url"]):
             break
@@ -137,7 +144,9 @@ def test_a_reset_after_a_weight_update_fences_every_tenant_node_and_restart(
 
     node_a.collective_rpc(update_weights_in_place)
     counted = _kvci_counters(node_a)
-    with ControlClient(f"http://127.0.0.1:{extra['control_port']}") as control:
+    with ControlClient(
+        f"http://127.0.0.1:{extra['control_port']}", token_file=_operator_token(extra)
+    ) as control:
         # A's two persisted checkpoints, and any other the module's other test left in A's RAM.
         held = control.call({"action": "ram_stats"})["stats"]["entries"]
         for reply in kept.values():
@@ -157,8 +166,12 @@ def test_a_reset_after_a_weight_update_fences_every_tenant_node_and_restart(
     # Node B did not reset, yet cannot load the KV of before A's reset from the shared tier.
     assert _probe(node_b, "acme") == 0
     assert not durable_ids & shared_catalog_ids(extra["catalog_url"])
-    with ControlClient(f"http://127.0.0.1:{extra['control_port']}") as control, \
-            pytest.raises(ControlCallError) as fenced:
+    with (
+        ControlClient(
+            f"http://127.0.0.1:{extra['control_port']}", token_file=_operator_token(extra)
+        ) as control,
+        pytest.raises(ControlCallError) as fenced,
+    ):
         control.call({"action": "explain", "checkpoint_id": kept["acme"]["checkpoint_id"]})
     assert fenced.value.code == "checkpoint_fenced"
 
@@ -204,7 +217,9 @@ def _abort_while_running(llm, waiting: dict | None) -> None:
 def test_a_request_aborted_before_it_ran_leaves_no_trace(node_a, shared):
     _, extra = shared
     session = {"tenant": "acme", "session_id": "aborted-before-running"}
-    with ControlClient(f"http://127.0.0.1:{extra['control_port']}") as control:
+    with ControlClient(
+        f"http://127.0.0.1:{extra['control_port']}", token_file=_operator_token(extra)
+    ) as control:
         armed = control.call({"action": "checkpoint_now", **session, "trigger": "user"})
     assert armed["armed"] is True
     start = _kvci_counters(node_a)
@@ -215,5 +230,7 @@ def test_a_request_aborted_before_it_ran_leaves_no_trace(node_a, shared):
     # The waiting request changed no counter: each time, what moved is the same two requests'.
     assert {k: end.get(k, 0) - alone.get(k, 0) for k in end} == {
         k: alone.get(k, 0) - start.get(k, 0) for k in end}
-    reply = generate_one(node_a, PROMPTS["globex"] + [9], kvci_params(**session)).kv_transfer_params["kvci"]
+    reply = generate_one(
+        node_a, PROMPTS["globex"] + [9], kvci_params(**session)
+    ).kv_transfer_params["kvci"]
     assert (reply["trigger"], reply["tier"]) == ("user", "ram")  # the armed checkpoint waited

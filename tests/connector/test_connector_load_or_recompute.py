@@ -1,6 +1,6 @@
 """The scheduler side takes a disk hit unless this engine measured that recomputing it is clearly
-faster, and reads it in the request's own step when there is no other request to run (no engine: a real vLLM Request, a real disk tier, the workers' load reports as vLLM
-delivers them)."""
+faster, and reads it in the request's own step when there is no other request to run (no engine: a
+real vLLM Request, a real disk tier, the workers' load reports as vLLM delivers them)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import torch
+from support.disk_tier import DiskTierForTests
 from vllm import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 from vllm.v1.outputs import KVConnectorOutput
@@ -17,8 +18,7 @@ from vllm.v1.request import Request
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.scheduler import KVCIScheduler
-from kvci_plugin.connector.tenancy import TenantResolver
-from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.request.tenancy import TenantResolver
 
 BS = 32
 SLOT = 1 << 20
@@ -34,12 +34,12 @@ def step(scheduler: KVCIScheduler, scheduled: dict[str, int]) -> KVCIMetadata:
     return scheduler.build_connector_meta(SchedulerOutput(
         scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData.make_empty(),
         num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
-        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, num_common_prefix_blocks=[],
-        finished_req_ids=set(), free_encoder_mm_hashes=[]))
+        scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(),
+        free_encoder_mm_hashes=[]))  # only the fields every supported vLLM has
 
 
-def disk_and_scheduler(tmp_path: Path) -> tuple[KVCheckpointStore, KVCIScheduler]:
-    disk = KVCheckpointStore(tmp_path / "disk", NS, 64 * SLOT)
+def disk_and_scheduler(tmp_path: Path) -> tuple[DiskTierForTests, KVCIScheduler]:
+    disk = DiskTierForTests(tmp_path / "disk", NS, 64 * SLOT)
     return disk, KVCIScheduler(
         config=KVCIConfig(disk_root=tmp_path / "disk", ram_bytes=8 * SLOT), block_size=BS,
         slot_bytes=SLOT, namespace=NS, secret=b"s" * 32, tp_size=1,
@@ -87,7 +87,9 @@ class _Blocks:
         return (self._ids,)
 
 
-def test_a_disk_hit_is_read_in_its_own_step_only_while_no_other_request_is_known(tmp_path: Path) -> None:
+def test_a_disk_hit_is_read_in_its_own_step_only_while_no_other_request_is_known(
+    tmp_path: Path,
+) -> None:
     disk, scheduler = disk_and_scheduler(tmp_path)
     seed = request("seed")
     st = scheduler._state(seed)
@@ -115,7 +117,9 @@ def test_the_catalog_is_asked_only_when_a_disk_hit_could_add_blocks(tmp_path: Pa
                  "{}", "{}", None)
     asked: list[int] = []
     catalog_lookup = disk.longest_prefix
-    disk.longest_prefix = lambda keys, tenant: asked.append(len(keys)) or catalog_lookup(keys, tenant)  # type: ignore[method-assign]
+    disk.longest_prefix = lambda keys, tenant: (
+        asked.append(len(keys)) or catalog_lookup(keys, tenant)
+    )  # type: ignore[method-assign]
 
     # vLLM's prefix cache holds every block a hit could cover: nothing to ask the catalog.
     assert scheduler.get_num_new_matched_tokens(request("r1"), 4 * BS) == (0, False)

@@ -28,7 +28,7 @@ from engine import (
     shutdown,
 )
 
-from kvci_plugin.tiering.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
+from kvci_plugin.policy.admission import DEFAULT_MIN_THRESHOLD, DEFAULT_STEP
 
 pytestmark = pytest.mark.engine
 
@@ -155,9 +155,14 @@ def test_the_ram_bar_rises_with_unused_evictions_and_falls_with_a_missed_reuse(l
     # is kept, and each such eviction lifts the bar one step before the next request is scored.
     kept = RAM_PAGES // 4
     wasted = len(FLOOD) - kept
-    assert bars == pytest.approx([start + DEFAULT_STEP * max(0, i - kept) for i in range(len(FLOOD))])
+    assert bars == pytest.approx(
+        [start + DEFAULT_STEP * max(0, i - kept) for i in range(len(FLOOD))]
+    )
     risen = _kvci_metrics(llm)
-    assert risen["vllm:kvci_ram_wasted_writes"] - before.get("vllm:kvci_ram_wasted_writes", 0) == wasted
+    assert (
+        risen["vllm:kvci_ram_wasted_writes"] - before.get("vllm:kvci_ram_wasted_writes", 0)
+        == wasted
+    )
     assert risen["vllm:kvci_ram_threshold"] == pytest.approx(start + DEFAULT_STEP * wasted)
 
     # Held back by the risen bar alone, then asked for again: a missed reuse lowers the bar.
@@ -166,7 +171,9 @@ def test_the_ram_bar_rises_with_unused_evictions_and_falls_with_a_missed_reuse(l
     assert (first["trigger"], first["tier"]) == (None, "none")
     score, bar = first["recommendation"]["score"], first["recommendation"]["ram_threshold"]
     assert DEFAULT_MIN_THRESHOLD <= score < bar == pytest.approx(start + DEFAULT_STEP * wasted)
-    assert again["recommendation"]["ram_threshold"] == pytest.approx(start + DEFAULT_STEP * (wasted - 1))
+    assert again["recommendation"]["ram_threshold"] == pytest.approx(
+        start + DEFAULT_STEP * (wasted - 1)
+    )
     fallen = _kvci_metrics(llm)
     assert fallen["vllm:kvci_ram_missed_reuses"] - before.get("vllm:kvci_ram_missed_reuses", 0) == 1
     assert fallen["vllm:kvci_ram_threshold"] == pytest.approx(start + DEFAULT_STEP * (wasted - 1))
@@ -191,14 +198,23 @@ def test_checkpoint_never_keeps_nothing_and_teaches_the_bar_nothing(llm, baselin
 
     # Sent twice without opting out, this one would be a missed reuse that lowers the bar.
     middling = kvci_params(tenant="never", observation=MIDDLING, checkpoint="never")
-    replies = [generate_one(llm, OPTED_MIDDLING, middling).kv_transfer_params["kvci"] for _ in range(2)]
+    replies = [
+        generate_one(llm, OPTED_MIDDLING, middling).kv_transfer_params["kvci"] for _ in range(2)
+    ]
     held_back = replies[0]["recommendation"]
     assert DEFAULT_MIN_THRESHOLD <= held_back["score"] < held_back["ram_threshold"]
     after = _kvci_metrics(llm)
     assert after["vllm:kvci_store_opted_out"] - before.get("vllm:kvci_store_opted_out", 0) == 4
-    assert after.get("vllm:kvci_ram_missed_reuses", 0) == before.get("vllm:kvci_ram_missed_reuses", 0)
-    assert after["vllm:kvci_ram_threshold"] == pytest.approx(replies[0]["recommendation"]["ram_threshold"])
-    assert replies[1]["recommendation"]["ram_threshold"] == replies[0]["recommendation"]["ram_threshold"]
+    assert after.get("vllm:kvci_ram_missed_reuses", 0) == before.get(
+        "vllm:kvci_ram_missed_reuses", 0
+    )
+    assert after["vllm:kvci_ram_threshold"] == pytest.approx(
+        replies[0]["recommendation"]["ram_threshold"]
+    )
+    assert (
+        replies[1]["recommendation"]["ram_threshold"]
+        == replies[0]["recommendation"]["ram_threshold"]
+    )
 
 
 def test_checkpoint_never_with_persist_fails_only_kvci(llm, baseline):

@@ -52,10 +52,12 @@ def baseline(tiny_model):
 @pytest.fixture(scope="module")
 def engine(tiny_model, baseline, tmp_path_factory):
     port = free_port()
+    state = tmp_path_factory.mktemp("state")
     llm = make_llm(tiny_model, {
         "ram_bytes": f"{RAM_PAGES * 16}KiB", "tenant_quota_bytes": f"{QUOTA_PAGES * 16}KiB",
         "max_retain_s": MAX_RETAIN_S, "system_trigger": False, "control_port": port,
-        "state_dir": str(tmp_path_factory.mktemp("state"))}, disable_log_stats=False)
+        "state_dir": str(state)}, disable_log_stats=False)
+    _OPERATOR_TOKENS[f"http://127.0.0.1:{port}"] = state / "control-operator.token"
     yield llm, f"http://127.0.0.1:{port}"
     shutdown(llm)
 
@@ -77,8 +79,12 @@ def _hit(llm, prompt: str, tenant: str) -> int:
     return _reply(llm, prompt, tenant=tenant, checkpoint="never")["hit_tokens"]
 
 
+# The operator token the engine at each control URL wrote into its state folder.
+_OPERATOR_TOKENS: dict[str, Path] = {}
+
+
 def _stats(url: str) -> dict[str, Any]:
-    with ControlClient(url) as control:
+    with ControlClient(url, token_file=_OPERATOR_TOKENS[url]) as control:
         return control.call({"action": "ram_stats"})["stats"]
 
 
@@ -87,9 +93,10 @@ def _metrics(llm) -> dict[str, float]:
 
     values: dict[str, float] = {}
     for m in llm.get_metrics():
-        if m.name.startswith("vllm:kvci_retentions") or m.name == "vllm:kvci_ram_retained_bytes":
-            if isinstance(m, Counter | Gauge):
-                values[m.name] = values.get(m.name, 0.0) + m.value
+        retention = (m.name.startswith("vllm:kvci_retentions")
+                     or m.name == "vllm:kvci_ram_retained_bytes")
+        if retention and isinstance(m, Counter | Gauge):
+            values[m.name] = values.get(m.name, 0.0) + m.value
     return values
 
 

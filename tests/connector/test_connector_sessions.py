@@ -7,7 +7,7 @@ import pytest
 
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.scheduler import KVCIScheduler
-from kvci_plugin.connector.tenancy import TenantResolver
+from kvci_plugin.request.tenancy import TenantResolver
 
 
 def _request(req_id: str, tenant: str, tokens: list[int], **kvci):
@@ -16,9 +16,14 @@ def _request(req_id: str, tenant: str, tokens: list[int], **kvci):
     return SimpleNamespace(
         request_id=req_id, prompt_token_ids=tokens, num_prompt_tokens=len(tokens),
         num_tokens=len(tokens), num_output_tokens=0, lora_request=None, cache_salt=None,
-        prompt_embeds=None, mm_features=None,
+        prompt_embeds=None, mm_features=None, status=SimpleNamespace(name="RUNNING"),
         kv_transfer_params={"kvci": {"tenant": tenant, "session_id": "run-1", **kvci}})
 
+
+def _observed(scheduler: KVCIScheduler, request, st=None):
+    """The observation the keep decision scores for ``request`` as it finishes."""
+    finished = scheduler._finished_request(request, st or scheduler._state(request), [])
+    return scheduler.decider.decide(finished).observation
 
 
 def _scheduler() -> KVCIScheduler:
@@ -37,7 +42,7 @@ def test_a_turn_counts_its_blocks_and_those_its_session_did_not_hold() -> None:
     def turn(req_id: str, *names: int, **kvci):
         request = _request(req_id, "acme", [t for n in names for t in _block(n)] + [1], **kvci)
         request.num_output_tokens, request.num_tokens = 3, request.num_tokens + 3
-        return scheduler._observation(request, scheduler._state(request))
+        return _observed(scheduler, request)
 
     first = turn("r1", 2, 3, 4)
     assert (first.retrieved_items, first.novel_items) == (3, 3)  # a new context: all new
@@ -50,7 +55,9 @@ def test_a_turn_counts_its_blocks_and_those_its_session_did_not_hold() -> None:
     assert (rewritten.retrieved_items, rewritten.novel_items) == (4, 3)
     assert (rewritten.turns_since_change, rewritten.context_rewrites) == (0, 1)
     # The rewrite reached the cache gate's churn rule, under the tenant's session.
-    churn = next(e for e in scheduler.cache_gate.decide("acme\x1frun-1").evaluated if e.rule.value == "churn")
+    churn = next(
+        e for e in scheduler.cache_gate.decide("acme\x1frun-1").evaluated if e.rule.value == "churn"
+    )
     assert churn.inputs["changes_in_window"] == 1
     truncated = turn("r4", 2, 9)
     assert (truncated.novel_items, truncated.context_rewrites) == (0, 2)
@@ -64,7 +71,7 @@ def test_two_tenants_naming_one_session_never_share_its_turns() -> None:
 
     def observe(req_id: str, tenant: str, tokens: list[int]):
         request = _request(req_id, tenant, tokens)
-        return scheduler._observation(request, scheduler._state(request))
+        return _observed(scheduler, request)
 
     observe("a1", "acme", list(range(2, 66)))
     grown = observe("a2", "acme", list(range(2, 98)))
@@ -80,8 +87,8 @@ def test_the_rebuild_time_is_the_whole_prompt_at_the_measured_prefill_rate() -> 
     scheduler = _scheduler()
     request = _request("r1", "acme", list(range(2, 98)))
     st = scheduler._state(request)
-    assert scheduler._observation(request, st).wall_time_s is None  # no rate measured yet
+    assert _observed(scheduler, request, st).wall_time_s is None  # no rate measured yet
     scheduler._load_rule.observe_prefill(64, 0.064)  # a miss: 1 ms a token
     # A hit that computed one token in 0.5 s: its own time scaled up would say 48 s.
     st.first_scheduled, st.prefill_s, st.ext_tokens = 0.0, 0.5, 95
-    assert scheduler._observation(request, st).wall_time_s == pytest.approx(0.096)
+    assert _observed(scheduler, request, st).wall_time_s == pytest.approx(0.096)

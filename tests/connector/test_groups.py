@@ -64,7 +64,11 @@ def test_the_connector_reads_its_groups_and_refuses_a_state_space_one():
                                         dtype=torch.bfloat16, attention_chunk_size=256)
     config = _config(_attention(WINDOW), _attention(), chunked)
     layout = _group_layout(config, BLOCK_SIZE)
-    assert [(g.window, g.chunk) for g in layout.groups] == [(WINDOW, None), (None, None), (None, 256)]
+    assert [(g.window, g.chunk) for g in layout.groups] == [
+        (WINDOW, None),
+        (None, None),
+        (None, 256),
+    ]
     assert layout.describe() == f"window{WINDOW}:layer.0;full:layer.1;chunk256:layer.2"
     assert _slot_bytes(config) == _attention().page_size_bytes
     mamba = MambaSpec(block_size=BLOCK_SIZE, shapes=((4, 8),), dtypes=(torch.float32,))

@@ -18,7 +18,9 @@ from kvci_plugin.connector.layer_loads import LayerPart, LayerSource, LayerwiseL
 BLOCKS, PAGE = 8, 4096
 LAYERS = ("layer.0", "layer.1", "layer.2")
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a core beside the forward's")
+pytestmark = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="needs a core beside the forward's"
+)
 
 
 @pytest.fixture
@@ -50,7 +52,9 @@ def expect(pages: torch.Tensor, layer: int, rows: list[int]) -> torch.Tensor:
 
 def copier_threads(before: frozenset[threading.Thread] = frozenset()) -> list[threading.Thread]:
     """kvci's layer copy threads alive now, but ``before``."""
-    return [t for t in threading.enumerate() if t.name.startswith("kvci-layers") and t not in before]
+    return [
+        t for t in threading.enumerate() if t.name.startswith("kvci-layers") and t not in before
+    ]
 
 
 def test_layers_are_copied_beside_the_forward_on_another_core(forward_core: int) -> None:
@@ -92,7 +96,9 @@ def test_layers_are_copied_beside_the_forward_on_another_core(forward_core: int)
     assert not copier_threads(others)
 
 
-def test_a_copy_that_fails_beside_the_forward_fails_that_layers_wait_and_the_step(forward_core: int) -> None:
+def test_a_copy_that_fails_beside_the_forward_fails_that_layers_wait_and_the_step(
+    forward_core: int,
+) -> None:
     parts, kv = cache()
     loads = LayerwiseLoads(parts)
     try:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kvci_plugin.connector.logs import log_where_vllm_logs
+from kvci_plugin.logs import log_where_vllm_logs
 
 
 @pytest.fixture
@@ -39,7 +39,9 @@ def test_an_info_line_of_kvci_reaches_vllms_handler_and_the_root(vllm_handler, c
     log_where_vllm_logs()
     log_where_vllm_logs()  # once per process, however often a connector is made
     with caplog.at_level(logging.INFO):
-        logging.getLogger("kvci_plugin.connector.anything").info("kvci: control surface on %s", "here")
+        logging.getLogger("kvci_plugin.connector.anything").info(
+            "kvci: control surface on %s", "here"
+        )
         logging.getLogger("kvci_plugin.connector.anything").debug("kvci: not at vLLM's level")
     assert vllm_handler.getvalue().count("kvci: control surface on here") == 1
     assert "not at vLLM's level" not in vllm_handler.getvalue()
@@ -74,13 +76,15 @@ def test_under_vllm_serve_logging_a_kvci_line_is_printed_in_vllms_format() -> No
         "from vllm.config.logging import LoggingConfig\n"
         "from vllm.logger import configure_logging\n"
         "configure_logging(LoggingConfig())\n"
-        "from kvci_plugin.connector.logs import log_where_vllm_logs\n"
+        "from kvci_plugin.logs import log_where_vllm_logs\n"
         "logging.getLogger('kvci_plugin.x').info('kvci: before')\n"
         "log_where_vllm_logs()\n"
         "logging.getLogger('kvci_plugin.x').info('kvci: after')\n"
     )
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO", "VLLM_CONFIGURE_LOGGING": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0, done.stderr
     said = done.stdout + done.stderr
     assert "kvci: before" not in said  # what kvci's INFO lines did without it

@@ -15,7 +15,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from kvci_plugin.connector.pages import page_views, slot_bytes
-from kvci_plugin.tiering.page_pool import PagePool
+from kvci_plugin.tiering.ram.pool import PagePool
 
 SPEC = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype=torch.bfloat16)
 NUM_BLOCKS = 6
@@ -29,8 +29,12 @@ def vllm_views(layout: KVCacheLayout, kernel_block_size: int | None = None
     """A random backing buffer and the per-layer views vLLM's worker makes of it."""
     strides = compute_layout_strides(SPEC, NUM_BLOCKS, len(LAYERS), layout)
     size = SPEC.page_size_bytes * NUM_BLOCKS * len(LAYERS)
-    raw = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
-    tensor = KVCacheTensor(size=size, layers=LAYERS, layer_stride=strides[0], block_stride=strides[1])
+    raw = torch.randint(
+        0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)
+    )
+    tensor = KVCacheTensor(
+        size=size, layers=LAYERS, layer_stride=strides[0], block_stride=strides[1]
+    )
     views = create_kv_cache_views(raw.view(torch.int8), SPEC, NUM_BLOCKS, layout, tensor,
                                   kernel_block_size=kernel_block_size)
     return raw, tensor, dict(zip(LAYERS, views, strict=True))
@@ -69,8 +73,12 @@ def test_a_store_and_load_round_trip_through_a_permuted_layout() -> None:
     before = raw.clone()
     pool.load([0, 3], pages, [2, 5])
     for layer in range(len(LAYERS)):
-        assert torch.equal(expected_page(raw, tensor, layer, 2), expected_page(before, tensor, layer, 4))
-        assert torch.equal(expected_page(raw, tensor, layer, 5), expected_page(before, tensor, layer, 1))
+        assert torch.equal(
+            expected_page(raw, tensor, layer, 2), expected_page(before, tensor, layer, 4)
+        )
+        assert torch.equal(
+            expected_page(raw, tensor, layer, 5), expected_page(before, tensor, layer, 1)
+        )
     untouched = [b for b in range(NUM_BLOCKS) if b not in (2, 5)]
     for layer in range(len(LAYERS)):
         for block in untouched:

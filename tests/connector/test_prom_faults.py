@@ -16,8 +16,13 @@ from kvci_plugin.connector.tally import StatsTally
 
 def test_faults_by_tier_and_kind_and_the_disk_tiers_health() -> None:
     registry = pc.CollectorRegistry()
-    types_ = {cls: functools.partial(cls, registry=registry) for cls in (pc.Gauge, pc.Counter, pc.Histogram)}
-    metrics = KVCIPromMetrics(types.SimpleNamespace(kv_transfer_config=None), types_, ["engine"], {0: ["0"]})
+    types_ = {
+        cls: functools.partial(cls, registry=registry)
+        for cls in (pc.Gauge, pc.Counter, pc.Histogram)
+    }
+    metrics = KVCIPromMetrics(
+        types.SimpleNamespace(kv_transfer_config=None), types_, ["engine"], {0: ["0"]}
+    )
 
     def value(name: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, {"engine": "0", **labels})

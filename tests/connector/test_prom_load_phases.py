@@ -14,8 +14,13 @@ from kvci_plugin.connector.tally import StatsTally
 
 def test_a_disk_loads_read_and_scatter_parts_are_histograms() -> None:
     registry = pc.CollectorRegistry()
-    types_ = {cls: functools.partial(cls, registry=registry) for cls in (pc.Gauge, pc.Counter, pc.Histogram)}
-    metrics = KVCIPromMetrics(types.SimpleNamespace(kv_transfer_config=None), types_, ["engine"], {0: ["0"]})
+    types_ = {
+        cls: functools.partial(cls, registry=registry)
+        for cls in (pc.Gauge, pc.Counter, pc.Histogram)
+    }
+    metrics = KVCIPromMetrics(
+        types.SimpleNamespace(kv_transfer_config=None), types_, ["engine"], {0: ["0"]}
+    )
     stats = StatsTally()
     stats.observe_load("disk", 1 << 20, 0.006)
     stats.observe_phase("disk_read", 0.004)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,10 @@ from vllm import SamplingParams
 from vllm.v1.request import Request, RequestStatus
 
 from kvci_plugin.connector.config import KVCIConfig
+from kvci_plugin.connector.metadata import KVCIWorkerMetadata
 from kvci_plugin.connector.scheduler import KVCIScheduler
-from kvci_plugin.connector.tenancy import TenantResolver
-from kvci_plugin.tiering.disk_store import KVCheckpointStore
+from kvci_plugin.request.tenancy import TenantResolver
+from kvci_plugin.tiering.disk.tier import KVCheckpointStore
 from kvci_plugin.tiering.timeouts import DependencyTimeouts
 
 BS = 32
@@ -94,6 +96,49 @@ def test_a_forget_between_lookup_and_allocation_fails_the_load_for_recompute() -
         ("reader", [20, 21, 22], False)]
     assert faults(s) == {"faults_ram_internal": 1}
     assert s.build_connector_meta(StepOutput()).failed_loads == []  # told once
+
+
+def test_a_forget_asked_between_lookup_and_allocation_waits_for_the_steps_loads(
+        monkeypatch) -> None:
+    s = scheduler()
+    kept(s)
+    monkeypatch.setattr(s._tenants, "authorize_forget", lambda *a: None)  # the erasure tests'
+    reader = request("reader", tenant="acme", checkpoint="now")
+    assert s.get_num_new_matched_tokens(reader, 0) == (3 * BS, False)
+    with ThreadPoolExecutor(1) as pool:  # the control surface's thread
+        forgot = pool.submit(s.forget_tenant, "acme", None, ())
+        with pytest.raises(TimeoutError):
+            forgot.result(timeout=0.2)  # not between the lookup and the load it counts on
+        s.update_state_after_alloc(reader, Blocks([20, 21, 22, 23]), 3 * BS)
+        meta = s.build_connector_meta(StepOutput())
+        assert forgot.result(timeout=5).ram_checkpoints == 1
+    assert [job.req_id for job in meta.loads] == ["reader"] and meta.failed_loads == []
+    assert faults(s) == {}
+    # Once the step's loads were planned, nothing of the tenant's is found again...
+    assert s.get_num_new_matched_tokens(request("again", tenant="acme"), 0) == (0, False)
+    s.build_connector_meta(StepOutput())  # the step's load is done: its pins end
+    assert s.manager.index.stats().bytes_used == 0
+    # ...nor kept from a request that began before the forget, though it asks to be.
+    delay, reply = finish(s, reader)
+    assert not delay and reply is not None and reply["kvci"]["tier"] == "none"
+    assert s.manager.index.stats().bytes_used == 0
+
+
+def test_a_load_the_workers_failed_is_no_hit_in_the_reply() -> None:
+    s = scheduler()
+    kept(s)
+    reader = request("reader", tenant="acme")
+    assert s.get_num_new_matched_tokens(reader, 0) == (3 * BS, False)
+    s.update_state_after_alloc(reader, Blocks([20, 21, 22, 23]), 3 * BS)
+    assert [job.req_id for job in s.build_connector_meta(StepOutput()).loads] == ["reader"]
+    output = Output()
+    output.kv_connector_worker_meta = KVCIWorkerMetadata(failed_loads=["reader"])
+    s.update_connector_output(output)  # vLLM recomputes the blocks
+    _, reply = finish(s, reader)
+    assert reply is not None
+    assert (reply["kvci"]["hit_tokens"], reply["kvci"]["hit_tier"]) == (0, None)
+    stats = s.take_stats()
+    assert stats is not None and stats.reduce()["failed_hit_tokens_ram"] == 3 * BS
 
 
 def test_a_bug_in_the_keep_decision_keeps_nothing_new_and_is_logged_with_its_traceback(

@@ -8,7 +8,7 @@ import hashlib
 
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.scheduler import KVCIScheduler
-from kvci_plugin.connector.tenancy import TenantResolver
+from kvci_plugin.request.tenancy import TenantResolver
 
 BS = 32
 SLOT = 1 << 16

@@ -13,7 +13,7 @@ from worker_support import NUM_BLOCKS, SLOT, kv_cache, page_of
 
 from kvci_plugin.connector.jobs import DiskLoadJob, FailedLoad, StepJobs, StoreJob
 from kvci_plugin.connector.worker import KVCIWorker
-from kvci_plugin.tiering.blob_store import FolderBlobRoot
+from kvci_plugin.tiering.blobs.folder import FolderBlobRoot
 
 NS = hashlib.sha256(b"worker-containment").digest()
 
@@ -75,7 +75,7 @@ def test_a_store_copy_that_fails_is_reported_finished_and_never_kept(caplog) -> 
 def test_a_blob_store_that_goes_away_is_a_miss_and_a_health_signal(tmp_path: Path) -> None:
     from services import redis_server
 
-    from kvci_plugin.tiering.redis_blob_store import RedisBlobRoot
+    from kvci_plugin.tiering.blobs.redis_store import RedisBlobRoot
 
     keys = [hashlib.sha256(f"k{i}".encode()).digest()[:16] for i in range(2)]
     with redis_server() as url:
@@ -90,13 +90,17 @@ def test_a_blob_store_that_goes_away_is_a_miss_and_a_health_signal(tmp_path: Pat
         assert report.bad_pages == []  # the blob is not blamed: every node keeps it
         assert len(report.disk_faults) == 1 and report.disk_faults[0].startswith(
             ("unavailable:", "timeout:"))
-        assert sum(v for k, v in w.take_stats().reduce().items() if k.startswith("faults_disk_")) == 1
+        assert (
+            sum(v for k, v in w.take_stats().reduce().items() if k.startswith("faults_disk_")) == 1
+        )
     finally:
         w.shutdown()
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory"])
-def test_a_blob_that_is_not_a_regular_file_is_a_miss_without_a_hang(tmp_path: Path, kind: str) -> None:
+def test_a_blob_that_is_not_a_regular_file_is_a_miss_without_a_hang(
+    tmp_path: Path, kind: str
+) -> None:
     import os
 
     keys = [hashlib.sha256(b"k").digest()[:16]]

@@ -14,7 +14,7 @@ from worker_support import KV_DEVICES, NUM_BLOCKS, SLOT, block_bytes, kv_cache, 
 
 from kvci_plugin.connector.jobs import LoadJob, PersistJob, StepJobs, StoreJob
 from kvci_plugin.connector.worker import KVCIWorker
-from kvci_plugin.tiering.blob_store import FolderBlobRoot
+from kvci_plugin.tiering.blobs.folder import FolderBlobRoot
 
 NS = hashlib.sha256(b"worker-copies").digest()
 
@@ -119,7 +119,9 @@ def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(tmp_p
             worker.get_finished(set())
             worker.clear()
             for source, target in zip(sources, targets, strict=True):
-                assert torch.equal(block_bytes(kv, target), page_of(source))  # whole once the step ends
+                assert torch.equal(
+                    block_bytes(kv, target), page_of(source)
+                )  # whole once the step ends
             return seen
 
         # The first load: no layer is known to wait, so every page is in before the forward.

@@ -17,7 +17,7 @@ from worker_support import KV_DEVICES, NUM_BLOCKS, SLOT, block_bytes, kv_cache, 
 import kvci_plugin.connector.worker as worker_module
 from kvci_plugin.connector.jobs import DiskLoadJob, PersistJob, StepJobs
 from kvci_plugin.connector.worker import KVCIWorker
-from kvci_plugin.tiering.blob_store import FolderBlobRoot
+from kvci_plugin.tiering.blobs.folder import FolderBlobRoot
 from kvci_plugin.tiering.keys import generation_namespace
 
 NS = hashlib.sha256(b"worker-disk-load").digest()
@@ -98,10 +98,13 @@ def test_another_tenant_loads_nothing(setup) -> None:
     blocks = list(range(PAGES))
     assert run_load(worker, DiskLoadJob("r3", "mallory", keys, blocks)) == set(blocks)
     assert all(not block_bytes(kv, b).any() for b in blocks)
-    assert worker.take_report() is None  # intact blobs of another tenant are not "bad"
+    report = worker.take_report()  # intact blobs of another tenant are not "bad"
+    assert report is not None and report.bad_pages == [] and report.failed_loads == ["r3"]
 
 
-def test_a_sync_load_is_in_place_when_start_load_kv_returns_and_never_reported_as_received(setup) -> None:
+def test_a_sync_load_is_in_place_when_start_load_kv_returns_and_never_reported_as_received(
+    setup,
+) -> None:
     worker, kv, keys, blobs = setup
     path = blobs.path_for(keys[6])
     path.write_bytes(path.read_bytes()[:-1])  # truncated: the prefix ends at page 6
@@ -120,7 +123,9 @@ def test_a_sync_load_is_in_place_when_start_load_kv_returns_and_never_reported_a
     assert report.bad_pages == [keys[6]] and [n for n, _ in report.disk_loads] == [6 * SLOT]
 
 
-def test_on_the_cpu_a_sync_load_is_copied_in_as_the_forward_reaches_each_layer(setup, monkeypatch) -> None:
+def test_on_the_cpu_a_sync_load_is_copied_in_as_the_forward_reaches_each_layer(
+    setup, monkeypatch
+) -> None:
     worker, kv, keys, _ = setup
     if kv["layer.0"].device.type != "cpu":
         pytest.skip("a CUDA disk load is scattered on its stream before the forward")
@@ -179,7 +184,9 @@ class _ReadsByThread:
         return self._blobs.read_many(keys, tenant, out)
 
 
-def test_a_sync_load_is_read_on_the_steps_thread_unless_the_io_thread_has_one_in_flight(setup) -> None:
+def test_a_sync_load_is_read_on_the_steps_thread_unless_the_io_thread_has_one_in_flight(
+    setup,
+) -> None:
     worker, kv, keys, _ = setup
     reads = worker._blobs = _ReadsByThread(worker._blobs)
     reads.release.set()
@@ -256,7 +263,8 @@ def test_after_a_reset_blobs_are_read_and_written_in_the_new_generation(setup, t
     assert torch.equal(fresh.read(key, "alice"), page_of(200)) and not blobs.exists(key)
 
 
-def test_sleep_drains_refuses_copies_until_the_wake_and_then_copies_again(setup) -> None:
+def test_sleep_drains_refuses_copies_until_the_wake_and_then_copies_again(
+        setup, tmp_path) -> None:
     worker, kv, keys, _ = setup
     blocks = list(range(PAGES))
     start_load(worker, DiskLoadJob("r6", "alice", keys, blocks))
@@ -268,6 +276,14 @@ def test_sleep_drains_refuses_copies_until_the_wake_and_then_copies_again(setup)
     with pytest.raises(RuntimeError, match="asleep"):
         worker.bind(StepJobs(persists=[PersistJob("c3", "alice", keys[:1], [0])]))
     worker.restore_kv_caches()
-    assert _step_until_reported(worker, "r6", generation=0) == set()
-    assert run_load(worker, DiskLoadJob("r7", "alice", keys, blocks)) == set()
+    # The blocks the load filled lost their memory: recomputed, however the scheduler stands.
+    assert _step_until_reported(worker, "r6", generation=0) == set(blocks)
+    # The weights may have changed meanwhile: generation 0's KV is fenced (the scheduler is told
+    # to reset, see test_worker_release.py), and copies run again in the next generation.
+    assert run_load(worker, DiskLoadJob("r7", "alice", keys, blocks)) == set(blocks)
+    assert worker.take_report().fence_generation == 0
+    fresh = FolderBlobRoot(tmp_path / "disk").store(generation_namespace(NS, 1))
+    for i, key in enumerate(keys):
+        fresh.write(key, "alice", page_of(i))
+    assert run_load(worker, DiskLoadJob("r8", "alice", keys, blocks), generation=1) == set()
     assert all(torch.equal(block_bytes(kv, b), page_of(b)) for b in blocks)

@@ -16,7 +16,8 @@ class DictResolver:
     def __init__(self, labels: Mapping[str, SourceLabels | None]) -> None:
         self.labels = dict(labels)
 
-    def resolve(self, source_ids: Sequence[str]) -> dict[str, SourceLabels | None]:
+    def resolve(self, source_ids: Sequence[str],
+                tenant: str | None = None) -> dict[str, SourceLabels | None]:
         return {source_id: self.labels.get(source_id) for source_id in source_ids}
 
 

@@ -28,7 +28,9 @@ from kvci_plugin.governance import (
 )
 
 
-def _request(token: str | None, sources: Sequence[str] = ("doc",), **overrides: object) -> PersistenceRequest:
+def _request(
+    token: str | None, sources: Sequence[str] = ("doc",), **overrides: object
+) -> PersistenceRequest:
     fields: dict[str, object] = {
         "checkpoint_id": "ckpt-1",
         "tenant": TENANT,
@@ -41,7 +43,9 @@ def _request(token: str | None, sources: Sequence[str] = ("doc",), **overrides: 
 
 
 def _gate(
-    verifier: CredentialVerifier | None, labels: Mapping[str, SourceLabels | None], region: str | None = "eu"
+    verifier: CredentialVerifier | None,
+    labels: Mapping[str, SourceLabels | None],
+    region: str | None = "eu",
 ) -> DerivedAuthorityGate:
     return DerivedAuthorityGate(verifier, DictResolver(labels), durable_store_region=region)
 
@@ -59,11 +63,17 @@ def _assert_refused_at(decision: EligibilityDecision, check: str) -> governance.
     return decision.derivation.checks[index]
 
 
-def test_authority_that_dominates_the_labels_permits(issuer: CredentialIssuer, verifier: CredentialVerifier) -> None:
-    decision = _gate(verifier, {"doc": full_labels(retention_days=30)}).evaluate(_request(session_token(issuer)))
+def test_authority_that_dominates_the_labels_permits(
+    issuer: CredentialIssuer, verifier: CredentialVerifier
+) -> None:
+    decision = _gate(verifier, {"doc": full_labels(retention_days=30)}).evaluate(
+        _request(session_token(issuer))
+    )
     assert decision.permitted, decision.reason
     assert decision.failed_check is None
-    assert [(r.name, r.verdict) for r in decision.derivation.checks] == [(name, "pass") for name in CHECK_ORDER]
+    assert [(r.name, r.verdict) for r in decision.derivation.checks] == [
+        (name, "pass") for name in CHECK_ORDER
+    ]
     assert decision.gate == "derived_authority"
     assert decision.retention_expiry == pytest.approx(decision.evaluated_at + 30 * 86_400)
     derivation = decision.derivation
@@ -93,12 +103,16 @@ def test_each_check_refuses_in_order_and_names_the_cause(
     named: str,
 ) -> None:
     gate = _gate(verifier, {"doc": full_labels(**labels)})
-    record = _assert_refused_at(gate.evaluate(_request(session_token(issuer, **session), **request_overrides)), check)
+    record = _assert_refused_at(
+        gate.evaluate(_request(session_token(issuer, **session), **request_overrides)), check
+    )
     assert named in record.detail
 
 
 def test_no_checked_session_refuses(verifier: CredentialVerifier) -> None:
-    record = _assert_refused_at(_gate(verifier, {"doc": full_labels()}).evaluate(_request(None)), "verified_authority")
+    record = _assert_refused_at(
+        _gate(verifier, {"doc": full_labels()}).evaluate(_request(None)), "verified_authority"
+    )
     assert "no checked session" in record.detail
 
 
@@ -107,16 +121,24 @@ def test_no_verifier_refuses(issuer: CredentialIssuer) -> None:
     assert "no credential verifier" in _assert_refused_at(decision, "verified_authority").detail
 
 
-def test_unverifiable_session_refuses_with_its_reason(tmp_path: Path, verifier: CredentialVerifier) -> None:
-    forged = session_token(CredentialIssuer.from_key_file("HS256", governance.write_hmac_key_file(tmp_path / "k")))
+def test_unverifiable_session_refuses_with_its_reason(
+    tmp_path: Path, verifier: CredentialVerifier
+) -> None:
+    forged = session_token(
+        CredentialIssuer.from_key_file("HS256", governance.write_hmac_key_file(tmp_path / "k"))
+    )
     record = _assert_refused_at(
         _gate(verifier, {"doc": full_labels()}).evaluate(_request(forged)), "verified_authority"
     )
     assert "session not verified" in record.detail and "bad_signature" in record.detail
 
 
-def test_no_declared_sources_refuses(issuer: CredentialIssuer, verifier: CredentialVerifier) -> None:
-    decision = _gate(verifier, {"doc": full_labels()}).evaluate(_request(session_token(issuer), sources=()))
+def test_no_declared_sources_refuses(
+    issuer: CredentialIssuer, verifier: CredentialVerifier
+) -> None:
+    decision = _gate(verifier, {"doc": full_labels()}).evaluate(
+        _request(session_token(issuer), sources=())
+    )
     assert "no declared sources" in _assert_refused_at(decision, "source_provenance").detail
 
 
@@ -125,13 +147,17 @@ def test_a_source_missing_a_label_refuses_naming_source_and_label(
     issuer: CredentialIssuer, verifier: CredentialVerifier, axis: str
 ) -> None:
     labels = {"ok": full_labels(), "partial": full_labels().model_copy(update={axis: None})}
-    decision = _gate(verifier, labels).evaluate(_request(session_token(issuer), sources=["ok", "partial"]))
+    decision = _gate(verifier, labels).evaluate(
+        _request(session_token(issuer), sources=["ok", "partial"])
+    )
     record = _assert_refused_at(decision, "labels_present")
     assert (record.sources, record.labels) == (("partial",), (axis,))
     assert f"source 'partial' lacks {axis}" in decision.reason
 
 
-def test_an_unlabelled_source_refuses_naming_it(issuer: CredentialIssuer, verifier: CredentialVerifier) -> None:
+def test_an_unlabelled_source_refuses_naming_it(
+    issuer: CredentialIssuer, verifier: CredentialVerifier
+) -> None:
     decision = _gate(verifier, {"ok": full_labels()}).evaluate(
         _request(session_token(issuer), sources=["ok", "mystery"])
     )
@@ -154,8 +180,13 @@ def test_public_without_classification_loses_its_derivation(
 def test_empty_residency_intersection_refuses_naming_the_sources(
     issuer: CredentialIssuer, verifier: CredentialVerifier
 ) -> None:
-    labels = {"eu-only": full_labels(residency_regions=["eu"]), "us-only": full_labels(residency_regions=["us"])}
-    decision = _gate(verifier, labels).evaluate(_request(session_token(issuer), sources=["eu-only", "us-only"]))
+    labels = {
+        "eu-only": full_labels(residency_regions=["eu"]),
+        "us-only": full_labels(residency_regions=["us"]),
+    }
+    decision = _gate(verifier, labels).evaluate(
+        _request(session_token(issuer), sources=["eu-only", "us-only"])
+    )
     record = _assert_refused_at(decision, "residency")
     assert "empty residency intersection" in record.detail
     assert record.sources == ("eu-only", "us-only")
@@ -168,7 +199,9 @@ def test_unknown_store_region_refuses_where_a_source_restricts_residency(
         "pub": SourceLabels(classification="PUBLIC", mandatory_markings=[]),
         "eu": full_labels(residency_regions=["eu"]),
     }
-    decision = _gate(verifier, labels, region=None).evaluate(_request(session_token(issuer), sources=["pub", "eu"]))
+    decision = _gate(verifier, labels, region=None).evaluate(
+        _request(session_token(issuer), sources=["pub", "eu"])
+    )
     record = _assert_refused_at(decision, "residency")
     assert "unknown durable-store region" in record.detail
     assert record.sources == ("eu",)
@@ -181,7 +214,9 @@ def test_public_sources_persist_anywhere_for_ever_and_the_decision_says_why(
         "a": SourceLabels(classification="PUBLIC", mandatory_markings=[]),
         "b": SourceLabels(classification="PUBLIC", mandatory_markings=[]),
     }
-    decision = _gate(verifier, labels, region=None).evaluate(_request(session_token(issuer), sources=["a", "b"]))
+    decision = _gate(verifier, labels, region=None).evaluate(
+        _request(session_token(issuer), sources=["a", "b"])
+    )
     assert decision.permitted, decision.reason
     assert decision.retention_expiry is None
     assert decision.derivation.derived_axes == (
@@ -194,18 +229,24 @@ def test_public_sources_persist_anywhere_for_ever_and_the_decision_says_why(
     assert "PUBLIC" in checks["residency"] and "PUBLIC" in checks["retention"]
 
 
-def test_store_region_outside_the_authority_refuses(issuer: CredentialIssuer, verifier: CredentialVerifier) -> None:
+def test_store_region_outside_the_authority_refuses(
+    issuer: CredentialIssuer, verifier: CredentialVerifier
+) -> None:
     labels = {"doc": full_labels(residency_regions=["eu", "apac"])}
     decision = _gate(verifier, labels, region="apac").evaluate(_request(session_token(issuer)))
     assert "effective authority's regions" in _assert_refused_at(decision, "residency").detail
 
 
-def test_request_region_must_match_the_guarded_store(issuer: CredentialIssuer, verifier: CredentialVerifier) -> None:
+def test_request_region_must_match_the_guarded_store(
+    issuer: CredentialIssuer, verifier: CredentialVerifier
+) -> None:
     gate = _gate(verifier, {"doc": full_labels()}, region="eu")
     decision = gate.evaluate(_request(session_token(issuer), durable_store_region="us"))
     assert "this gate guards 'eu'" in _assert_refused_at(decision, "residency").detail
     unconfigured = _gate(verifier, {"doc": full_labels()}, region=None)
-    assert unconfigured.evaluate(_request(session_token(issuer), durable_store_region="eu")).permitted
+    assert unconfigured.evaluate(
+        _request(session_token(issuer), durable_store_region="eu")
+    ).permitted
 
 
 def _delegation(issuer: CredentialIssuer, **overrides: object) -> str:
@@ -222,31 +263,48 @@ def _delegation(issuer: CredentialIssuer, **overrides: object) -> str:
     return issuer.issue_delegation(**claims)  # type: ignore[arg-type]
 
 
-def test_unresolvable_delegation_ceiling_refuses(issuer: CredentialIssuer, verifier: CredentialVerifier) -> None:
+def test_unresolvable_delegation_ceiling_refuses(
+    issuer: CredentialIssuer, verifier: CredentialVerifier
+) -> None:
     gate = _gate(verifier, {"doc": full_labels()})
-    for ceiling in (_delegation(issuer, delegate="mallory"), _delegation(issuer, tenant="globex"), "garbage"):
+    for ceiling in (
+        _delegation(issuer, delegate="mallory"),
+        _delegation(issuer, tenant="globex"),
+        "garbage",
+    ):
         decision = gate.evaluate(_request(session_token(issuer), delegation_tokens=[ceiling]))
         record = _assert_refused_at(decision, "verified_authority")
-        assert "unresolvable delegation ceiling" in record.detail and "delegation[0]" in record.detail
+        assert (
+            "unresolvable delegation ceiling" in record.detail and "delegation[0]" in record.detail
+        )
 
 
 def test_delegation_ceiling_narrows_what_may_be_persisted(
     issuer: CredentialIssuer, verifier: CredentialVerifier
 ) -> None:
     gate = _gate(verifier, {"doc": full_labels()})
-    assert gate.evaluate(_request(session_token(issuer), delegation_tokens=[_delegation(issuer)])).permitted
+    assert gate.evaluate(
+        _request(session_token(issuer), delegation_tokens=[_delegation(issuer)])
+    ).permitted
     withheld = gate.evaluate(
         _request(session_token(issuer), delegation_tokens=[_delegation(issuer, scopes=["kv:read"])])
     )
-    assert "withheld by delegation[0] ('bob' -> 'alice')" in _assert_refused_at(withheld, "durable_write_scope").detail
-    capped = gate.evaluate(_request(session_token(issuer), delegation_tokens=[_delegation(issuer, clearance="PUBLIC")]))
+    assert (
+        "withheld by delegation[0] ('bob' -> 'alice')"
+        in _assert_refused_at(withheld, "durable_write_scope").detail
+    )
+    capped = gate.evaluate(
+        _request(session_token(issuer), delegation_tokens=[_delegation(issuer, clearance="PUBLIC")])
+    )
     _assert_refused_at(capped, "classification")
 
 
 def test_session_expired_since_the_checkpoint_refuses_later(
     issuer: CredentialIssuer, hmac_key: Path, revocations: RevocationList
 ) -> None:
-    verifier = CredentialVerifier(CredentialConfig(algorithm="HS256", key_file=hmac_key, leeway_s=0), revocations)
+    verifier = CredentialVerifier(
+        CredentialConfig(algorithm="HS256", key_file=hmac_key, leeway_s=0), revocations
+    )
     expires = int(time.time()) + 2
     token = session_token(issuer, now=expires - 3600, ttl_s=3600)
     gate = _gate(verifier, {"doc": full_labels()})
@@ -269,19 +327,32 @@ def test_delegation_revoked_since_the_checkpoint_refuses_later(
 
 
 @pytest.mark.parametrize("scopes", [["kv:persist"], ["kv:read"]])
-def test_the_trigger_buys_nothing(issuer: CredentialIssuer, verifier: CredentialVerifier, scopes: list[str]) -> None:
+def test_the_trigger_buys_nothing(
+    issuer: CredentialIssuer, verifier: CredentialVerifier, scopes: list[str]
+) -> None:
     gate = _gate(verifier, {"doc": full_labels()})
     token = session_token(issuer, scopes=scopes)
-    decisions = [gate.evaluate(_request(token, trigger=trigger)) for trigger in ("system", "user", "agent")]
+    decisions = [
+        gate.evaluate(_request(token, trigger=trigger)) for trigger in ("system", "user", "agent")
+    ]
     assert {d.permitted for d in decisions} == {scopes == ["kv:persist"]}
-    assert {d.failed_check for d in decisions} == {None if scopes == ["kv:persist"] else "durable_write_scope"}
+    assert {d.failed_check for d in decisions} == {
+        None if scopes == ["kv:persist"] else "durable_write_scope"
+    }
     assert len({d.derivation.checks for d in decisions}) == 1
 
 
-def test_decisions_round_trip_through_json(issuer: CredentialIssuer, verifier: CredentialVerifier) -> None:
-    gate = _gate(verifier, {"doc": full_labels(), "pub": SourceLabels(classification="PUBLIC", mandatory_markings=[])})
+def test_decisions_round_trip_through_json(
+    issuer: CredentialIssuer, verifier: CredentialVerifier
+) -> None:
+    gate = _gate(
+        verifier,
+        {"doc": full_labels(), "pub": SourceLabels(classification="PUBLIC", mandatory_markings=[])},
+    )
     token = session_token(issuer, policy_version="p-3")
-    permit = gate.evaluate(_request(token, sources=["doc", "pub"], delegation_tokens=[_delegation(issuer)]))
+    permit = gate.evaluate(
+        _request(token, sources=["doc", "pub"], delegation_tokens=[_delegation(issuer)])
+    )
     refusal = gate.evaluate(_request(token, sources=["doc", "nope"]))
     for decision in (permit, refusal, AlwaysDenyEligibility().evaluate(_request(token))):
         text = decision.model_dump_json()
@@ -317,21 +388,29 @@ def test_a_decision_cannot_claim_a_permit_with_a_failed_check() -> None:
 
 
 class _OmittingResolver:
-    def resolve(self, source_ids: Sequence[str]) -> dict[str, SourceLabels | None]:
+    def resolve(self, source_ids: Sequence[str],
+                tenant: str | None = None) -> dict[str, SourceLabels | None]:
         return {source_id: full_labels() for source_id in source_ids[1:]}
 
 
 class _FailingResolver:
-    def resolve(self, source_ids: Sequence[str]) -> dict[str, SourceLabels | None]:
+    def resolve(self, source_ids: Sequence[str],
+                tenant: str | None = None) -> dict[str, SourceLabels | None]:
         raise OSError("label service unreachable")
 
 
-def test_a_resolver_that_omits_or_fails_refuses(issuer: CredentialIssuer, verifier: CredentialVerifier) -> None:
+def test_a_resolver_that_omits_or_fails_refuses(
+    issuer: CredentialIssuer, verifier: CredentialVerifier
+) -> None:
     request = _request(session_token(issuer), sources=["first", "second"])
-    omitted = DerivedAuthorityGate(verifier, _OmittingResolver(), durable_store_region="eu").evaluate(request)
+    omitted = DerivedAuthorityGate(
+        verifier, _OmittingResolver(), durable_store_region="eu"
+    ).evaluate(request)
     record = _assert_refused_at(omitted, "source_provenance")
     assert record.sources == ("first",) and "never vanish" in record.detail
-    failed = DerivedAuthorityGate(verifier, _FailingResolver(), durable_store_region="eu").evaluate(request)
+    failed = DerivedAuthorityGate(verifier, _FailingResolver(), durable_store_region="eu").evaluate(
+        request
+    )
     assert "label service unreachable" in _assert_refused_at(failed, "source_provenance").detail
 
 
@@ -340,7 +419,9 @@ def test_gate_without_resolver_reads_the_seam_at_each_evaluation(
 ) -> None:
     gate = DerivedAuthorityGate(verifier, durable_store_region="eu")
     request = _request(session_token(issuer))
-    _assert_refused_at(gate.evaluate(request), "labels_present")  # the shipped resolver labels nothing
+    _assert_refused_at(
+        gate.evaluate(request), "labels_present"
+    )  # the shipped resolver labels nothing
     catalog = CatalogLabelResolver(tmp_path / "labels.db")
     catalog.set_labels("doc", full_labels())
     set_source_label_resolver(catalog)
@@ -387,7 +468,9 @@ def test_gate_arguments_are_validated(verifier: CredentialVerifier) -> None:
 
 
 def test_request_validation() -> None:
-    request = _request("bearer-secret", sources=["a", "b", "a"], delegation_tokens=["delegated-secret"])
+    request = _request(
+        "bearer-secret", sources=["a", "b", "a"], delegation_tokens=["delegated-secret"]
+    )
     assert request.source_ids == ("a", "b")
     assert "secret" not in repr(request)
     with pytest.raises(ValueError, match="trigger"):

@@ -25,7 +25,9 @@ from kvci_plugin.governance import (
 _permitted_labels = st.builds(
     SourceLabels,
     classification=st.sampled_from([Classification.INTERNAL, Classification.CONFIDENTIAL]),
-    residency_regions=st.frozensets(st.sampled_from(["us", "apac"])).map(lambda regions: regions | {"eu"}),
+    residency_regions=st.frozensets(st.sampled_from(["us", "apac"])).map(
+        lambda regions: regions | {"eu"}
+    ),
     retention_days=st.integers(1, 400),
     mandatory_markings=st.frozensets(st.sampled_from(["pii", "finance"])),
 )
@@ -57,7 +59,11 @@ def _evaluate(
         verifier, DictResolver(dict(zip(ids, labels, strict=True))), durable_store_region=region
     )
     request = PersistenceRequest(
-        checkpoint_id="ckpt", tenant=TENANT, trigger="system", session_token=token, source_ids=tuple(ids)
+        checkpoint_id="ckpt",
+        tenant=TENANT,
+        trigger="system",
+        session_token=token,
+        source_ids=tuple(ids),
     )
     return gate.evaluate(request)
 
@@ -67,7 +73,12 @@ def _verdict(decision: EligibilityDecision) -> str:
 
 
 @settings(max_examples=150, deadline=None)
-@given(base=st.lists(_source, min_size=1, max_size=3), extra=_source, position=st.integers(0, 3), region=_region)
+@given(
+    base=st.lists(_source, min_size=1, max_size=3),
+    extra=_source,
+    position=st.integers(0, 3),
+    region=_region,
+)
 def test_adding_a_source_never_turns_a_refusal_into_a_permit(
     issuer: CredentialIssuer,
     plain_verifier: CredentialVerifier,
@@ -87,14 +98,18 @@ def test_adding_a_source_never_turns_a_refusal_into_a_permit(
         # A permit over more sources never keeps the copy longer than one over fewer.
         assert before.retention_expiry is None or (
             after.retention_expiry is not None
-            and after.retention_expiry - after.evaluated_at <= before.retention_expiry - before.evaluated_at
+            and after.retention_expiry - after.evaluated_at
+            <= before.retention_expiry - before.evaluated_at
         )
 
 
 @settings(max_examples=150, deadline=None)
 @given(sources=st.lists(_permitted_labels, min_size=1, max_size=4), data=st.data())
 def test_removing_any_label_from_any_source_refuses_and_names_it(
-    issuer: CredentialIssuer, plain_verifier: CredentialVerifier, sources: list[SourceLabels], data: st.DataObject
+    issuer: CredentialIssuer,
+    plain_verifier: CredentialVerifier,
+    sources: list[SourceLabels],
+    data: st.DataObject,
 ) -> None:
     token = session_token(issuer)
     assert _evaluate(plain_verifier, token, list(sources), "eu").permitted

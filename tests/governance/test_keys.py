@@ -96,7 +96,9 @@ def test_short_rsa_key_is_refused(tmp_path: Path) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
     path = tmp_path / "rsa1024.pem"
     path.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
     )
     os.chmod(path, 0o644)
     with pytest.raises(KeyFileError, match="1024 bits"):

@@ -20,7 +20,12 @@ from kvci_plugin.governance import (
 
 
 def test_classification_is_ordered() -> None:
-    ordered = [Classification.PUBLIC, Classification.INTERNAL, Classification.CONFIDENTIAL, Classification.RESTRICTED]
+    ordered = [
+        Classification.PUBLIC,
+        Classification.INTERNAL,
+        Classification.CONFIDENTIAL,
+        Classification.RESTRICTED,
+    ]
     assert sorted(reversed(ordered)) == ordered
     assert Classification.INTERNAL < Classification.CONFIDENTIAL <= Classification.CONFIDENTIAL
     assert max(ordered) is Classification.RESTRICTED
@@ -32,7 +37,10 @@ def test_composition_is_most_restrictive() -> None:
     composed = compose_labels(
         {
             "a": SourceLabels(
-                classification="INTERNAL", residency_regions=["eu", "us"], retention_days=90, mandatory_markings=["pii"]
+                classification="INTERNAL",
+                residency_regions=["eu", "us"],
+                retention_days=90,
+                mandatory_markings=["pii"],
             ),
             "b": SourceLabels(
                 classification="CONFIDENTIAL",
@@ -61,7 +69,13 @@ def test_public_derives_unrestricted_residency_and_no_retention_limit_and_says_s
 
 def test_public_derivation_never_overrides_a_declaration() -> None:
     contribution = SourceContribution.of(
-        "doc", SourceLabels(classification="PUBLIC", residency_regions=["eu"], retention_days=7, mandatory_markings=[])
+        "doc",
+        SourceLabels(
+            classification="PUBLIC",
+            residency_regions=["eu"],
+            retention_days=7,
+            mandatory_markings=[],
+        ),
     )
     assert contribution.derived_axes == ()
     composed = compose_labels({"doc": contribution.labels})
@@ -73,7 +87,10 @@ def test_public_source_with_a_restricted_one_keeps_the_restriction() -> None:
         {
             "open": SourceLabels(classification="PUBLIC", mandatory_markings=[]),
             "closed": SourceLabels(
-                classification="INTERNAL", residency_regions=["us"], retention_days=5, mandatory_markings=[]
+                classification="INTERNAL",
+                residency_regions=["us"],
+                retention_days=5,
+                mandatory_markings=[],
             ),
         }
     )
@@ -96,7 +113,9 @@ def test_nothing_to_compose_and_unlabelled_sources_refuse() -> None:
         compose_labels({})
     assert SourceContribution.of("s", None).missing_labels == LABEL_AXES
     # A PUBLIC classification derives residency and retention only: markings stay required.
-    assert SourceContribution.of("s", SourceLabels(classification="PUBLIC")).missing_labels == ("mandatory_markings",)
+    assert SourceContribution.of("s", SourceLabels(classification="PUBLIC")).missing_labels == (
+        "mandatory_markings",
+    )
 
 
 @pytest.mark.parametrize(
@@ -126,7 +145,9 @@ _labels = st.builds(
 
 @settings(max_examples=150, deadline=None)
 @given(base=st.lists(_labels, min_size=1, max_size=4), extra=_labels)
-def test_adding_a_source_never_relaxes_the_composed_label(base: list[SourceLabels], extra: SourceLabels) -> None:
+def test_adding_a_source_never_relaxes_the_composed_label(
+    base: list[SourceLabels], extra: SourceLabels
+) -> None:
     before = compose_labels({f"s{i}": labels for i, labels in enumerate(base)})
     after = compose_labels({**{f"s{i}": labels for i, labels in enumerate(base)}, "extra": extra})
     assert after.classification >= before.classification
@@ -146,7 +167,13 @@ def test_unlabelled_resolver_answers_every_source_unlabelled() -> None:
 def test_catalog_resolves_set_and_imported_labels(tmp_path: Path) -> None:
     catalog = CatalogLabelResolver(tmp_path / "labels.db")
     catalog.set_labels(
-        "a", SourceLabels(classification="INTERNAL", residency_regions=["eu"], retention_days=3, mandatory_markings=[])
+        "a",
+        SourceLabels(
+            classification="INTERNAL",
+            residency_regions=["eu"],
+            retention_days=3,
+            mandatory_markings=[],
+        ),
     )
     document = {"b": {"classification": "PUBLIC", "mandatory_markings": ["pii"]}}
     (tmp_path / "labels.json").write_text(json.dumps(document))
@@ -168,7 +195,9 @@ def test_catalog_resolves_set_and_imported_labels(tmp_path: Path) -> None:
 def test_catalog_import_is_all_or_nothing(tmp_path: Path) -> None:
     catalog = CatalogLabelResolver(tmp_path / "labels.db")
     with pytest.raises(ValueError, match="'bad'"):
-        catalog.import_json({"good": {"classification": "PUBLIC"}, "bad": {"classification": "SECRET"}})
+        catalog.import_json(
+            {"good": {"classification": "PUBLIC"}, "bad": {"classification": "SECRET"}}
+        )
     assert catalog.resolve(["good"]) == {"good": None}
     (tmp_path / "list.json").write_text("[1]")
     with pytest.raises(TypeError, match="object mapping source id"):
@@ -177,10 +206,14 @@ def test_catalog_import_is_all_or_nothing(tmp_path: Path) -> None:
 
 def test_catalog_answers_many_sources_without_omitting_any(tmp_path: Path) -> None:
     catalog = CatalogLabelResolver(tmp_path / "labels.db")
-    catalog.import_json({f"s{i}": {"classification": "PUBLIC", "mandatory_markings": []} for i in range(0, 1500, 2)})
+    catalog.import_json(
+        {f"s{i}": {"classification": "PUBLIC", "mandatory_markings": []} for i in range(0, 1500, 2)}
+    )
     resolved = catalog.resolve([f"s{i}" for i in range(1500)])
     assert len(resolved) == 1500
-    assert all((labels is not None) == (int(source[1:]) % 2 == 0) for source, labels in resolved.items())
+    assert all(
+        (labels is not None) == (int(source[1:]) % 2 == 0) for source, labels in resolved.items()
+    )
 
 
 def test_a_malformed_row_reads_as_unlabelled_not_omitted(tmp_path: Path) -> None:
@@ -188,12 +221,19 @@ def test_a_malformed_row_reads_as_unlabelled_not_omitted(tmp_path: Path) -> None
     catalog = CatalogLabelResolver(path)
     catalog.import_json({"fine": {"classification": "PUBLIC", "mandatory_markings": []}})
     with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO source_labels VALUES ('typo', 'CONFIDENTAIL', NULL, NULL, NULL, 0)")
-        conn.execute("INSERT INTO source_labels VALUES ('broken', 'INTERNAL', '[eu', 30, '[]', 0)")
+        conn.execute(
+            "INSERT INTO source_labels VALUES ('typo', 'CONFIDENTAIL', NULL, NULL, NULL, 0, NULL)"
+        )
+        conn.execute(
+            "INSERT INTO source_labels VALUES ('broken', 'INTERNAL', '[eu', 30, '[]', 0, NULL)"
+        )
+        conn.execute(
+            "INSERT INTO source_labels VALUES ('owners', 'PUBLIC', NULL, NULL, '[]', 0, '[x')"
+        )
     conn.close()
-    resolved = catalog.resolve(["fine", "typo", "broken"])
+    resolved = catalog.resolve(["fine", "typo", "broken", "owners"], "acme")
     assert resolved["fine"] is not None
-    assert resolved == {"fine": resolved["fine"], "typo": None, "broken": None}
+    assert resolved == {"fine": resolved["fine"], "typo": None, "broken": None, "owners": None}
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "delete"])
@@ -208,3 +248,33 @@ def test_an_unreadable_catalog_answers_every_source_unlabelled(tmp_path: Path, d
     assert catalog.resolve(["a", "b"]) == {"a": None, "b": None}
     if damage == "delete":
         assert not path.exists()  # a read never recreates a missing catalog
+
+
+def test_a_source_of_another_tenant_is_unlabelled_and_its_labels_never_told(tmp_path: Path) -> None:
+    """The review's oracle: a persist reply echoed the labels of any source named. Labels are
+    resolved within the caller's tenancy; a source that names no tenant is shared."""
+    catalog = CatalogLabelResolver(tmp_path / "labels.db")
+    catalog.import_json({
+        "doc:acme-plan": {"classification": "CONFIDENTIAL", "residency_regions": ["eu"],
+                          "retention_days": 30, "mandatory_markings": ["m-secret"],
+                          "tenants": ["acme"]},
+        "doc:handbook": {"classification": "PUBLIC", "mandatory_markings": []},
+    })
+    mine = catalog.resolve(["doc:acme-plan", "doc:handbook"], "acme")
+    theirs = catalog.resolve(["doc:acme-plan", "doc:handbook"], "mallory")
+    assert mine["doc:acme-plan"] is not None and mine["doc:handbook"] is not None
+    assert theirs == {"doc:acme-plan": None, "doc:handbook": mine["doc:handbook"]}
+    assert catalog.resolve(["doc:acme-plan"]) == {"doc:acme-plan": None}  # no tenant: no owner's
+    with pytest.raises(ValueError, match="tenant name"):
+        catalog.import_json({"bad": {"classification": "PUBLIC", "tenants": ["acme corp"]}})
+
+
+def test_a_catalog_from_before_owners_is_read_with_every_source_shared(tmp_path: Path) -> None:
+    path = tmp_path / "labels.db"
+    with sqlite3.connect(path) as conn:  # the first release's table, without `tenants`
+        conn.execute("CREATE TABLE source_labels (source_id TEXT PRIMARY KEY, classification TEXT,"
+                     " residency_regions TEXT, retention_days INTEGER, mandatory_markings TEXT,"
+                     " updated_at REAL NOT NULL)")
+        conn.execute("INSERT INTO source_labels VALUES ('old', 'PUBLIC', NULL, NULL, '[]', 0)")
+    conn.close()
+    assert CatalogLabelResolver(path).resolve(["old"], "acme")["old"] is not None

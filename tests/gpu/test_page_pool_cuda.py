@@ -8,7 +8,7 @@ import gc
 import pytest
 import torch
 
-from kvci_plugin.tiering.page_pool import PagePool
+from kvci_plugin.tiering.ram.pool import PagePool
 
 pytestmark = [
     pytest.mark.cuda,

@@ -25,7 +25,9 @@ pytestmark = [
 KV_DTYPES = [torch.bfloat16, torch.float16, torch.float8_e4m3fn]
 
 
-def random_bytes(shape: tuple[int, ...], generator: torch.Generator, device: str = "cuda") -> torch.Tensor:
+def random_bytes(
+    shape: tuple[int, ...], generator: torch.Generator, device: str = "cuda"
+) -> torch.Tensor:
     return torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8).to(device)
 
 
@@ -63,7 +65,10 @@ LAYOUTS = [
     Layout(
         "flash_attn_hnd",
         lambda nb, bs, h, d, dt, g: _cache((2, nb, h, bs, d), dt, g).permute(0, 1, 3, 2, 4),
-        lambda cache: [page_view(cache[0].permute(0, 2, 1, 3)), page_view(cache[1].permute(0, 2, 1, 3))],
+        lambda cache: [
+            page_view(cache[0].permute(0, 2, 1, 3)),
+            page_view(cache[1].permute(0, 2, 1, 3)),
+        ],
         block_dim=1,
     ),
     # FlashInfer, HND: (num_blocks, 2, heads, block_size, head_size); one dense page per block.
@@ -86,7 +91,9 @@ NUM_BLOCKS = 48
 NUM_LAYERS = 3
 
 
-def build_caches(layout: Layout, dtype: torch.dtype, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def build_caches(
+    layout: Layout, dtype: torch.dtype, seed: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
     caches = [layout.make(NUM_BLOCKS, 16, 2, 64, dtype, generator) for _ in range(NUM_LAYERS)]
     return caches, [view for cache in caches for view in layout.views(cache)]
@@ -101,7 +108,9 @@ def pinned_pool(num_slots: int, slot_bytes: int, generator: torch.Generator) -> 
 def expected_gather(views: list[torch.Tensor], blocks: torch.Tensor, pool: torch.Tensor,
                     slots: torch.Tensor) -> torch.Tensor:
     expected = pool.clone()
-    expected[slots, : ops.pool_slot_bytes(views)] = torch.cat([v[blocks.cuda()].view(torch.uint8) for v in views], 1).cpu()
+    expected[slots, : ops.pool_slot_bytes(views)] = torch.cat(
+        [v[blocks.cuda()].view(torch.uint8) for v in views], 1
+    ).cpu()
     return expected
 
 
@@ -141,7 +150,10 @@ def test_scatter_matches_torch_indexing(layout: Layout, dtype: torch.dtype) -> N
     pool_before = pool.clone()
     ops.scatter_pages(pool, slots, views, blocks)
     torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for a, b in zip(cache_bytes(caches), cache_bytes(expected_caches), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(cache_bytes(caches), cache_bytes(expected_caches), strict=True)
+    )
     assert torch.equal(pool, pool_before)
 
 
@@ -165,7 +177,9 @@ def test_round_trip_moves_kv_between_blocks(layout: Layout) -> None:
 
 
 byte_layers = st.lists(
-    st.tuples(st.integers(1, 40000), st.integers(0, 40), st.sampled_from([torch.uint8, torch.int8])),
+    st.tuples(
+        st.integers(1, 40000), st.integers(0, 40), st.sampled_from([torch.uint8, torch.int8])
+    ),
     min_size=1,
     max_size=5,
 )
@@ -186,7 +200,9 @@ def test_any_page_sizes_and_alignments(seed: int, pages: list, num_blocks: int, 
     # copy widths; pages above 16 KiB span several chunks.
     generator = torch.Generator().manual_seed(seed)
     wholes = [random_bytes((num_blocks, size + pad), generator) for size, pad, _ in pages]
-    views = [whole.view(dtype)[:, :size] for whole, (size, _, dtype) in zip(wholes, pages, strict=True)]
+    views = [
+        whole.view(dtype)[:, :size] for whole, (size, _, dtype) in zip(wholes, pages, strict=True)
+    ]
     slot_bytes = ops.pool_slot_bytes(views)
     backing = pinned_pool(num_slots, slot_bytes + pool_shift, generator)
     pool = backing[:, pool_shift:]
@@ -264,24 +280,58 @@ def test_copies_are_queued_on_the_current_stream() -> None:
 
 
 def small_setup() -> tuple[list[torch.Tensor], torch.Tensor]:
-    layers = [torch.zeros(4, 8, dtype=torch.uint8, device="cuda"), torch.zeros(4, 4, dtype=torch.int8, device="cuda")]
+    layers = [
+        torch.zeros(4, 8, dtype=torch.uint8, device="cuda"),
+        torch.zeros(4, 4, dtype=torch.int8, device="cuda"),
+    ]
     return layers, torch.zeros(3, 12, dtype=torch.uint8, pin_memory=True)
 
 
 # Changes are built lazily: collecting this module must not touch CUDA on a machine without it.
 BAD_INPUTS = [
-    (lambda: {"block_ids": torch.tensor([4])}, IndexError, r"block_ids\[0\] = 4 is out of range for layers with num_blocks 4"),
-    (lambda: {"slot_ids": torch.tensor([3])}, IndexError, r"slot_ids\[0\] = 3 is out of range for pool with num_slots 3"),
-    (lambda: {"block_ids": torch.tensor([0, 1]), "slot_ids": torch.tensor([0])}, ValueError, "differ in length"),
-    (lambda: {"block_ids": torch.tensor([1], device="cuda")}, ValueError, "block_ids must be on the CPU"),
-    (lambda: {"pool": torch.zeros(3, 12, dtype=torch.uint8)}, ValueError, "pool is in pageable host memory"),
-    (lambda: {"pool": torch.zeros(3, 11, dtype=torch.uint8, pin_memory=True)}, ValueError, "pool slots hold 11 bytes"),
     (
-        lambda: {"layers": [torch.zeros(4, 8, dtype=torch.uint8)], "block_ids": torch.tensor([1], device="cuda")},
+        lambda: {"block_ids": torch.tensor([4])},
+        IndexError,
+        r"block_ids\[0\] = 4 is out of range for layers with num_blocks 4",
+    ),
+    (
+        lambda: {"slot_ids": torch.tensor([3])},
+        IndexError,
+        r"slot_ids\[0\] = 3 is out of range for pool with num_slots 3",
+    ),
+    (
+        lambda: {"block_ids": torch.tensor([0, 1]), "slot_ids": torch.tensor([0])},
+        ValueError,
+        "differ in length",
+    ),
+    (
+        lambda: {"block_ids": torch.tensor([1], device="cuda")},
+        ValueError,
+        "block_ids must be on the CPU",
+    ),
+    (
+        lambda: {"pool": torch.zeros(3, 12, dtype=torch.uint8)},
+        ValueError,
+        "pool is in pageable host memory",
+    ),
+    (
+        lambda: {"pool": torch.zeros(3, 11, dtype=torch.uint8, pin_memory=True)},
+        ValueError,
+        "pool slots hold 11 bytes",
+    ),
+    (
+        lambda: {
+            "layers": [torch.zeros(4, 8, dtype=torch.uint8)],
+            "block_ids": torch.tensor([1], device="cuda"),
+        },
         ValueError,
         "layers must be on a CUDA device",
     ),
-    (lambda: {"layers": [torch.zeros(4, 8, device="cuda")]}, TypeError, r"layers\[0\] must be uint8 or int8"),
+    (
+        lambda: {"layers": [torch.zeros(4, 8, device="cuda")]},
+        TypeError,
+        r"layers\[0\] must be uint8 or int8",
+    ),
     (
         lambda: {"layers": [torch.zeros(8, 4, dtype=torch.uint8, device="cuda").t()]},
         ValueError,
@@ -291,10 +341,20 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("direction", ["gather", "scatter"])
-@pytest.mark.parametrize(("change", "error", "match"), BAD_INPUTS, ids=[match for _, _, match in BAD_INPUTS])
-def test_bad_input_is_refused(direction: str, change: Callable[[], dict], error: type, match: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "error", "match"), BAD_INPUTS, ids=[match for _, _, match in BAD_INPUTS]
+)
+def test_bad_input_is_refused(
+    direction: str, change: Callable[[], dict], error: type, match: str
+) -> None:
     layers, pool = small_setup()
-    args = {"layers": layers, "block_ids": torch.tensor([1]), "pool": pool, "slot_ids": torch.tensor([2]), **change()}
+    args = {
+        "layers": layers,
+        "block_ids": torch.tensor([1]),
+        "pool": pool,
+        "slot_ids": torch.tensor([2]),
+        **change(),
+    }
     with pytest.raises(error, match=match):
         if direction == "gather":
             ops.gather_pages(args["layers"], args["block_ids"], args["pool"], args["slot_ids"])

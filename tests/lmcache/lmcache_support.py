@@ -47,14 +47,27 @@ def lmcache_settings(disk: Path | None = None, remote: str | None = None) -> dic
             "storage_plugins": plugins, "extra_config": extra}
 
 
-def worker_metadata(model_name: str = "kvci-test-model", worker_id: int = 0, **fields: Any) -> LMCacheMetadata:
-    return LMCacheMetadata(model_name=model_name, world_size=1, local_world_size=1, worker_id=worker_id,
-                           local_worker_id=worker_id, kv_dtype=torch.bfloat16,
-                           kv_shape=(2, 2, CHUNK, 2, HEAD_SIZE), use_mla=False, role="worker",
-                           chunk_size=CHUNK, **fields)
+def worker_metadata(
+    model_name: str = "kvci-test-model", worker_id: int = 0, **fields: Any
+) -> LMCacheMetadata:
+    return LMCacheMetadata(
+        model_name=model_name,
+        world_size=1,
+        local_world_size=1,
+        worker_id=worker_id,
+        local_worker_id=worker_id,
+        kv_dtype=torch.bfloat16,
+        kv_shape=(2, 2, CHUNK, 2, HEAD_SIZE),
+        use_mla=False,
+        role="worker",
+        chunk_size=CHUNK,
+        **fields,
+    )
 
 
-def start_engine(name: str, config: LMCacheEngineConfig, metadata: LMCacheMetadata) -> LMCacheEngine:
+def start_engine(
+    name: str, config: LMCacheEngineConfig, metadata: LMCacheMetadata
+) -> LMCacheEngine:
     """LMCache's worker-side engine, storage manager and backends (plugins included)."""
     connector = CreateGPUConnector(config, metadata, EngineType.MOCK)
     engine = LMCacheEngineBuilder.get_or_create(name, config, metadata, connector,

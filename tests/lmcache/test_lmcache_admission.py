@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.governance import (
     AlwaysDenyEligibility,
     CatalogLabelResolver,
@@ -30,6 +29,7 @@ from kvci_plugin.lmcache.admission import AdmissionPolicy
 from kvci_plugin.lmcache.config import KVCILMCacheConfig
 from kvci_plugin.lmcache.decision import DECIDED_AT
 from kvci_plugin.lmcache.gated_tiers import GatedTiers
+from kvci_plugin.request.tenancy import TenantResolver
 
 DISK = GatedTiers(local_disk=True)
 # An observation the advisor finds worth a disk copy: long, reused, stable.
@@ -38,7 +38,9 @@ DISK_WORTHY = {"sibling_tasks": 4, "queued_tasks": 4, "turns_since_change": 5,
 
 
 @pytest.fixture(scope="module")
-def issuer_and_verifier(tmp_path_factory: pytest.TempPathFactory) -> tuple[CredentialIssuer, CredentialVerifier]:
+def issuer_and_verifier(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[CredentialIssuer, CredentialVerifier]:
     key = write_hmac_key_file(tmp_path_factory.mktemp("keys") / "hs256.key")
     return (CredentialIssuer.from_key_file("HS256", key),
             CredentialVerifier(CredentialConfig(algorithm="HS256", key_file=key), None))
@@ -47,9 +49,18 @@ def issuer_and_verifier(tmp_path_factory: pytest.TempPathFactory) -> tuple[Crede
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory: pytest.TempPathFactory) -> CatalogLabelResolver:
     resolver = CatalogLabelResolver(tmp_path_factory.mktemp("labels") / "labels.db")
-    resolver.set_labels("wiki", SourceLabels(classification="PUBLIC", mandatory_markings=frozenset()))
-    resolver.set_labels("crm", SourceLabels(classification="INTERNAL", residency_regions=frozenset({"eu"}),
-                                            retention_days=30, mandatory_markings=frozenset()))
+    resolver.set_labels(
+        "wiki", SourceLabels(classification="PUBLIC", mandatory_markings=frozenset())
+    )
+    resolver.set_labels(
+        "crm",
+        SourceLabels(
+            classification="INTERNAL",
+            residency_regions=frozenset({"eu"}),
+            retention_days=30,
+            mandatory_markings=frozenset(),
+        ),
+    )
     return resolver
 
 
@@ -68,11 +79,15 @@ def deny_gate() -> Iterator[None]:
     set_persistence_eligibility_gate(previous)
 
 
-def _policy(verifier: CredentialVerifier | None = None, tiers: GatedTiers = DISK, **config: Any) -> AdmissionPolicy:
+def _policy(
+    verifier: CredentialVerifier | None = None, tiers: GatedTiers = DISK, **config: Any
+) -> AdmissionPolicy:
     return AdmissionPolicy(KVCILMCacheConfig(**config), TenantResolver(verifier), tiers)
 
 
-def _session(issuer: CredentialIssuer, tenant: str = "acme", scopes: tuple[str, ...] = ("kv:persist",)) -> str:
+def _session(
+    issuer: CredentialIssuer, tenant: str = "acme", scopes: tuple[str, ...] = ("kv:persist",)
+) -> str:
     return issuer.issue_session(actor="alice", tenant=tenant, scopes=scopes, clearance="INTERNAL",
                                 markings=(), regions=("eu",), policy_version=1)
 
@@ -104,7 +119,9 @@ def test_with_the_system_trigger_off_nothing_is_saved_unasked(prompt_tokens: int
 
 @pytest.mark.parametrize("trigger", ["user", "agent"])
 def test_an_explicit_trigger_saves_what_the_scorers_find_worthless(trigger: str):
-    decision = _policy(system_trigger=False).decide("r", _kvci(checkpoint="now", trigger=trigger), 16)
+    decision = _policy(system_trigger=False).decide(
+        "r", _kvci(checkpoint="now", trigger=trigger), 16
+    )
     assert decision.recommendation is not None and not decision.recommendation.worth_it
     assert decision.save and decision.trigger == trigger
     assert any(f"explicit {trigger} trigger" in reason for reason in decision.reasons)
@@ -119,7 +136,9 @@ def test_the_clients_own_skip_save_always_wins(skip: Any):
 
 
 def test_checkpoint_never_saves_nothing_however_worthy():
-    decision = _policy(auto_promote=True).decide("r", _kvci(checkpoint="never", observation=DISK_WORTHY), 200_000)
+    decision = _policy(auto_promote=True).decide(
+        "r", _kvci(checkpoint="never", observation=DISK_WORTHY), 200_000
+    )
     assert decision.recommendation is not None and decision.recommendation.worth_it
     assert not decision.save and not decision.durable and decision.persist is None
     assert any("checkpoint 'never'" in reason for reason in decision.reasons)
@@ -166,13 +185,17 @@ def test_a_permit_with_a_retention_limit_goes_to_the_gated_disk(derived_gate, is
     assert decision.persist.checkpoint_id == "lmcache:r"
 
 
-def test_a_permit_with_a_retention_limit_is_not_durable_on_the_remote_tier_alone(derived_gate, issuer_and_verifier):
+def test_a_permit_with_a_retention_limit_is_not_durable_on_the_remote_tier_alone(
+    derived_gate, issuer_and_verifier
+):
     issuer, verifier = issuer_and_verifier
     params = _kvci(session_token=_session(issuer), persist=True, source_ids=["crm"])
     decision = _policy(verifier, tiers=GatedTiers(remote=True)).decide("r", params, 100)
     assert decision.persist is not None and decision.persist.permitted
     assert decision.save and not decision.durable and decision.retention_expiry is None
-    assert any("remote tier keeps only copies without a retention limit" in r for r in decision.reasons)
+    assert any(
+        "remote tier keeps only copies without a retention limit" in r for r in decision.reasons
+    )
 
 
 def test_a_public_permit_goes_to_the_remote_tier(derived_gate, issuer_and_verifier):
@@ -192,7 +215,9 @@ def test_a_permit_without_any_gated_tier_is_not_durable(derived_gate, issuer_and
 
 def test_the_gate_names_the_check_that_refused(derived_gate, issuer_and_verifier):
     issuer, verifier = issuer_and_verifier
-    params = _kvci(session_token=_session(issuer, scopes=("kv:read",)), persist=True, source_ids=["crm"])
+    params = _kvci(
+        session_token=_session(issuer, scopes=("kv:read",)), persist=True, source_ids=["crm"]
+    )
     decision = _policy(verifier).decide("r", params, 100)
     assert decision.save and not decision.durable
     assert decision.persist is not None and decision.persist.failed_check == "durable_write_scope"
@@ -200,14 +225,21 @@ def test_the_gate_names_the_check_that_refused(derived_gate, issuer_and_verifier
 
 def test_the_tenant_comes_from_the_verified_session(issuer_and_verifier):
     issuer, verifier = issuer_and_verifier
-    assert _policy(verifier).decide("r", _kvci(session_token=_session(issuer, "globex")), 100).tenant == "globex"
-    mismatch = _policy(verifier).decide("r", _kvci(tenant="acme", session_token=_session(issuer, "globex")), 100)
+    assert (
+        _policy(verifier).decide("r", _kvci(session_token=_session(issuer, "globex")), 100).tenant
+        == "globex"
+    )
+    mismatch = _policy(verifier).decide(
+        "r", _kvci(tenant="acme", session_token=_session(issuer, "globex")), 100
+    )
     assert mismatch.error is not None and "disagrees" in mismatch.error
 
 
 @pytest.mark.parametrize("auto_promote", [False, True])
 def test_the_system_trigger_asks_the_gate_only_with_auto_promote(deny_gate, auto_promote: bool):
-    decision = _policy(auto_promote=auto_promote).decide("r", _kvci(observation=DISK_WORTHY), 200_000)
+    decision = _policy(auto_promote=auto_promote).decide(
+        "r", _kvci(observation=DISK_WORTHY), 200_000
+    )
     assert decision.recommendation is not None and decision.recommendation.tier.value == "disk"
     assert decision.save and decision.trigger == "system"
     assert (decision.persist is not None) is auto_promote
@@ -227,11 +259,15 @@ _client_params = st.fixed_dictionaries(
     })
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(kvci=st.none() | _client_params, skip=st.sampled_from([None, True, False]),
        with_token=st.booleans(), prompt_tokens=st.integers(0, 300_000),
        tiers=st.sampled_from([GatedTiers(), DISK, GatedTiers(remote=True)]))
-def test_decisions_never_widen(derived_gate, issuer_and_verifier, kvci, skip, with_token, prompt_tokens, tiers):
+def test_decisions_never_widen(
+    derived_gate, issuer_and_verifier, kvci, skip, with_token, prompt_tokens, tiers
+):
     issuer, verifier = issuer_and_verifier
     params: dict[str, Any] = {}
     if kvci is not None:

@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 import torch
-
 from lmcache_support import lmcache_settings, wait_until
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.engine,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="LMCache's vLLM connector needs a CUDA device"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="LMCache's vLLM connector needs a CUDA device"
+    ),
 ]
 
 BLOCK = 16
@@ -45,15 +46,27 @@ def setup(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     labels.write_text(json.dumps({"crm": {"classification": "INTERNAL", "residency_regions": ["eu"],
                                           "retention_days": 30, "mandatory_markings": []}}))
     disk = folder / "gated_disk"
-    extra: dict[str, Any] = {f"lmcache.{name}": value for name, value in lmcache_settings(disk=disk).items()}
+    extra: dict[str, Any] = {
+        f"lmcache.{name}": value for name, value in lmcache_settings(disk=disk).items()
+    }
     extra["kvci"] = {"credentials": {"algorithm": "HS256", "key_file": str(key)},
                      "label_catalog": str(folder / "labels.db"), "label_catalog_json": str(labels),
                      "durable_region": "eu"}
-    llm = LLM(model=str(tiny_model), block_size=BLOCK, gpu_memory_utilization=0.2, max_model_len=2048,
-              enable_prefix_caching=False, enforce_eager=True, seed=0,
-              kv_transfer_config={"kv_connector": "KVCILMCacheConnector",
-                                  "kv_connector_module_path": "kvci_plugin.lmcache",
-                                  "kv_role": "kv_both", "kv_connector_extra_config": extra})
+    llm = LLM(
+        model=str(tiny_model),
+        block_size=BLOCK,
+        gpu_memory_utilization=0.2,
+        max_model_len=2048,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        seed=0,
+        kv_transfer_config={
+            "kv_connector": "KVCILMCacheConnector",
+            "kv_connector_module_path": "kvci_plugin.lmcache",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": extra,
+        },
+    )
     yield {"llm": llm, "issuer": CredentialIssuer.from_key_file("HS256", key), "disk": disk}
     llm.llm_engine.engine_core.shutdown()
 
@@ -63,8 +76,11 @@ def _generate(llm: Any, tokens: list[int], kv_transfer_params: dict[str, Any] | 
     from vllm.inputs import TokensPrompt
 
     extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
-    (out,) = llm.generate([TokensPrompt(prompt_token_ids=tokens)],
-                          SamplingParams(temperature=0.0, max_tokens=8, extra_args=extra), use_tqdm=False)
+    (out,) = llm.generate(
+        [TokensPrompt(prompt_token_ids=tokens)],
+        SamplingParams(temperature=0.0, max_tokens=8, extra_args=extra),
+        use_tqdm=False,
+    )
     return out
 
 
@@ -90,11 +106,22 @@ def test_an_unannotated_short_prompt_is_not_saved(setup):
 
 def test_only_a_permitted_persist_reaches_the_gated_disk(setup):
     llm, issuer, disk = setup["llm"], setup["issuer"], setup["disk"]
-    token = issuer.issue_session(actor="alice", tenant="acme", scopes=["kv:persist"], clearance="INTERNAL",
-                                 markings=[], regions=["eu"], policy_version=1)
-    refused = _generate(llm, _prompt(), _kvci(session_token=token, persist=True, source_ids=["unlabelled"]))
+    token = issuer.issue_session(
+        actor="alice",
+        tenant="acme",
+        scopes=["kv:persist"],
+        clearance="INTERNAL",
+        markings=[],
+        regions=["eu"],
+        policy_version=1,
+    )
+    refused = _generate(
+        llm, _prompt(), _kvci(session_token=token, persist=True, source_ids=["unlabelled"])
+    )
     assert refused.kv_transfer_params["kvci"]["durable"] is False
     assert not list(disk.glob("*.pt"))
-    permitted = _generate(llm, _prompt(), _kvci(session_token=token, persist=True, source_ids=["crm"]))
+    permitted = _generate(
+        llm, _prompt(), _kvci(session_token=token, persist=True, source_ids=["crm"])
+    )
     assert permitted.kv_transfer_params["kvci"]["durable"] is True
     assert wait_until(lambda: len(list(disk.glob("*.pt"))) >= 6)  # 200 tokens = six 32-token chunks

@@ -17,8 +17,16 @@ from lmcache.v1.cache_engine import LMCacheEngine, LMCacheEngineBuilder
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
-
-from lmcache_support import CHUNK, chunk_keys, gated, lmcache_settings, start_engine, store, wait_until, worker_metadata
+from lmcache_support import (
+    CHUNK,
+    chunk_keys,
+    gated,
+    lmcache_settings,
+    start_engine,
+    store,
+    wait_until,
+    worker_metadata,
+)
 
 from kvci_plugin.lmcache.gated_backend import GatedLocalDiskBackend, GatedRemoteBackend
 from kvci_plugin.lmcache.request_configs import DURABLE_UNTIL, durable_marker
@@ -42,8 +50,11 @@ def _later(seconds: float = 3600.0) -> float:
 @pytest.fixture(scope="module")
 def disk_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LMCacheEngine, Path]]:
     folder = tmp_path_factory.mktemp("gated_disk")
-    engine = start_engine("kvci-gated-disk", LMCacheEngineConfig.from_defaults(**lmcache_settings(disk=folder)),
-                          worker_metadata())
+    engine = start_engine(
+        "kvci-gated-disk",
+        LMCacheEngineConfig.from_defaults(**lmcache_settings(disk=folder)),
+        worker_metadata(),
+    )
     yield engine, folder
     LMCacheEngineBuilder.destroy("kvci-gated-disk")
 
@@ -120,14 +131,21 @@ def test_a_later_permit_for_the_same_bytes_extends_the_copy(disk_engine):
 
 
 def test_shutdown_deletes_retention_limited_copies_and_keeps_unlimited_ones(tmp_path):
-    engine = start_engine("kvci-gated-close", LMCacheEngineConfig.from_defaults(**lmcache_settings(disk=tmp_path)),
-                          worker_metadata())
+    engine = start_engine(
+        "kvci-gated-close",
+        LMCacheEngineConfig.from_defaults(**lmcache_settings(disk=tmp_path)),
+        worker_metadata(),
+    )
     limited, unlimited = _prompt(2), _prompt(2)
     store(engine, limited, _permit(_later()))
     store(engine, unlimited, _permit(None))
     backend = gated(engine, "kvci_disk")
-    limited_files = {Path(backend.inner._key_to_path(key)) for key in chunk_keys(engine, limited, None)}
-    unlimited_files = {Path(backend.inner._key_to_path(key)) for key in chunk_keys(engine, unlimited, None)}
+    limited_files = {
+        Path(backend.inner._key_to_path(key)) for key in chunk_keys(engine, limited, None)
+    }
+    unlimited_files = {
+        Path(backend.inner._key_to_path(key)) for key in chunk_keys(engine, unlimited, None)
+    }
     assert wait_until(lambda: all(path.exists() for path in limited_files | unlimited_files))
     LMCacheEngineBuilder.destroy("kvci-gated-close")
     assert not any(path.exists() for path in limited_files)
@@ -141,8 +159,11 @@ def test_files_an_earlier_process_left_are_deleted_at_start_for_this_worker_only
     unrelated = tmp_path / "notes.txt"
     for path in (mine, other_worker, other_model, unrelated):
         path.write_bytes(b"x")
-    start_engine("kvci-gated-leftovers", LMCacheEngineConfig.from_defaults(**lmcache_settings(disk=tmp_path)),
-                 worker_metadata())
+    start_engine(
+        "kvci-gated-leftovers",
+        LMCacheEngineConfig.from_defaults(**lmcache_settings(disk=tmp_path)),
+        worker_metadata(),
+    )
     LMCacheEngineBuilder.destroy("kvci-gated-leftovers")
     assert not mine.exists()
     assert other_worker.exists() and other_model.exists() and unrelated.exists()

@@ -14,14 +14,17 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lmcache.integration.vllm.vllm_v1_adapter import ReqMeta, RequestTracker, extract_request_configs
+from lmcache.integration.vllm.vllm_v1_adapter import (
+    ReqMeta,
+    RequestTracker,
+    extract_request_configs,
+)
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
+from lmcache_support import CHUNK
 from vllm import SamplingParams
 from vllm.v1.core.sched.output import NewRequestData
 from vllm.v1.request import Request
-
-from lmcache_support import CHUNK
 
 from kvci_plugin.lmcache.request_configs import (
     DURABLE_UNTIL,
@@ -45,7 +48,8 @@ def _request(kv_transfer_params: dict[str, Any] | None = None) -> Request:
 
 def _first_step(request: Request) -> tuple[RequestTracker, ReqMeta | None]:
     """What LMCache's scheduler side does in the request's first build_connector_meta."""
-    new = NewRequestData.from_request(request, BLOCKS)
+    # prefill_token_ids: optional before vLLM 0.34, required from it (the scheduler passes them).
+    new = NewRequestData.from_request(request, BLOCKS, list(request.all_token_ids))
     tracker = RequestTracker.from_new_request(LMCACHE_CONFIG, new, len(PROMPT), 0, False)
     return tracker, ReqMeta.from_request_tracker(tracker, CHUNK, CHUNK)
 
@@ -55,7 +59,9 @@ def _first_step(request: Request) -> tuple[RequestTracker, ReqMeta | None]:
 def test_lmcache_saves_exactly_what_kvci_decided(save: bool, durable: str | None):
     request = _request({"kvci": {"session_id": "s"}})
     tag = tenant_tag("acme", "default")
-    write_decision(request.sampling_params, skip_save=not save, tag=tag, durable=durable if save else None)
+    write_decision(
+        request.sampling_params, skip_save=not save, tag=tag, durable=durable if save else None
+    )
     tracker, meta = _first_step(request)
     if not save:
         assert meta is None  # LMCache neither saves nor loads anything for the request
@@ -82,8 +88,18 @@ def test_a_skipped_request_stays_skipped_in_later_steps():
     assert ReqMeta.from_request_tracker(tracker, CHUNK, CHUNK) is None
 
 
-_KEYS = st.sampled_from([SKIP_SAVE, TENANT_TAG, DURABLE_UNTIL, "lmcache.kvci.anything", "lmcache.tag.team",
-                         "lmcache.other", "kvci", "do_remote_prefill"])
+_KEYS = st.sampled_from(
+    [
+        SKIP_SAVE,
+        TENANT_TAG,
+        DURABLE_UNTIL,
+        "lmcache.kvci.anything",
+        "lmcache.tag.team",
+        "lmcache.other",
+        "kvci",
+        "do_remote_prefill",
+    ]
+)
 _VALUES = st.one_of(st.booleans(), st.text(max_size=8), st.integers(-3, 3), st.none())
 
 

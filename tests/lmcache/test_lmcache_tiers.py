@@ -1,4 +1,5 @@
-"""The facade starts only on an LMCache configuration whose every tier beyond CPU memory is gated."""
+"""The facade starts only on an LMCache configuration whose every tier beyond CPU memory is
+gated."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from typing import Any
 
 import pytest
 from lmcache.v1.config import LMCacheEngineConfig
-
 from lmcache_support import GATED_MODULE, lmcache_settings
 
 from kvci_plugin.lmcache.config import KVCILMCacheConfig
@@ -25,7 +25,9 @@ def test_plain_cpu_caching_has_no_durable_tier():
 
 def test_the_gated_plugins_are_recognised(tmp_path: Path):
     assert gated_tiers(_config(**lmcache_settings(disk=tmp_path))) == GatedTiers(local_disk=True)
-    assert gated_tiers(_config(**lmcache_settings(remote="lm://localhost:65432"))) == GatedTiers(remote=True)
+    assert gated_tiers(_config(**lmcache_settings(remote="lm://localhost:65432"))) == GatedTiers(
+        remote=True
+    )
     both = gated_tiers(_config(**lmcache_settings(disk=tmp_path, remote="lm://localhost:65432")))
     assert both == GatedTiers(local_disk=True, remote=True)
 
@@ -46,7 +48,9 @@ def test_every_ungated_tier_is_refused_by_name(setting: str, value: Any):
 
 def test_nixl_storage_is_refused():
     with pytest.raises(ValueError, match="enable_nixl_storage"):
-        gated_tiers(_config(**{**lmcache_settings(), "extra_config": {"enable_nixl_storage": True}}))
+        gated_tiers(
+            _config(**{**lmcache_settings(), "extra_config": {"enable_nixl_storage": True}})
+        )
 
 
 def test_a_foreign_storage_plugin_is_refused(tmp_path: Path):
@@ -88,8 +92,12 @@ def test_gated_tiers_need_the_cpu_buffer(tmp_path: Path):
 def test_listing_a_gated_plugin_twice_is_refused(tmp_path: Path):
     settings = lmcache_settings(disk=tmp_path)
     settings["storage_plugins"].append("kvci_disk2")
-    settings["extra_config"].update({"storage_plugin.kvci_disk2.module_path": GATED_MODULE,
-                                     "storage_plugin.kvci_disk2.class_name": "GatedLocalDiskBackend"})
+    settings["extra_config"].update(
+        {
+            "storage_plugin.kvci_disk2.module_path": GATED_MODULE,
+            "storage_plugin.kvci_disk2.class_name": "GatedLocalDiskBackend",
+        }
+    )
     with pytest.raises(ValueError, match="twice"):
         gated_tiers(_config(**settings))
 
@@ -108,7 +116,9 @@ def test_kvci_settings_reject_unknown_keys_and_inconsistent_values(tmp_path: Pat
     with pytest.raises(ValueError, match="revocation_db needs credentials"):
         KVCILMCacheConfig.from_extra_config({"kvci": {"revocation_db": str(tmp_path / "r.db")}})
     with pytest.raises(ValueError, match="label_catalog_json needs label_catalog"):
-        KVCILMCacheConfig.from_extra_config({"kvci": {"label_catalog_json": str(tmp_path / "l.json")}})
+        KVCILMCacheConfig.from_extra_config(
+            {"kvci": {"label_catalog_json": str(tmp_path / "l.json")}}
+        )
     with pytest.raises(ValueError, match="ram_threshold cannot exceed disk_threshold"):
         KVCILMCacheConfig.from_extra_config({"kvci": {"ram_threshold": 0.9, "disk_threshold": 0.8}})
     with pytest.raises(TypeError, match="must be an object"):

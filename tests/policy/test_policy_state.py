@@ -15,10 +15,10 @@ import pytest
 
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.scheduler import KVCIScheduler
-from kvci_plugin.connector.tenancy import TenantResolver
 from kvci_plugin.policy import LRUPolicy, Offer, PolicyStateFile, PolicyStateSaver, ValuePolicy
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
-from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.request.tenancy import TenantResolver
+from kvci_plugin.tiering.ram.index import RAMIndex
 
 ONE_OFF = (-1, 0, None)  # an unscored context never re-sent, nothing said of it
 RESENT = (-1, 2, None)  # one re-sent more than once
@@ -66,8 +66,13 @@ def test_a_tier_restarted_from_the_file_weighs_as_the_one_that_learned(tmp_path:
     assert restored is not None
     assert probabilities(restored) == pytest.approx(probabilities(policy.reuse_hazard(clock.now)))
     # What it learned is not the prior a fresh tier starts from.
-    assert restored.resend_probability(ONE_OFF, 0.0, 600.0) < ReuseHazard().resend_probability(ONE_OFF, 0.0, 600.0) / 2
-    assert restored.resend_probability(RESENT, 0.0, 600.0) > 5 * restored.resend_probability(ONE_OFF, 0.0, 600.0)
+    assert (
+        restored.resend_probability(ONE_OFF, 0.0, 600.0)
+        < ReuseHazard().resend_probability(ONE_OFF, 0.0, 600.0) / 2
+    )
+    assert restored.resend_probability(RESENT, 0.0, 600.0) > 5 * restored.resend_probability(
+        ONE_OFF, 0.0, 600.0
+    )
     # And it learns on from there: a second run's re-sends add to the first's.
     again = taught(Clock(clock.now), ValuePolicy(hazard=restored)).policy_learned()
     assert sum(again.reuses[RESENT]) == 2 * sum(ix.policy_learned().reuses[RESENT]) > 0
@@ -81,7 +86,10 @@ def test_contexts_still_idle_are_kept_as_idle_time_not_dropped() -> None:
     taught(clock, policy)
     ended_only = ReuseHazard.from_counts(policy._hazard.counts({}))
     censored = ReuseHazard.from_counts(policy.learned(clock.now))
-    assert censored.resend_probability(ONE_OFF, 0.0, 600.0) < ended_only.resend_probability(ONE_OFF, 0.0, 600.0) / 2
+    assert (
+        censored.resend_probability(ONE_OFF, 0.0, 600.0)
+        < ended_only.resend_probability(ONE_OFF, 0.0, 600.0) / 2
+    )
 
 
 def test_the_lru_baseline_has_nothing_to_keep() -> None:
@@ -108,22 +116,36 @@ def valid(tmp_path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("spoil, says", [
-    (lambda d: "not json", "is not a kvci policy state"),
-    (lambda d: {**d, "format": "kvci-policy-state/9"}, "is not a kvci policy state"),
-    (lambda d: {**d, "edges_s": [0.0, 1.0, 3.0] + d["edges_s"][3:]}, "other classes or idle-age buckets"),
-    (lambda d: {**d, "classes": [{**d["classes"][0], "reuses": [-1.0] * len(EDGES)}]}, "greater than or equal to 0"),
-    (lambda d: {**d, "classes": [{**d["classes"][0], "exposure_s": [1.0]}]}, "at least"),
-    (lambda d: {**d, "classes": [d["classes"][0], d["classes"][0]]}, "twice"),
-    (lambda d: {**d, "count_cap": 3}, "other classes"),
-    (lambda d: {**d, "score_bands": 8}, "other classes"),
-    (lambda d: {**d, "classes": [{**d["classes"][0], "band": 4}]}, "less than 4"),
-    (lambda d: {**d, "classes": [{**d["classes"][0], "resent": 3}]}, "less than or equal to 2"),
-    (lambda d: {**d, "classes": [{**d["classes"][0], "pending": "yes"}]}, "valid boolean"),
-    # Each finite, but their sums would overflow every hazard to infinity.
-    (lambda d: {**d, "classes": [{**d["classes"][0], "exposure_s": [1e308] * len(EDGES)}]}, "less than or equal"),
-])
-def test_a_file_this_version_did_not_write_is_refused_saying_why(tmp_path: Path, spoil, says: str) -> None:
+@pytest.mark.parametrize(
+    "spoil, says",
+    [
+        (lambda d: "not json", "is not a kvci policy state"),
+        (lambda d: {**d, "format": "kvci-policy-state/9"}, "is not a kvci policy state"),
+        (
+            lambda d: {**d, "edges_s": [0.0, 1.0, 3.0] + d["edges_s"][3:]},
+            "other classes or idle-age buckets",
+        ),
+        (
+            lambda d: {**d, "classes": [{**d["classes"][0], "reuses": [-1.0] * len(EDGES)}]},
+            "greater than or equal to 0",
+        ),
+        (lambda d: {**d, "classes": [{**d["classes"][0], "exposure_s": [1.0]}]}, "at least"),
+        (lambda d: {**d, "classes": [d["classes"][0], d["classes"][0]]}, "twice"),
+        (lambda d: {**d, "count_cap": 3}, "other classes"),
+        (lambda d: {**d, "score_bands": 8}, "other classes"),
+        (lambda d: {**d, "classes": [{**d["classes"][0], "band": 4}]}, "less than 4"),
+        (lambda d: {**d, "classes": [{**d["classes"][0], "resent": 3}]}, "less than or equal to 2"),
+        (lambda d: {**d, "classes": [{**d["classes"][0], "pending": "yes"}]}, "valid boolean"),
+        # Each finite, but their sums would overflow every hazard to infinity.
+        (
+            lambda d: {**d, "classes": [{**d["classes"][0], "exposure_s": [1e308] * len(EDGES)}]},
+            "less than or equal",
+        ),
+    ],
+)
+def test_a_file_this_version_did_not_write_is_refused_saying_why(
+    tmp_path: Path, spoil, says: str
+) -> None:
     path = tmp_path / "policy.json"
     spoilt = spoil(valid(tmp_path))
     path.write_text(spoilt if isinstance(spoilt, str) else json.dumps(spoilt))
@@ -131,7 +153,9 @@ def test_a_file_this_version_did_not_write_is_refused_saying_why(tmp_path: Path,
         PolicyStateFile(path).load()
 
 
-def test_what_clients_said_is_kept_per_class_and_a_file_from_before_reads_as_nothing_said(tmp_path: Path) -> None:
+def test_what_clients_said_is_kept_per_class_and_a_file_from_before_reads_as_nothing_said(
+    tmp_path: Path,
+) -> None:
     clock = Clock()
     ix = taught(clock)
     for n in range(20):  # contexts said to be back, and back 10 s later
@@ -141,11 +165,16 @@ def test_what_clients_said_is_kept_per_class_and_a_file_from_before_reads_as_not
         ix.observe_lookup([key(5000 + n)])
     path = tmp_path / "policy.json"
     PolicyStateFile(path).save(ix.policy_learned())
-    rows = {(row["band"], row["resent"], row["pending"]) for row in json.loads(path.read_text())["classes"]}
+    rows = {
+        (row["band"], row["resent"], row["pending"])
+        for row in json.loads(path.read_text())["classes"]
+    }
     assert (-1, 1, True) in rows and ONE_OFF in rows
     restored = PolicyStateFile(path).load()
     assert restored is not None
-    assert restored.resend_probability((-1, 0, True), 0.0, 30.0) > 5 * restored.resend_probability(ONE_OFF, 0.0, 30.0)
+    assert restored.resend_probability((-1, 0, True), 0.0, 30.0) > 5 * restored.resend_probability(
+        ONE_OFF, 0.0, 30.0
+    )
     # A file written before kvci classed by the client's word: every class read as nothing said.
     older = json.loads(path.read_text())
     older["classes"] = [{k: v for k, v in row.items() if k != "pending"} for row in older["classes"]
@@ -153,7 +182,9 @@ def test_what_clients_said_is_kept_per_class_and_a_file_from_before_reads_as_not
     path.write_text(json.dumps(older))
     before = PolicyStateFile(path).load()
     assert before is not None
-    assert before.counts({}).reuses.keys() == {cls for cls in restored.counts({}).reuses if cls[2] is None}
+    assert before.counts({}).reuses.keys() == {
+        cls for cls in restored.counts({}).reuses if cls[2] is None
+    }
 
 
 def test_restore_learns_afresh_from_a_file_it_cannot_read(tmp_path: Path, caplog) -> None:
@@ -180,7 +211,9 @@ def test_counts_of_another_shape_are_refused() -> None:
     with pytest.raises(ValueError, match="finite counts"):
         ReuseHazard.from_counts(HazardCounts(reuses={ONE_OFF: (1.0,)}, exposure={}))
     with pytest.raises(ValueError, match="finite counts"):
-        ReuseHazard.from_counts(HazardCounts(reuses={}, exposure={ONE_OFF: (float("nan"),) * len(EDGES)}))
+        ReuseHazard.from_counts(
+            HazardCounts(reuses={}, exposure={ONE_OFF: (float("nan"),) * len(EDGES)})
+        )
 
 
 def test_a_write_cut_short_leaves_nothing_behind_at_the_next_start(tmp_path: Path) -> None:
@@ -197,12 +230,16 @@ def test_a_path_that_cannot_hold_the_file_is_refused_at_start(tmp_path: Path) ->
         PolicyStateFile(tmp_path)
 
 
-def test_the_saver_writes_when_due_off_the_callers_thread_and_reports_a_failed_write(tmp_path: Path, caplog) -> None:
+def test_the_saver_writes_when_due_off_the_callers_thread_and_reports_a_failed_write(
+    tmp_path: Path, caplog
+) -> None:
     clock = Clock(0.0)
     learned = taught(Clock()).policy_learned()
     folder = tmp_path / "state"
     folder.mkdir()
-    saver = PolicyStateSaver(PolicyStateFile(folder / "policy.json"), lambda: learned, every_s=60.0, clock=clock)
+    saver = PolicyStateSaver(
+        PolicyStateFile(folder / "policy.json"), lambda: learned, every_s=60.0, clock=clock
+    )
 
     def settled() -> None:
         if saver._writing is not None:
@@ -249,7 +286,9 @@ class SlowFile(PolicyStateFile):
         super().save(counts)
 
 
-def test_a_save_in_flight_is_never_doubled_and_the_shutdown_save_waits_for_it(tmp_path: Path) -> None:
+def test_a_save_in_flight_is_never_doubled_and_the_shutdown_save_waits_for_it(
+    tmp_path: Path,
+) -> None:
     clock = Clock(0.0)
     learned = taught(Clock()).policy_learned()
     file = SlowFile(tmp_path / "policy.json")
@@ -269,7 +308,9 @@ def test_a_save_in_flight_is_never_doubled_and_the_shutdown_save_waits_for_it(tm
 def test_a_failed_save_at_shutdown_is_reported_not_raised(tmp_path: Path, caplog) -> None:
     folder = tmp_path / "state"
     folder.mkdir()
-    saver = PolicyStateSaver(PolicyStateFile(folder / "policy.json"), lambda: taught(Clock()).policy_learned())
+    saver = PolicyStateSaver(
+        PolicyStateFile(folder / "policy.json"), lambda: taught(Clock()).policy_learned()
+    )
     folder.rmdir()
     with caplog.at_level(logging.WARNING):
         saver.save()
@@ -277,10 +318,14 @@ def test_a_failed_save_at_shutdown_is_reported_not_raised(tmp_path: Path, caplog
 
 
 def test_only_the_value_policy_takes_a_state_file(tmp_path: Path) -> None:
-    assert KVCIConfig(policy_state_file=tmp_path / "p.json").policy_state_file == tmp_path / "p.json"
+    assert (
+        KVCIConfig(policy_state_file=tmp_path / "p.json").policy_state_file == tmp_path / "p.json"
+    )
     with pytest.raises(ValueError, match="'lru' learns nothing"):
         KVCIConfig(policy_state_file=tmp_path / "p.json", ram_policy="lru")
-    with pytest.raises(ValueError, match="ram_threshold, ram_admission and ram_threshold_min choose it"):
+    with pytest.raises(
+        ValueError, match="ram_threshold, ram_admission and ram_threshold_min choose it"
+    ):
         KVCIConfig(policy_state_file=tmp_path / "p.json", ram_threshold=0.5)
 
 
@@ -292,9 +337,16 @@ def test_each_data_parallel_rank_keeps_its_own_file(tmp_path: Path) -> None:
 
 
 def scheduler(path: Path) -> KVCIScheduler:
-    return KVCIScheduler(config=KVCIConfig(ram_bytes=1 << 20, policy_state_file=path), block_size=32,
-                         slot_bytes=1 << 16, namespace=hashlib.sha256(b"state").digest(),
-                         secret=b"s" * 32, tp_size=1, tenants=TenantResolver(None), disk=None)
+    return KVCIScheduler(
+        config=KVCIConfig(ram_bytes=1 << 20, policy_state_file=path),
+        block_size=32,
+        slot_bytes=1 << 16,
+        namespace=hashlib.sha256(b"state").digest(),
+        secret=b"s" * 32,
+        tp_size=1,
+        tenants=TenantResolver(None),
+        disk=None,
+    )
 
 
 def test_the_scheduler_saves_at_shutdown_and_the_next_one_starts_from_it(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""kvci's tier policy: each rule, the seed's guarantees, chain order, and the policy inside the
-real RAMIndex under random operations (hypothesis) against a reference model."""
+"""kvci's tier policy: each rule, explicit checkpoints kept whatever their value and evicted
+last, chain order, and the policy inside the real RAMIndex under random operations (hypothesis)
+against a reference model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from kvci_plugin.policy import LRUPolicy, Offer, ValuePolicy, offer_rebuild_s
 from kvci_plugin.policy.reuse_hazard import EDGES, ReuseHazard, bucket
-from kvci_plugin.tiering.ram_index import RAMIndex
+from kvci_plugin.tiering.ram.index import RAMIndex
 from kvci_plugin.tiering.types import CheckpointBusyError, DoesNotFitError, NotWorthDisplacingError
 from kvci_plugin.worthiness import CheckpointObservation, RebuildCostModel
 
@@ -60,12 +61,20 @@ def test_a_class_that_comes_back_outranks_one_that_never_does() -> None:
         hazard.ended("back", 30.0, reused=True)
         hazard.ended("gone", 3000.0, reused=False)
     hazard.refresh({})
-    assert hazard.resend_probability("back", 0.0, 60.0) > 10 * hazard.resend_probability("gone", 0.0, 60.0)
+    assert hazard.resend_probability("back", 0.0, 60.0) > 10 * hazard.resend_probability(
+        "gone", 0.0, 60.0
+    )
     assert hazard.resend_probability("back", 0.0, 60.0) > 0.5
     # Past the age at which it always came back, holding it buys little.
-    assert hazard.resend_probability("back", 100.0, 60.0) < hazard.resend_probability("back", 0.0, 60.0) / 2
+    assert (
+        hazard.resend_probability("back", 100.0, 60.0)
+        < hazard.resend_probability("back", 0.0, 60.0) / 2
+    )
     # A horizon shorter than the return buys less than one that reaches it.
-    assert hazard.resend_probability("back", 0.0, 8.0) < hazard.resend_probability("back", 0.0, 60.0) / 2
+    assert (
+        hazard.resend_probability("back", 0.0, 8.0)
+        < hazard.resend_probability("back", 0.0, 60.0) / 2
+    )
 
 
 def test_a_horizon_that_reaches_past_a_pause_counts_the_return() -> None:
@@ -75,7 +84,9 @@ def test_a_horizon_that_reaches_past_a_pause_counts_the_return() -> None:
         hazard.ended("pause", 100.0, reused=True)
         hazard.ended("gone", 3000.0, reused=False)
     hazard.refresh({})
-    assert hazard.resend_probability("pause", 10.0, 200.0) > 10 * hazard.resend_probability("gone", 10.0, 200.0)
+    assert hazard.resend_probability("pause", 10.0, 200.0) > 10 * hazard.resend_probability(
+        "gone", 10.0, 200.0
+    )
 
 
 def test_contexts_still_idle_count_as_exposure() -> None:
@@ -90,7 +101,10 @@ def test_contexts_still_idle_count_as_exposure() -> None:
 
 def seconds_in_each_bucket(age: float) -> list[float]:
     """Reference: how long an idle period of ``age`` s spent in each idle-age bucket."""
-    return [max(0.0, min(age, EDGES[j + 1] if j + 1 < len(EDGES) else age) - EDGES[j]) for j in range(len(EDGES))]
+    return [
+        max(0.0, min(age, EDGES[j + 1] if j + 1 < len(EDGES) else age) - EDGES[j])
+        for j in range(len(EDGES))
+    ]
 
 
 @given(ages=st.lists(st.floats(0.0, 2.0 * EDGES[-1], allow_nan=False), max_size=40))
@@ -104,7 +118,9 @@ def test_idle_exposure_counts_each_periods_seconds_in_each_bucket_ended_or_open(
     bulk = ReuseHazard()
     bulk.ended("c", 0.0, reused=False)  # the class exists with nothing counted yet
     for counts in (one_by_one.counts({}), bulk.counts({"c": ages}).closed()):
-        assert counts.exposure.get("c", [0.0] * len(EDGES)) == pytest.approx(want, rel=1e-12, abs=1e-9)
+        assert counts.exposure.get("c", [0.0] * len(EDGES)) == pytest.approx(
+            want, rel=1e-12, abs=1e-9
+        )
 
 
 @settings(max_examples=40, deadline=None)
@@ -142,7 +158,10 @@ def test_the_policy_counts_every_remembered_context_idle_in_its_own_class(events
     for cls, row in expected.counts({}).exposure.items():
         # What the policy already counted (re-sends end idle periods) plus what is still open.
         assert closed.exposure[cls] == pytest.approx(
-            tuple(a + b for a, b in zip(row, got.exposure.get(cls, (0.0,) * len(EDGES)))), rel=1e-9, abs=1e-6)
+            tuple(a + b for a, b in zip(row, got.exposure.get(cls, (0.0,) * len(EDGES)))),
+            rel=1e-9,
+            abs=1e-6,
+        )
 
 
 # ---- admission and eviction -------------------------------------------------------------------
@@ -237,7 +256,8 @@ def test_an_explicit_checkpoint_is_kept_whatever_its_value_and_leaves_last() -> 
     # A system offer never displaces the explicit checkpoint: here only it could make room.
     with pytest.raises(NotWorthDisplacingError):
         ix.reserve("big", "t", chain(200, 201, 202, 203), offer=Offer(anchor=key(203)))
-    # An explicit offer is admitted under pressure; the explicit checkpoint goes only when nothing else can.
+    # An explicit offer is admitted under pressure; the explicit checkpoint goes only when nothing
+    # else can.
     res = ix.reserve("now2", "t", chain(95, 96), offer=Offer(anchor=key(96), explicit=True))
     ix.commit("now2")
     assert "now" in held(ix) and "now2" in held(ix)
@@ -317,7 +337,7 @@ def test_a_reset_forgets_anchors_but_keeps_what_it_learned() -> None:
     assert ix._policy._hazard.resend_probability((-1, 0, 2), 0.0, 60.0) == hot  # noqa: SLF001
 
 
-# ---- the seed's rules and chain order under random operations --------------------------------
+# ---- explicit checkpoints last, room kept, chain order: under random operations ---------------
 
 ops = st.lists(
     st.tuples(st.sampled_from(["offer", "explicit", "lookup", "tick", "pin"]),
@@ -336,7 +356,8 @@ def test_invariants_against_a_reference_model(ops, pages) -> None:
     explicit: set[str] = set()
     n = 0
     for op, root, depth in ops:
-        # Chains of a few roots, each extended to some depth: continuations share their parent's pages.
+        # Chains of a few roots, each extended to some depth: continuations share their parent's
+        # pages.
         keys = [key(root * 100 + d) for d in range(depth)]
         if op == "tick":
             clock.now += 2.0 ** depth
@@ -374,7 +395,9 @@ def test_invariants_against_a_reference_model(ops, pages) -> None:
             if ix.keep_resent_prefix(cid, f"{cid}p"):
                 prefix = ix.get(f"{cid}p", "t").keys
                 assert len(prefix) < len(keys) and tuple(keys[: len(prefix)]) == prefix
-                assert held(ix) == committed | {f"{cid}p"}, "a re-sent prefix displaced a checkpoint"
+                assert held(ix) == committed | {f"{cid}p"}, (
+                    "a re-sent prefix displaced a checkpoint"
+                )
         gone = {e.checkpoint_id for e in res.evicted}
         if gone & explicit:
             # Only when every non-explicit checkpoint left (or is the newcomer's own pages) too.
@@ -385,9 +408,13 @@ def test_invariants_against_a_reference_model(ops, pages) -> None:
         stats = ix.stats()
         assert stats.pages <= pages
         for root_ in range(6):
-            resident = [ix.longest_prefix([key(root_ * 100 + d) for d in range(i + 1)], "t") == i + 1
-                        for i in range(4)]
-            assert resident == sorted(resident, reverse=True), "a chain kept a tail without its root"
+            resident = [
+                ix.longest_prefix([key(root_ * 100 + d) for d in range(i + 1)], "t") == i + 1
+                for i in range(4)
+            ]
+            assert resident == sorted(resident, reverse=True), (
+                "a chain kept a tail without its root"
+            )
     assert explicit <= held(ix)
 
 

@@ -9,43 +9,25 @@ import os
 import signal
 import socket
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 import torch
 from services import redis_server_process
+from thread_support import within
 
 from kvci_plugin.connector.config import KVCIConfig
-from kvci_plugin.tiering.blob_codec import BlobStoreUnavailableError, BlobUnavailableError
-from kvci_plugin.tiering.catalog import CheckpointCatalog
-from kvci_plugin.tiering.catalog_db import _WRITE_LOCK_ID, PostgresDatabase, SQLiteDatabase
-from kvci_plugin.tiering.redis_blob_store import RedisBlobRoot
+from kvci_plugin.tiering.blobs.errors import BlobStoreUnavailableError, BlobUnavailableError
+from kvci_plugin.tiering.blobs.redis_store import RedisBlobRoot
+from kvci_plugin.tiering.disk.catalog import CheckpointCatalog
+from kvci_plugin.tiering.disk.db import _WRITE_LOCK_ID, PostgresDatabase, SQLiteDatabase
 from kvci_plugin.tiering.timeouts import DependencyTimeouts
 
 NS = hashlib.sha256(b"timeouts-ns").digest()
 KEY = bytes(range(16))
-
-
-def within(seconds: float, call: Callable[[], object]) -> object:
-    """What ``call`` returned or raised, on a thread; fails if it is still running after
-    ``seconds``."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(call())
-        except Exception as exc:  # noqa: BLE001 - the outcome under test
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still waiting after {seconds} s"
-    return outcome[0]
 
 
 # ---- the settings --------------------------------------------------------------------------
@@ -95,10 +77,12 @@ def test_the_wait_for_the_fleet_wide_write_lock_is_bounded(pg_catalog_url: str) 
     with psycopg.connect(pg_catalog_url, autocommit=True) as other, other.transaction():
         other.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK_ID,))
         started = time.monotonic()
-        failed = within(10, lambda: catalog.lease(NS, [KEY], "w", time.time() + 60))
+        failed = within(
+            10, lambda: catalog.lease(NS, [KEY], "w", time.time() + 60, tenant="alice"))
         assert isinstance(failed, psycopg.errors.LockNotAvailable), failed
         assert time.monotonic() - started < 3
-    catalog.lease(NS, [KEY], "w", time.time() + 60)  # free again: the same catalog writes
+    # Free again: the same catalog writes.
+    catalog.lease(NS, [KEY], "w", time.time() + 60, tenant="alice")
     assert catalog.leased(NS, [KEY]) == {KEY}
     catalog.close()
 
@@ -141,7 +125,7 @@ def _terminate(url: str, pid: int) -> None:
 def test_a_connection_the_server_ended_is_reopened_for_the_next_read_and_write(
         pg_catalog_url: str) -> None:
     catalog = CheckpointCatalog(url=pg_catalog_url)
-    catalog.lease(NS, [KEY], "w", time.time() + 60)
+    catalog.lease(NS, [KEY], "w", time.time() + 60, tenant="alice")
     _terminate(pg_catalog_url, _kvci_backend(pg_catalog_url))
     assert catalog.leased(NS, [KEY]) == {KEY}  # a read
     _terminate(pg_catalog_url, _kvci_backend(pg_catalog_url))
@@ -205,10 +189,14 @@ def test_a_frozen_redis_is_a_bounded_miss_not_a_bad_blob(tmp_path: Path) -> None
             failed = within(10, lambda: store.read_many([KEY], "alice", out))
             assert isinstance(failed, BlobStoreUnavailableError), failed
             assert time.monotonic() - started < 3  # redis-py's own default is 5 s a request
-            # Opening the store while the server is frozen fails as soon.
-            failed = within(10, lambda: RedisBlobRoot(
+            # Opening the store while the server is frozen asks it nothing (a worker starts);
+            # its first call fails as soon.
+            opened = within(10, lambda: RedisBlobRoot(
                 url, timeouts=DependencyTimeouts(blob_s=0.3, connect_s=0.3)))
-            assert failed is not None and not isinstance(failed, RedisBlobRoot)
+            assert isinstance(opened, RedisBlobRoot)
+            failed = within(10, lambda: opened.store(NS).read(KEY, "alice"))
+            assert isinstance(failed, BlobStoreUnavailableError), failed
+            opened.close()
         finally:
             os.kill(server.pid, signal.SIGCONT)
         assert store.quarantined() == 0

@@ -47,6 +47,17 @@ def test_the_median_of_the_window_decides() -> None:
     assert not rule.judge(1000, 100 * MB).load
 
 
+def test_after_declines_in_a_row_one_hit_is_loaded_to_measure_the_rate_again() -> None:
+    rule = LoadOrRecompute(window=2, probe_every=4)
+    rule.observe_prefill(1000, 1.0)
+    for _ in range(2):
+        rule.observe_load(100 * MB, 100.0)  # cold, or while a dependency was failing
+    assert [rule.judge(1000, 100 * MB).load for _ in range(8)] == [False, False, False, True] * 2
+    for _ in range(2):  # what the probes measured: the disk is fast again
+        rule.observe_load(100 * MB, 1.0)
+    assert all(rule.judge(1000, 100 * MB).load for _ in range(8))
+
+
 def test_empty_or_instant_measurements_say_nothing() -> None:
     rule = LoadOrRecompute()
     rule.observe_load(0, 1.0)
@@ -58,15 +69,19 @@ def test_empty_or_instant_measurements_say_nothing() -> None:
 
 
 @pytest.mark.parametrize("window", [0, -1, 1.5, True])
-def test_a_bad_window_is_refused(window: object) -> None:
+def test_a_bad_window_or_probe_interval_is_refused(window: object) -> None:
     with pytest.raises(ValueError, match="window"):
         LoadOrRecompute(window=window)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="probe_every"):
+        LoadOrRecompute(probe_every=window)  # type: ignore[arg-type]
 
 
 @settings(max_examples=100, deadline=None)
 @given(bps=st.floats(1e3, 1e11), spt=st.floats(1e-6, 1.0), tokens=st.integers(1, 10**6),
        nbytes=st.integers(1, 10**12))
-def test_the_verdict_is_the_rates_arithmetic(bps: float, spt: float, tokens: int, nbytes: int) -> None:
+def test_the_verdict_is_the_rates_arithmetic(
+    bps: float, spt: float, tokens: int, nbytes: int
+) -> None:
     rule = LoadOrRecompute()
     rule.observe_load(10**9, 10**9 / bps)
     rule.observe_prefill(10**6, 10**6 * spt)

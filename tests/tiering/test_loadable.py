@@ -30,7 +30,7 @@ class Recorder:
 
 
 @pytest.fixture
-def watched(make: Callable[..., World]) -> tuple[World, Recorder]:
+def watched(make: Callable[..., World]) -> tuple[World, Recorder]:  # noqa: F811 (the fixture)
     world = make(queued=True)
     recorder = Recorder()
     world.manager.watch(recorder)
@@ -105,7 +105,7 @@ def test_a_reset_tells_every_tier_removed(watched) -> None:
     assert rec.take() == [("stored", "ram", tuple(keys_for("acme/r", 2)))]
 
 
-def test_durable_pages_are_removed_once_their_retention_passes(make: Callable[..., World]) -> None:
+def test_durable_pages_are_removed_once_their_retention_passes(make: Callable[..., World]) -> None:  # noqa: F811
     world = make(queued=True)
     now = [time.time()]
     manager = TieredCheckpointManager(index=world.ram.index, mover=world.mover, disk=world.disk,

@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 import torch
+from support.disk_tier import DiskTierForTests
+from support.local_mover import LocalPageMover
+from support.ram_store import RAMCheckpointStore
 
 from kvci_plugin.governance import (
     CHECK_ORDER,
@@ -34,21 +37,18 @@ from kvci_plugin.governance import (
     write_hmac_key_file,
 )
 from kvci_plugin.policy import Offer, ValuePolicy
-from kvci_plugin.tiering.blob_store import BlobStore
-from kvci_plugin.tiering.disk_store import KVCheckpointStore
-from kvci_plugin.tiering.local_mover import LocalPageMover
-from kvci_plugin.tiering.manager import (
-    CheckpointOutcome,
-    PromotionOutcome,
-    TieredCheckpointManager,
-)
-from kvci_plugin.tiering.ram_index import RAMIndex
-from kvci_plugin.tiering.ram_store import RAMCheckpointStore
+from kvci_plugin.tiering.blobs.folder import BlobStore
+from kvci_plugin.tiering.blobs.tenant_keys import TOMBSTONE
+from kvci_plugin.tiering.manager import TieredCheckpointManager
+from kvci_plugin.tiering.outcomes import CheckpointOutcome, PromotionOutcome, RetainAsk
+from kvci_plugin.tiering.ram.index import RAMIndex
 from kvci_plugin.tiering.types import (
     CheckpointFencedError,
     CheckpointForgottenError,
     CheckpointNotFoundError,
+    DoesNotFitError,
     PageKey,
+    PageNotFoundError,
     Reservation,
     TenantMismatchError,
 )
@@ -120,7 +120,11 @@ class QueuedMover:
         jobs, self.persists = self.persists, []
         outcomes = []
         for cid, tenant, keys, slots in jobs:
-            self.local.persist(cid, tenant, keys, slots)
+            try:
+                self.local.persist(cid, tenant, keys, slots)
+            except Exception as exc:  # as a worker reports a write that failed
+                outcomes.append(manager.on_persisted(cid, ok=False, error=str(exc)))
+                continue
             outcomes.append(manager.on_persisted(cid, ok=True))
         return outcomes
 
@@ -132,7 +136,7 @@ class World:
     revocations: RevocationList
     gate: DerivedAuthorityGate
     ram: RAMCheckpointStore
-    disk: KVCheckpointStore | None
+    disk: DiskTierForTests | None
     mover: Any
     manager: TieredCheckpointManager
 
@@ -163,7 +167,7 @@ class World:
         """A restarted process: the disk store reopened on the same folder, an empty RAM tier."""
         assert self.disk is not None
         self.disk.close()
-        self.disk = KVCheckpointStore(self.disk_root, NS, 1 << 22, clock=clock)
+        self.disk = DiskTierForTests(self.disk_root, NS, 1 << 22, clock=clock)
         ram = RAMCheckpointStore(SLOTS * SLOT, SLOT, max_entries=8, pin_memory=False)
         mover = LocalPageMover(ram.pool, BlobStore(self.disk_root, NS))
         return TieredCheckpointManager(index=ram.index, mover=mover, disk=self.disk,
@@ -191,7 +195,7 @@ def make_world(root: Path, key_file: Path, *, disk: bool = True, queued: bool = 
         {"classification": "PUBLIC", "mandatory_markings": []}))
     derived = DerivedAuthorityGate(verifier, labels, durable_store_region="eu")
     ram = RAMCheckpointStore(SLOTS * SLOT, SLOT, max_entries=8, pin_memory=False)
-    store = KVCheckpointStore(root / "disk", NS, disk_bytes) if disk else None
+    store = DiskTierForTests(root / "disk", NS, disk_bytes) if disk else None
     local = LocalPageMover(ram.pool, BlobStore(root / "disk", NS) if disk else None)
     mover: Any = QueuedMover(local) if queued else local
     manager = TieredCheckpointManager(
@@ -235,9 +239,11 @@ def ram_pages(world: World, keys: Sequence[PageKey], tenant: str = TENANT) -> to
 
 
 def test_recommend_scores_at_a_moved_bar_and_publishes_the_verdict(world: World) -> None:
-    # Scores 0.50 (rebuild cost 0.75, reuse 0.0): under the advisor's 0.55, over a bar moved to 0.45.
-    observation = CheckpointObservation(context_tokens=229, output_tokens=4, cached_tokens=0,
-                                        observed_reuse=0, wall_time_s=3.0)
+    # Scores 0.50 (rebuild cost 0.75, reuse 0.0): under the advisor's 0.55, over a bar moved to
+    # 0.45.
+    observation = CheckpointObservation(
+        context_tokens=229, output_tokens=4, cached_tokens=0, observed_reuse=0, wall_time_s=3.0
+    )
 
     def in_a_run() -> None:  # the verdict is published to this run's context, not the suite's
         own = world.manager.recommend(observation)
@@ -261,9 +267,14 @@ def test_checkpoint_now_keeps_the_pages_in_ram_and_nothing_on_disk(world: World)
     advisor = CheckpointAdvisor()
     rec = advisor.recommend(CheckpointObservation(context_tokens=8192, tool_calls=6))
     keys = keys_for("a", 4)
-    outcome = world.manager.checkpoint_now(tenant=TENANT, keys=keys, trigger="agent",
-                                           recommendation=rec, source=pages_for(keys),
-                                           source_ids=(HANDBOOK,))
+    outcome = world.manager.checkpoint_now(
+        tenant=TENANT,
+        keys=keys,
+        trigger="agent",
+        recommendation=rec,
+        source=pages_for(keys),
+        source_ids=(HANDBOOK,),
+    )
     assert (outcome.tier, outcome.pending, outcome.new_pages) == ("ram", False, 4)
     assert outcome.persist is None
     assert outcome.checkpoint_id is not None
@@ -282,21 +293,24 @@ def test_a_checkpoint_sharing_a_prefix_copies_only_its_new_pages(world: World) -
     keys = first[:2] + tail
     # A mapping source, and a tensor source in key order: both put each page in its own slot.
     by_key = {k: p for k, p in zip(keys, pages_for(keys))}
-    outcome = world.manager.checkpoint_now(tenant=TENANT, keys=keys, trigger="user",
-                                           recommendation=None, source=by_key)
+    outcome = world.manager.checkpoint_now(
+        tenant=TENANT, keys=keys, trigger="user", recommendation=None, source=by_key
+    )
     assert (outcome.new_pages, outcome.reused_pages) == (2, 2)
     assert torch.equal(ram_pages(world, keys), pages_for(keys))
     longer = keys + keys_for("more", 1)
-    outcome = world.manager.checkpoint_now(tenant=TENANT, keys=longer, trigger="user",
-                                           recommendation=None, source=pages_for(longer))
+    outcome = world.manager.checkpoint_now(
+        tenant=TENANT, keys=longer, trigger="user", recommendation=None, source=pages_for(longer)
+    )
     assert (outcome.new_pages, outcome.reused_pages) == (1, 4)
     assert torch.equal(ram_pages(world, longer), pages_for(longer))
 
 
 def test_an_outcome_names_the_pages_its_evictions_freed(world: World) -> None:
     def keep(keys: list[PageKey]) -> CheckpointOutcome:
-        return world.manager.checkpoint_now(tenant=TENANT, keys=keys, trigger="user",
-                                            recommendation=None, source=pages_for(keys))
+        return world.manager.checkpoint_now(
+            tenant=TENANT, keys=keys, trigger="user", recommendation=None, source=pages_for(keys)
+        )
 
     a = keys_for("a", 6)
     b = a[:4] + keys_for("b", 2)  # shares four pages with "a"
@@ -318,22 +332,42 @@ def test_bad_input_is_refused_and_keeps_nothing(world: World) -> None:
     keys = keys_for("bad", 2)
     with pytest.raises(ValueError, match="trigger"):
         world.manager.checkpoint_now(
-            tenant=TENANT, keys=keys, trigger="admin",  # type: ignore[arg-type]
-            recommendation=None, source=pages_for(keys))
+            tenant=TENANT,
+            keys=keys,
+            trigger="admin",  # type: ignore[arg-type]
+            recommendation=None,
+            source=pages_for(keys),
+        )
     with pytest.raises(ValueError, match=r"source_ids\[1\]"):
-        world.manager.checkpoint_now(tenant=TENANT, keys=keys, trigger="user",
-                                     recommendation=None, source=pages_for(keys),
-                                     source_ids=(HANDBOOK, ""))
+        world.manager.checkpoint_now(
+            tenant=TENANT,
+            keys=keys,
+            trigger="user",
+            recommendation=None,
+            source=pages_for(keys),
+            source_ids=(HANDBOOK, ""),
+        )
     with pytest.raises(ValueError, match="source must be"):
-        world.manager.checkpoint_now(tenant=TENANT, keys=keys, trigger="user",
-                                     recommendation=None, source=pages_for(keys)[:1])
+        world.manager.checkpoint_now(
+            tenant=TENANT,
+            keys=keys,
+            trigger="user",
+            recommendation=None,
+            source=pages_for(keys)[:1],
+        )
     with pytest.raises(ValueError, match="no page for key"):
-        world.manager.checkpoint_now(tenant=TENANT, keys=keys, trigger="user",
-                                     recommendation=None, source={keys[0]: pages_for(keys)[0]})
+        world.manager.checkpoint_now(
+            tenant=TENANT,
+            keys=keys,
+            trigger="user",
+            recommendation=None,
+            source={keys[0]: pages_for(keys)[0]},
+        )
     stats = world.manager.ram_stats()
     assert (stats["entries"], stats["pending_entries"], stats["pages"]) == (0, 0, 0)
-    none = world.manager.checkpoint_now(tenant=TENANT, keys=[], trigger="user",
-                                        recommendation=None, source=None)
+    none = world.manager.checkpoint_now(
+        tenant=TENANT, keys=[], trigger="user", recommendation=None, source=None
+    )
     assert none.tier == "none" and none.checkpoint_id is None
 
 
@@ -367,7 +401,8 @@ def test_a_permitted_persist_writes_blobs_and_the_catalog_row(world: World) -> N
 
 
 def test_a_persist_the_disk_tier_cannot_take_fails_with_the_reason_and_keeps_the_ram_copy(
-        world: World) -> None:
+    world: World,
+) -> None:
     import sqlite3
 
     assert world.disk is not None
@@ -393,7 +428,8 @@ def test_a_persist_the_disk_tier_cannot_take_fails_with_the_reason_and_keeps_the
         other.execute("ROLLBACK")
         other.close()
     assert blob_files(world.disk_root) == [] or all(  # nothing half-written was left named
-        p.stem not in {k.hex() for k in keys} for p in blob_files(world.disk_root))
+        p.stem not in {k.hex() for k in keys} for p in blob_files(world.disk_root)
+    )
 
 
 def test_a_persist_without_credentials_is_refused_and_the_refusal_is_kept(world: World) -> None:
@@ -410,16 +446,16 @@ def test_a_persist_without_credentials_is_refused_and_the_refusal_is_kept(world:
     assert explained["eligibility_decision"]["failed_check"] == "verified_authority"
     # The refusal is a record, not a verdict on the checkpoint: a later promote with authority
     # is judged afresh, and its permit supersedes the refusal.
-    later = world.manager.promote(cid, tenant=TENANT, trigger="user",
-                                  session_token=world.session())
+    later = world.manager.promote(cid, tenant=TENANT, trigger="user", session_token=world.session())
     assert later.status == "persisted"
     explained = world.manager.explain(cid, TENANT)
     assert explained["tier"] == "ram+disk" and explained["refusal"] is None
 
 
 def test_the_refusal_names_the_unlabelled_source(world: World) -> None:
-    cid, _, outcome = world.checkpoint("u", persist=True, session_token=world.session(),
-                                       source_ids=(HANDBOOK, "doc:unknown"))
+    cid, _, outcome = world.checkpoint(
+        "u", persist=True, session_token=world.session(), source_ids=(HANDBOOK, "doc:unknown")
+    )
     assert outcome.persist is not None and outcome.persist.status == "refused"
     assert outcome.persist.decision is not None
     assert outcome.persist.decision.failed_check == "labels_present"
@@ -448,17 +484,26 @@ def test_promote_refuses_once_the_delegation_is_revoked(world: World) -> None:
     assert world.disk is not None
     token = world.session(actor="agent-7")
     delegation = world.issuer.issue_delegation(
-        tenant=TENANT, delegator="alice", delegate="agent-7", scopes=["kv:persist"],
-        clearance="CONFIDENTIAL", markings=[], regions=["eu"], jti="deleg-1")
-    _, _, sibling = world.checkpoint("before", persist=True, session_token=token,
-                                     delegation_tokens=[delegation])
+        tenant=TENANT,
+        delegator="alice",
+        delegate="agent-7",
+        scopes=["kv:persist"],
+        clearance="CONFIDENTIAL",
+        markings=[],
+        regions=["eu"],
+        jti="deleg-1",
+    )
+    _, _, sibling = world.checkpoint(
+        "before", persist=True, session_token=token, delegation_tokens=[delegation]
+    )
     assert sibling.persist is not None and sibling.persist.status == "persisted"
     authority = sibling.persist.decision.derivation.authority  # type: ignore[union-attr]
     assert authority is not None and [h.delegator for h in authority.delegation_chain] == ["alice"]
     cid, _, _ = world.checkpoint("after", session_token=token, delegation_tokens=[delegation])
     world.revocations.revoke("deleg-1", "task cancelled")
-    outcome = world.manager.promote(cid, tenant=TENANT, trigger="agent", session_token=token,
-                                    delegation_tokens=[delegation])
+    outcome = world.manager.promote(
+        cid, tenant=TENANT, trigger="agent", session_token=token, delegation_tokens=[delegation]
+    )
     assert outcome.status == "refused"
     assert outcome.decision is not None and outcome.decision.failed_check == "verified_authority"
     assert "revoked" in outcome.reason and "delegation[0]" in outcome.reason
@@ -494,14 +539,14 @@ def test_without_a_gate_the_seam_decides_at_each_promotion(make: Callable[..., W
 
 @pytest.mark.parametrize("token", ["valid", "none", "other-tenant"])
 def test_the_trigger_does_not_change_the_decision(world: World, token: str) -> None:
-    session = {"valid": world.session(), "none": None,
-               "other-tenant": world.session(tenant=OTHER)}[token]
+    session = {"valid": world.session(), "none": None, "other-tenant": world.session(tenant=OTHER)}[
+        token
+    ]
     decisions = {}
     triggers: tuple[Trigger, ...] = ("system", "user", "agent")
     for trigger in triggers:
         cid, _, _ = world.checkpoint(f"t-{token}-{trigger}", trigger=trigger)
-        outcome = world.manager.promote(cid, tenant=TENANT, trigger=trigger,
-                                        session_token=session)
+        outcome = world.manager.promote(cid, tenant=TENANT, trigger=trigger, session_token=session)
         assert outcome.decision is not None and outcome.decision.trigger == trigger
         decisions[trigger] = (outcome.status, comparable(outcome.decision))
     assert decisions["system"] == decisions["user"] == decisions["agent"]
@@ -514,8 +559,9 @@ def test_the_trigger_does_not_change_the_decision(world: World, token: str) -> N
 def test_a_restarted_manager_finds_every_durable_checkpoint_not_expired(world: World) -> None:
     token = world.session()
     kept, kept_keys, _ = world.checkpoint("kept", persist=True, session_token=token)
-    public, public_keys, _ = world.checkpoint("pub", persist=True, session_token=token,
-                                              source_ids=(PUBLIC,))
+    public, public_keys, _ = world.checkpoint(
+        "pub", persist=True, session_token=token, source_ids=(PUBLIC,)
+    )
     ram_only, ram_keys, _ = world.checkpoint("ram-only")
 
     manager = world.reopen()
@@ -587,7 +633,8 @@ def test_ram_stats_reports_occupancy_gate_and_scorers(world: World) -> None:
 
 
 def test_without_a_disk_tier_a_persist_is_refused_without_a_decision(
-        make: Callable[..., World]) -> None:
+    make: Callable[..., World],
+) -> None:
     world = make(disk=False)
     cid, _, outcome = world.checkpoint("nd", persist=True, session_token=world.session())
     assert outcome.persist is not None and outcome.persist.status == "refused"
@@ -606,7 +653,9 @@ def test_a_persist_waits_for_its_ram_copy_and_pins_until_written(queued: World) 
     cid, keys, outcome = queued.checkpoint("q", n=3, persist=True, session_token=queued.session())
     assert outcome.pending and outcome.persist is not None
     assert (outcome.persist.status, outcome.persist.reason) == (
-        "persisting", "permitted; waiting for the RAM copy")
+        "persisting",
+        "permitted; waiting for the RAM copy",
+    )
     assert manager.explain(cid, TENANT)["persisting"] == "waiting"
     # A second promote starts no second write.
     again = manager.promote(cid, tenant=TENANT, trigger="user", session_token=queued.session())
@@ -657,10 +706,16 @@ def test_a_persist_sharing_pages_waits_for_the_other_checkpoints_copy(queued: Wo
     assert isinstance(mover, QueuedMover) and queued.disk is not None
     first, keys, _ = queued.checkpoint("sh", n=3)
     # Same prefix, finished in the same step: nothing new to copy, but the pages are not in yet.
-    second = manager.checkpoint_now(tenant=TENANT, keys=keys[:2], trigger="system",
-                                    recommendation=None, source=pages_for(keys[:2]),
-                                    source_ids=(HANDBOOK,), persist=True,
-                                    session_token=queued.session())
+    second = manager.checkpoint_now(
+        tenant=TENANT,
+        keys=keys[:2],
+        trigger="system",
+        recommendation=None,
+        source=pages_for(keys[:2]),
+        source_ids=(HANDBOOK,),
+        persist=True,
+        session_token=queued.session(),
+    )
     assert second.checkpoint_id is not None and not second.pending and second.new_pages == 0
     assert second.persist is not None and second.persist.status == "persisting"
     assert mover.persists == []
@@ -674,10 +729,16 @@ def test_a_persist_sharing_pages_with_a_failed_store_is_dropped_and_recorded(que
     mover, manager = queued.mover, queued.manager
     assert isinstance(mover, QueuedMover)
     first, keys, _ = queued.checkpoint("fs", n=3)
-    second = manager.checkpoint_now(tenant=TENANT, keys=keys[:2], trigger="user",
-                                    recommendation=None, source=pages_for(keys[:2]),
-                                    source_ids=(HANDBOOK,), persist=True,
-                                    session_token=queued.session())
+    second = manager.checkpoint_now(
+        tenant=TENANT,
+        keys=keys[:2],
+        trigger="user",
+        recommendation=None,
+        source=pages_for(keys[:2]),
+        source_ids=(HANDBOOK,),
+        persist=True,
+        session_token=queued.session(),
+    )
     assert second.checkpoint_id is not None
     mover.finish_store(manager, first, ok=False)
     assert mover.persists == [] and manager.ram_stats()["persists_in_flight"] == 0
@@ -687,8 +748,7 @@ def test_a_persist_sharing_pages_with_a_failed_store_is_dropped_and_recorded(que
         manager.explain(first, TENANT)  # its store failed: it is gone
 
 
-def test_a_catalog_row_that_cannot_be_written_fails_the_persist(
-        make: Callable[..., World]) -> None:
+def test_a_catalog_row_that_cannot_be_written_fails_the_persist(make: Callable[..., World]) -> None:
     # A disk tier smaller than one checkpoint: the blobs are written, the row is refused.
     world = make(disk_bytes=2 * SLOT)
     assert world.disk is not None
@@ -707,8 +767,9 @@ def test_a_catalog_row_that_cannot_be_written_fails_the_persist(
 def test_a_reset_forgets_ram_fences_disk_and_a_restart_keeps_the_fence(world: World) -> None:
     assert world.disk is not None
     ram_only, ram_keys, _ = world.checkpoint("ram-only")
-    durable, disk_keys, outcome = world.checkpoint("durable", persist=True,
-                                                   session_token=world.session())
+    durable, disk_keys, outcome = world.checkpoint(
+        "durable", persist=True, session_token=world.session()
+    )
     assert outcome.persist is not None and outcome.persist.status == "persisted"
     old_namespace = world.disk.namespace
     assert world.manager.generation == 0 and blob_files(world.disk_root)
@@ -737,8 +798,9 @@ def test_a_reset_forgets_ram_fences_disk_and_a_restart_keeps_the_fence(world: Wo
 def test_copies_in_flight_at_a_reset_are_never_kept(queued: World) -> None:
     assert queued.disk is not None
     storing, store_keys, _ = queued.checkpoint("storing")
-    writing, write_keys, _ = queued.checkpoint("writing", persist=True,
-                                               session_token=queued.session())
+    writing, write_keys, _ = queued.checkpoint(
+        "writing", persist=True, session_token=queued.session()
+    )
     queued.mover.finish_store(queued.manager, writing)  # its persist starts: blobs being written
     assert queued.mover.persists
 
@@ -747,7 +809,10 @@ def test_copies_in_flight_at_a_reset_are_never_kept(queued: World) -> None:
     assert queued.mover.finish_store(queued.manager, storing) is None  # the copy ran: ignored
     assert queued.ram.index.longest_prefix(store_keys, TENANT) == 0
     (written,) = queued.mover.finish_persists(queued.manager)
-    assert (written.status, written.reason) == ("failed", "fenced by a cache reset or a forget: not recorded")
+    assert (written.status, written.reason) == (
+        "failed",
+        "fenced by a cache reset or a forget: not recorded",
+    )
     assert queued.disk.list() == [] and queued.disk.longest_prefix(write_keys, TENANT) == 0
     assert queued.manager.ram_stats()["persists_in_flight"] == 0
 
@@ -755,8 +820,9 @@ def test_copies_in_flight_at_a_reset_are_never_kept(queued: World) -> None:
 def test_a_forget_erases_one_tenant_copies_in_flight_included(queued: World) -> None:
     assert queued.disk is not None
     storing, store_keys, _ = queued.checkpoint("storing")
-    writing, write_keys, _ = queued.checkpoint("writing", persist=True,
-                                               session_token=queued.session())
+    writing, write_keys, _ = queued.checkpoint(
+        "writing", persist=True, session_token=queued.session()
+    )
     queued.mover.finish_store(queued.manager, writing)
     assert queued.mover.persists
     others, other_keys, _ = queued.checkpoint("others", tenant=OTHER)
@@ -770,6 +836,9 @@ def test_a_forget_erases_one_tenant_copies_in_flight_included(queued: World) -> 
     assert written.status == "failed" and "not recorded" in written.reason
     assert queued.disk.list() == [] and queued.disk.longest_prefix(write_keys, TENANT) == 0
     assert queued.ram.index.longest_prefix(store_keys, TENANT) == 0
+    # The persist's pages were pinned when forget ran: unloadable since, and freed by its report.
+    assert queued.ram.index.longest_prefix(write_keys, TENANT) == 0
+    assert queued.ram.index.stats().tenant_bytes.keys() == {OTHER}
     for cid in (storing, writing):
         with pytest.raises(CheckpointForgottenError, match="forgotten"):
             queued.manager.explain(cid, TENANT)
@@ -779,10 +848,60 @@ def test_a_forget_erases_one_tenant_copies_in_flight_included(queued: World) -> 
     assert queued.ram.index.longest_prefix(other_keys, OTHER) == len(other_keys)
 
 
+def test_a_forget_unloads_the_pages_a_persist_still_pins_before_it_reports(queued: World) -> None:
+    writing, write_keys, _ = queued.checkpoint(
+        "writing", persist=True, session_token=queued.session()
+    )
+    queued.mover.finish_store(queued.manager, writing)
+    assert queued.mover.persists  # its blobs are being written from the pinned pages
+
+    queued.manager.forget(TENANT)
+
+    index = queued.ram.index
+    assert index.longest_prefix(write_keys, TENANT) == 0
+    with pytest.raises(PageNotFoundError):
+        index.pin(write_keys, TENANT)
+    with pytest.raises(DoesNotFitError, match="erased"):  # a new request cannot revive them
+        index.reserve("again", TENANT, write_keys)
+    queued.mover.finish_persists(queued.manager)
+    assert index.stats().bytes_used == 0
+    # The write ran after the forget: it made no key material (a tombstone stands in its place).
+    materials = [path.read_bytes() for path in (queued.disk_root / "keys").glob("*.key")]
+    assert materials == [TOMBSTONE]
+    again = queued.manager.checkpoint_now(
+        tenant=TENANT,
+        keys=write_keys,
+        trigger="user",
+        recommendation=None,
+        source=pages_for(write_keys),
+    )
+    assert again.tier == "ram"  # KV computed after the forget is kept as any other
+
+
+def test_a_forget_ends_the_tenants_retentions_now(world: World) -> None:
+    kept = world.manager.checkpoint_now(
+        tenant=TENANT,
+        keys=keys_for("held", 3),
+        trigger="user",
+        recommendation=None,
+        source=pages_for(keys_for("held", 3)),
+        retain=RetainAsk(ttl_s=300.0, session="s1"),
+    )
+    assert kept.retain is not None and kept.retain.status == "retained"
+    assert world.manager.retentions.stats().retentions == 1
+
+    world.manager.forget(TENANT)
+
+    stats = world.manager.retentions.stats()
+    assert (stats.retentions, stats.retained_bytes) == (0, 0)
+    assert world.ram.index.stats().bytes_used == 0  # unpinned: nothing holds its pages
+
+
 @pytest.mark.parametrize("copy", ["at once", "queued"])
 @pytest.mark.parametrize("trigger", ["system", "user"])
 def test_a_system_checkpoint_keeps_the_prefix_its_prompt_re_sent(
-        make: Callable[..., World], copy: str, trigger: Trigger) -> None:
+    make: Callable[..., World], copy: str, trigger: Trigger
+) -> None:
     """The connector's path: the earlier turn was not kept (the policy only remembers it), the
     next re-sends it. Once the copy commits, the system's checkpoint leaves its re-sent prefix
     a checkpoint of its own; an explicit one needs none (it leaves last)."""
@@ -795,9 +914,14 @@ def test_a_system_checkpoint_keeps_the_prefix_its_prompt_re_sent(
     turn1, turn2 = keys_for("turn1", 2), keys_for("turn1", 2) + keys_for("turn2", 2)
     index.sight(Offer(anchor=turn1[-1]))
     index.observe_lookup(turn2)
-    outcome = manager.checkpoint_now(tenant=TENANT, keys=turn2, trigger=trigger, recommendation=None,
-                                     source=pages_for(turn2), offer=Offer(anchor=turn2[-1],
-                                                                         explicit=trigger != "system"))
+    outcome = manager.checkpoint_now(
+        tenant=TENANT,
+        keys=turn2,
+        trigger=trigger,
+        recommendation=None,
+        source=pages_for(turn2),
+        offer=Offer(anchor=turn2[-1], explicit=trigger != "system"),
+    )
     assert outcome.checkpoint_id is not None and outcome.new_pages == 4
     if copy == "queued":
         assert len(index.entries(TENANT)) == 1  # nothing before the pages are in RAM

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvci_plugin.worthiness import CheckpointObservation, CheckpointScorerRegistry, CheckpointSignal, SignalKind
+from kvci_plugin.worthiness import (
+    CheckpointObservation,
+    CheckpointScorerRegistry,
+    CheckpointSignal,
+    SignalKind,
+)
 
 
 @dataclass

@@ -52,7 +52,9 @@ def disk_ready(**overrides: float | None) -> list[FixedScorer]:
 
 def test_the_aggregate_is_the_weighted_mean_of_the_answers_only() -> None:
     advisor = CheckpointAdvisor(
-        registry_of(FixedScorer("a", 3.0, 0.8), FixedScorer("b", 1.0, 0.4), FixedScorer("silent", 5.0, None))
+        registry_of(
+            FixedScorer("a", 3.0, 0.8), FixedScorer("b", 1.0, 0.4), FixedScorer("silent", 5.0, None)
+        )
     )
     recommendation = advisor.recommend(EMPTY)
     assert recommendation.score == pytest.approx((3.0 * 0.8 + 1.0 * 0.4) / 4.0)
@@ -61,7 +63,9 @@ def test_the_aggregate_is_the_weighted_mean_of_the_answers_only() -> None:
 
 
 def test_a_zero_weight_answer_is_recorded_but_does_not_move_the_aggregate() -> None:
-    advisor = CheckpointAdvisor(registry_of(FixedScorer("a", 1.0, 0.8), FixedScorer("zero", 0.0, 0.0)))
+    advisor = CheckpointAdvisor(
+        registry_of(FixedScorer("a", 1.0, 0.8), FixedScorer("zero", 0.0, 0.0))
+    )
     recommendation = advisor.recommend(EMPTY)
     assert recommendation.score == pytest.approx(0.8)
     assert recommendation.abstained == ()
@@ -69,7 +73,9 @@ def test_a_zero_weight_answer_is_recorded_but_does_not_move_the_aggregate() -> N
 
 
 def test_a_veto_forces_none_whatever_the_aggregate() -> None:
-    advisor = CheckpointAdvisor(registry_of(*disk_ready(), FixedScorer("gate", 0.0, None, veto=True)))
+    advisor = CheckpointAdvisor(
+        registry_of(*disk_ready(), FixedScorer("gate", 0.0, None, veto=True))
+    )
     recommendation = advisor.recommend(EMPTY)
     assert recommendation.score == pytest.approx(0.9)
     assert recommendation.tier is CheckpointTier.NONE
@@ -80,7 +86,9 @@ def test_a_veto_forces_none_whatever_the_aggregate() -> None:
 def test_the_contradictions_scorer_vetoes_a_worthy_context() -> None:
     advisor = CheckpointAdvisor()
     assert advisor.recommend(WORTHY).tier is CheckpointTier.DISK
-    contested = WORTHY.model_copy(update={"contradictions_unresolved": 1, "contradictions_high_severity": 1})
+    contested = WORTHY.model_copy(
+        update={"contradictions_unresolved": 1, "contradictions_high_severity": 1}
+    )
     recommendation = advisor.recommend(contested)
     assert recommendation.tier is CheckpointTier.NONE
     assert recommendation.vetoed_by == ("contradictions",)
@@ -123,10 +131,16 @@ def test_a_raising_scorer_is_a_loud_abstention(caplog: pytest.LogCaptureFixture)
         ("flaky", "RuntimeError", "backend unreachable")
     ]
     # Never a silent zero: the aggregate is what it is without the failed scorer.
-    assert recommendation.score == CheckpointAdvisor(healthy).recommend(EMPTY).score == pytest.approx(0.6)
+    assert (
+        recommendation.score
+        == CheckpointAdvisor(healthy).recommend(EMPTY).score
+        == pytest.approx(0.6)
+    )
 
 
-def test_a_scorer_returning_the_wrong_thing_is_a_scorer_error(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_scorer_returning_the_wrong_thing_is_a_scorer_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     class WrongType:
         name = "wrong_type"
         weight = 1.0
@@ -149,7 +163,9 @@ def test_a_scorer_returning_the_wrong_thing_is_a_scorer_error(caplog: pytest.Log
             return CheckpointSignal(name="out_of_range", kind=SignalKind.RISK, value=1.5, reason="")
 
     with caplog.at_level(logging.WARNING, logger="kvci_plugin.worthiness"):
-        recommendation = CheckpointAdvisor(registry_of(WrongType(), WrongName(), OutOfRange())).recommend(EMPTY)
+        recommendation = CheckpointAdvisor(
+            registry_of(WrongType(), WrongName(), OutOfRange())
+        ).recommend(EMPTY)
     assert {e.name: e.error_type for e in recommendation.scorer_errors} == {
         "wrong_type": "TypeError",
         "wrong_name": "ValueError",
@@ -168,7 +184,9 @@ def test_no_live_weight_recommends_nothing_and_says_why() -> None:
         recommendation = CheckpointAdvisor(registry).recommend(EMPTY)
         assert recommendation.score is None
         assert recommendation.tier is CheckpointTier.NONE
-        assert recommendation.blockers[0] == "no evidence: no scorer with a positive weight answered"
+        assert (
+            recommendation.blockers[0] == "no evidence: no scorer with a positive weight answered"
+        )
 
 
 @pytest.mark.parametrize(
@@ -184,17 +202,24 @@ def test_no_live_weight_recommends_nothing_and_says_why() -> None:
 def test_the_thresholds_pick_the_tier(score: float, tier: CheckpointTier) -> None:
     # The three disk requirements pass at 0.9 with weight 0; "s" alone sets the aggregate.
     scorers = [FixedScorer(s.name, 0.0, s.value) for s in disk_ready()]
-    recommendation = CheckpointAdvisor(registry_of(*scorers, FixedScorer("s", 1.0, score))).recommend(EMPTY)
+    recommendation = CheckpointAdvisor(
+        registry_of(*scorers, FixedScorer("s", 1.0, score))
+    ).recommend(EMPTY)
     assert recommendation.tier is tier
     assert recommendation.worth_it is (tier is not CheckpointTier.NONE)
 
 
 def test_thresholds_are_configurable() -> None:
-    registry = registry_of(*[FixedScorer(s.name, 0.0, s.value) for s in disk_ready()], FixedScorer("s", 1.0, 0.5))
+    registry = registry_of(
+        *[FixedScorer(s.name, 0.0, s.value) for s in disk_ready()], FixedScorer("s", 1.0, 0.5)
+    )
     assert CheckpointAdvisor(registry).recommend(EMPTY).tier is CheckpointTier.NONE
-    assert CheckpointAdvisor(registry, ram_threshold=0.4).recommend(EMPTY).tier is CheckpointTier.RAM
     assert (
-        CheckpointAdvisor(registry, ram_threshold=0.4, disk_threshold=0.5).recommend(EMPTY).tier is CheckpointTier.DISK
+        CheckpointAdvisor(registry, ram_threshold=0.4).recommend(EMPTY).tier is CheckpointTier.RAM
+    )
+    assert (
+        CheckpointAdvisor(registry, ram_threshold=0.4, disk_threshold=0.5).recommend(EMPTY).tier
+        is CheckpointTier.DISK
     )
     rule = DiskPromotionRule(aggregate_floor=0.45)
     assert CheckpointAdvisor(registry, ram_threshold=0.4, disk_rule=rule).disk_threshold == 0.45
@@ -204,18 +229,36 @@ def test_thresholds_are_configurable() -> None:
     ("requirement", "failing", "expected"),
     [
         ("rebuild_cost", 0.5, "disk not recommended — rebuild_cost 0.50 below 0.60 (fixed at 0.5)"),
-        ("predicted_reuse", 0.25, "disk not recommended — predicted_reuse 0.25 below 0.50 (fixed at 0.25)"),
-        ("context_stability", 0.1, "disk not recommended — context_stability 0.10 below 0.60 (fixed at 0.1)"),
+        (
+            "predicted_reuse",
+            0.25,
+            "disk not recommended — predicted_reuse 0.25 below 0.50 (fixed at 0.25)",
+        ),
+        (
+            "context_stability",
+            0.1,
+            "disk not recommended — context_stability 0.10 below 0.60 (fixed at 0.1)",
+        ),
         ("rebuild_cost", None, "disk not recommended — rebuild_cost: abstained (fixed at None)"),
-        ("predicted_reuse", None, "disk not recommended — predicted_reuse: abstained (fixed at None)"),
-        ("context_stability", None, "disk not recommended — context_stability: abstained (fixed at None)"),
+        (
+            "predicted_reuse",
+            None,
+            "disk not recommended — predicted_reuse: abstained (fixed at None)",
+        ),
+        (
+            "context_stability",
+            None,
+            "disk not recommended — context_stability: abstained (fixed at None)",
+        ),
     ],
 )
 def test_each_disk_requirement_blocks_disk_and_names_itself(
     requirement: str, failing: float | None, expected: str
 ) -> None:
     scorers = [FixedScorer(s.name, 0.0, s.value) for s in disk_ready(**{requirement: failing})]
-    recommendation = CheckpointAdvisor(registry_of(*scorers, FixedScorer("s", 1.0, 0.95))).recommend(EMPTY)
+    recommendation = CheckpointAdvisor(
+        registry_of(*scorers, FixedScorer("s", 1.0, 0.95))
+    ).recommend(EMPTY)
     assert recommendation.tier is CheckpointTier.RAM
     assert recommendation.blockers == (expected,)
 
@@ -226,15 +269,22 @@ def test_an_unregistered_requirement_fails_and_the_floor_is_a_requirement() -> N
     recommendation = CheckpointAdvisor(registry).recommend(WORTHY)
     assert recommendation.tier is CheckpointTier.RAM
     assert recommendation.blockers == ("disk not recommended — context_stability: not registered",)
-    low = CheckpointAdvisor(registry_of(*disk_ready(), FixedScorer("low", 1.0, 0.0))).recommend(EMPTY)
+    low = CheckpointAdvisor(registry_of(*disk_ready(), FixedScorer("low", 1.0, 0.0))).recommend(
+        EMPTY
+    )
     assert low.score == pytest.approx(0.675)
     assert low.tier is CheckpointTier.RAM
     assert low.blockers == ("disk not recommended — score 0.68 below the disk floor 0.75",)
 
 
 def test_blockers_give_every_reason_a_higher_tier_was_not_recommended() -> None:
-    scorers = [FixedScorer(s.name, 1.0, s.value) for s in disk_ready(predicted_reuse=None, context_stability=0.0)]
-    recommendation = CheckpointAdvisor(registry_of(*scorers, FixedScorer("low", 4.0, 0.0))).recommend(EMPTY)
+    scorers = [
+        FixedScorer(s.name, 1.0, s.value)
+        for s in disk_ready(predicted_reuse=None, context_stability=0.0)
+    ]
+    recommendation = CheckpointAdvisor(
+        registry_of(*scorers, FixedScorer("low", 4.0, 0.0))
+    ).recommend(EMPTY)
     assert recommendation.tier is CheckpointTier.NONE
     assert recommendation.blockers == (
         "ram not recommended — score 0.15 below the ram threshold 0.55",
@@ -263,10 +313,18 @@ def test_drivers_are_the_top_contributions_with_their_reasons() -> None:
         ("small", 1.0, 0.1),
     ]
     advisor.max_drivers = 10
-    assert [d.name for d in advisor.recommend(EMPTY).drivers] == ["big", "middle", "small", "zero_value"]
+    assert [d.name for d in advisor.recommend(EMPTY).drivers] == [
+        "big",
+        "middle",
+        "small",
+        "zero_value",
+    ]
     assert drivers[0].reason == "fixed at 0.9"
     assert drivers[0].kind is SignalKind.OPPORTUNITY
-    assert CheckpointAdvisor(default_registry(), max_drivers=1).recommend(WORTHY).drivers[0].name == "rebuild_cost"
+    assert (
+        CheckpointAdvisor(default_registry(), max_drivers=1).recommend(WORTHY).drivers[0].name
+        == "rebuild_cost"
+    )
 
 
 def test_the_recommendation_round_trips_through_json(caplog: pytest.LogCaptureFixture) -> None:
@@ -282,11 +340,15 @@ def test_the_recommendation_round_trips_through_json(caplog: pytest.LogCaptureFi
 def test_the_default_advisor_on_an_engine_only_observation() -> None:
     # What the engine alone measures for a plain request: size and prefill time.
     advisor = CheckpointAdvisor()
-    assert advisor.recommend(CheckpointObservation(context_tokens=512, wall_time_s=0.05)).tier is CheckpointTier.NONE
+    assert (
+        advisor.recommend(CheckpointObservation(context_tokens=512, wall_time_s=0.05)).tier
+        is CheckpointTier.NONE
+    )
     long = advisor.recommend(CheckpointObservation(context_tokens=32_768, wall_time_s=3.0))
     assert long.tier is CheckpointTier.RAM
     assert (
-        "disk not recommended — predicted_reuse: abstained (no sibling, queued or observed reuse counts)"
+        "disk not recommended — predicted_reuse: abstained (no sibling, queued or observed reuse "
+        "counts)"
         in long.blockers
     )
 
@@ -303,7 +365,9 @@ def test_the_default_advisor_on_an_engine_only_observation() -> None:
         ({"max_drivers": -1}, ValueError),
     ],
 )
-def test_bad_advisor_settings_are_refused(kwargs: dict[str, object], error: type[Exception]) -> None:
+def test_bad_advisor_settings_are_refused(
+    kwargs: dict[str, object], error: type[Exception]
+) -> None:
     with pytest.raises(error):
         CheckpointAdvisor(**kwargs)  # type: ignore[arg-type]
 

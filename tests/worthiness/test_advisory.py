@@ -22,7 +22,10 @@ from kvci_plugin.worthiness import (
 
 ADVISOR = CheckpointAdvisor()
 RAM_WORTHY = CheckpointObservation(
-    context_tokens=40_000, sibling_tasks=2, self_report=ModelSelfReport(understood=True), turns_since_change=1
+    context_tokens=40_000,
+    sibling_tasks=2,
+    self_report=ModelSelfReport(understood=True),
+    turns_since_change=1,
 )
 
 
@@ -37,7 +40,9 @@ def test_a_not_worth_it_verdict_renders_nothing() -> None:
     assert not_worth_it.tier is CheckpointTier.NONE and not_worth_it.score is not None
     assert render_advisory(not_worth_it) == ""
     vetoed = ADVISOR.recommend(
-        RAM_WORTHY.model_copy(update={"contradictions_unresolved": 1, "contradictions_high_severity": 1})
+        RAM_WORTHY.model_copy(
+            update={"contradictions_unresolved": 1, "contradictions_high_severity": 1}
+        )
     )
     assert render_advisory(vetoed) == ""
 
@@ -48,15 +53,25 @@ def test_the_block_has_the_seeds_shape() -> None:
     text = render_advisory(recommendation)
     lines = text.splitlines()
     assert lines[0] == (
-        "KV-CHECKPOINT ADVISORY (from the system's checkpoint-worthiness scorers — advisory only, you decide):"
+        "KV-CHECKPOINT ADVISORY (from the system's checkpoint-worthiness scorers — advisory only, "
+        "you decide):"
     )
-    assert lines[1] == f"checkpoint-worthy: score {recommendation.score:.2f} (recommended tier: ram)"
+    assert (
+        lines[1] == f"checkpoint-worthy: score {recommendation.score:.2f} (recommended tier: ram)"
+    )
     assert lines[2].startswith("  drivers: rebuild_cost=0.83 (rebuild >= 4.88 s from 40000 tokens;")
     assert "predicted_reuse=0.50 (2 related tasks would reuse this context)" in lines[2]
-    assert lines[3].startswith("  blockers: disk not recommended — context_stability 0.33 below 0.60")
-    assert lines[4] == "  no evidence from: retrieval_saturation, grounding_density, contradictions, phase_boundary"
+    assert lines[3].startswith(
+        "  blockers: disk not recommended — context_stability 0.33 below 0.60"
+    )
+    assert (
+        lines[4]
+        == "  no evidence from: retrieval_saturation, grounding_density, contradictions, "
+           "phase_boundary"
+    )
     assert lines[5].startswith(
-        "If you judge this context worth preserving, call graph_kv_checkpoint with action='checkpoint_now'"
+        "If you judge this context worth preserving, call graph_kv_checkpoint with "
+        "action='checkpoint_now'"
     )
     assert len(lines) == 6
 
@@ -81,7 +96,9 @@ def test_reasons_stay_on_one_line() -> None:
         weight = 1.0
 
         def score(self, observation: CheckpointObservation) -> CheckpointSignal:
-            return CheckpointSignal(name="chatty", kind=SignalKind.OPPORTUNITY, value=1.0, reason="line one\nline two")
+            return CheckpointSignal(
+                name="chatty", kind=SignalKind.OPPORTUNITY, value=1.0, reason="line one\nline two"
+            )
 
     registry = default_registry()
     registry.register(Chatty())

@@ -23,15 +23,20 @@ def test_an_absent_list_measures_nothing_and_an_empty_one_measures_zero() -> Non
 
 
 def test_novelty_is_derived_only_when_every_item_states_it() -> None:
-    partial = derive_observation_fields(evidence(items=[{"id": "a", "novel": True}, {"id": "b"}]), None)
+    partial = derive_observation_fields(
+        evidence(items=[{"id": "a", "novel": True}, {"id": "b"}]), None
+    )
     assert partial == {"retrieved_items": 2}
-    full = derive_observation_fields(evidence(items=[{"id": "a", "novel": True}, {"id": "b", "novel": False}]), None)
+    full = derive_observation_fields(
+        evidence(items=[{"id": "a", "novel": True}, {"id": "b", "novel": False}]), None
+    )
     assert full == {"retrieved_items": 2, "novel_items": 1}
 
 
 def test_evidence_spans_count_distinct_spans_per_claim() -> None:
     derived = derive_observation_fields(
-        evidence(claims=[{"id": "c1", "evidence": ["s1", "s2"]}, {"id": "c2", "evidence": ["s1"]}]), None
+        evidence(claims=[{"id": "c1", "evidence": ["s1", "s2"]}, {"id": "c2", "evidence": ["s1"]}]),
+        None,
     )
     assert derived == {"claims": 2, "evidence_spans": 3}
     with pytest.raises(ValidationError, match="claims"):
@@ -104,11 +109,19 @@ def test_novel_in_either_bundle_is_novel() -> None:
         ({"items": {"id": "a"}}, "items"),
     ],
 )
-def test_bad_bundles_are_refused_with_a_clear_error(payload: dict[str, object], message: str) -> None:
+def test_bad_bundles_are_refused_with_a_clear_error(
+    payload: dict[str, object], message: str
+) -> None:
     with pytest.raises(ValidationError, match=message):
         EvidenceBundle.model_validate(payload)
 
 
 def test_bundles_parse_from_json_text() -> None:
-    bundle = ContextBundle.model_validate_json('{"items": [{"id": "a", "novel": false}], "dropped_items": 0}')
-    assert derive_observation_fields(None, bundle) == {"retrieved_items": 1, "novel_items": 0, "context_evictions": 0}
+    bundle = ContextBundle.model_validate_json(
+        '{"items": [{"id": "a", "novel": false}], "dropped_items": 0}'
+    )
+    assert derive_observation_fields(None, bundle) == {
+        "retrieved_items": 1,
+        "novel_items": 0,
+        "context_evictions": 0,
+    }

@@ -4,7 +4,13 @@ import threading
 
 import pytest
 
-from kvci_plugin.worthiness import CacheGate, CacheGateDecision, CacheGateRule, RequestHistory, churn_keeps
+from kvci_plugin.worthiness import (
+    CacheGate,
+    CacheGateDecision,
+    CacheGateRule,
+    RequestHistory,
+    churn_keeps,
+)
 
 
 class Clock:
@@ -109,7 +115,12 @@ def test_churn_pauses_a_session_whose_context_keeps_changing() -> None:
     decision = target.decide("busy")
     assert not decision.allow
     assert decision.rule is CacheGateRule.CHURN
-    assert decision.inputs == {"session_known": True, "changes_in_window": 3, "window_s": 60.0, "threshold": 3}
+    assert decision.inputs == {
+        "session_known": True,
+        "changes_in_window": 3,
+        "window_s": 60.0,
+        "threshold": 3,
+    }
     assert "busy" not in decision.model_dump_json()  # numbers only
     assert target.decide("calm").allow
     assert target.decide(None).allow
@@ -147,7 +158,10 @@ def test_the_floor_is_evaluated_before_churn() -> None:
     target.record_context_change("s")
     decision = target.decide("s")
     assert decision.rule is CacheGateRule.HIT_RATE_FLOOR
-    assert [e.rule for e in decision.evaluated] == [CacheGateRule.KILL_SWITCH, CacheGateRule.HIT_RATE_FLOOR]
+    assert [e.rule for e in decision.evaluated] == [
+        CacheGateRule.KILL_SWITCH,
+        CacheGateRule.HIT_RATE_FLOOR,
+    ]
 
 
 def test_tracked_sessions_are_bounded_least_recent_first() -> None:

@@ -5,7 +5,12 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from kvci_plugin.worthiness import CheckpointObservation, ContextBundle, EvidenceBundle, ModelSelfReport
+from kvci_plugin.worthiness import (
+    CheckpointObservation,
+    ContextBundle,
+    EvidenceBundle,
+    ModelSelfReport,
+)
 
 COUNT_FIELDS = [
     "context_tokens",
@@ -79,7 +84,10 @@ def test_observation_is_frozen() -> None:
     ("fields", "message"),
     [
         ({"retrieved_items": 2, "novel_items": 3}, "novel_items"),
-        ({"contradictions_unresolved": 1, "contradictions_high_severity": 2}, "contradictions_high_severity"),
+        (
+            {"contradictions_unresolved": 1, "contradictions_high_severity": 2},
+            "contradictions_high_severity",
+        ),
         ({"context_tokens": 10, "cached_tokens": 11}, "cached_tokens"),
     ],
 )
@@ -94,7 +102,9 @@ def test_self_report_confidence_is_bounded() -> None:
 
 
 def test_extras_carry_json_like_values_only() -> None:
-    observation = CheckpointObservation(extras={"legal_hold": True, "tags": ["a", {"b": None}], "n": 1.5})
+    observation = CheckpointObservation(
+        extras={"legal_hold": True, "tags": ["a", {"b": None}], "n": 1.5}
+    )
     assert observation.extras["tags"] == ["a", {"b": None}]
     with pytest.raises(ValidationError, match="extras"):
         CheckpointObservation.model_validate({"extras": {"when": object()}})
@@ -142,7 +152,9 @@ def test_explicit_fields_win_over_derived_ones() -> None:
 
 
 def test_an_explicit_null_does_not_erase_a_measured_value() -> None:
-    observation = CheckpointObservation.from_inputs(observation={"claims": None}, evidence_bundle=EVIDENCE)
+    observation = CheckpointObservation.from_inputs(
+        observation={"claims": None}, evidence_bundle=EVIDENCE
+    )
     assert observation.claims == 2
 
 
@@ -162,7 +174,9 @@ def test_from_inputs_accepts_models_as_well_as_json_objects() -> None:
 def test_from_inputs_validates_the_merged_result() -> None:
     # The explicit retrieved_items=0 wins, and the bundle's 1 novel item no longer fits: refuse.
     with pytest.raises(ValidationError, match="novel_items"):
-        CheckpointObservation.from_inputs(observation={"retrieved_items": 0}, evidence_bundle=EVIDENCE)
+        CheckpointObservation.from_inputs(
+            observation={"retrieved_items": 0}, evidence_bundle=EVIDENCE
+        )
 
 
 def test_from_inputs_rejects_non_mapping_inputs() -> None:

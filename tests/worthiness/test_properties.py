@@ -40,7 +40,9 @@ def fresh_registry(weight_by_name: dict[str, float] | None = None) -> Checkpoint
 
 @SETTINGS
 @given(observation=observations())
-def test_every_signal_and_the_score_stay_in_the_unit_interval(observation: CheckpointObservation) -> None:
+def test_every_signal_and_the_score_stay_in_the_unit_interval(
+    observation: CheckpointObservation,
+) -> None:
     recommendation = CheckpointAdvisor().recommend(observation)
     for signal in recommendation.signals:
         assert signal.value is None or 0.0 <= signal.value <= 1.0, signal
@@ -64,7 +66,9 @@ def test_an_abstention_moves_the_aggregate_neither_down_nor_up(
 
 @SETTINGS
 @given(observation=observations(), value=st.one_of(st.none(), unit), weight=weights)
-def test_a_veto_dominates_any_aggregate(observation: CheckpointObservation, value: float | None, weight: float) -> None:
+def test_a_veto_dominates_any_aggregate(
+    observation: CheckpointObservation, value: float | None, weight: float
+) -> None:
     registry = default_registry()
     registry.register(FixedScorer("gate", weight, value, veto=True))
     recommendation = CheckpointAdvisor(registry).recommend(observation)
@@ -82,24 +86,32 @@ def test_the_score_is_the_renormalised_weighted_mean(
     observation: CheckpointObservation, weight_by_name: dict[str, float], factor: float
 ) -> None:
     recommendation = CheckpointAdvisor(fresh_registry(weight_by_name)).recommend(observation)
-    live = [(weight_by_name[s.name], s.value) for s in recommendation.signals if s.value is not None]
+    live = [
+        (weight_by_name[s.name], s.value) for s in recommendation.signals if s.value is not None
+    ]
     total = sum(weight for weight, _ in live if weight > 0)
     if total == 0:
         assert recommendation.score is None
         return
     expected = sum(weight * value for weight, value in live if weight > 0) / total
-    assert recommendation.score is not None and math.isclose(recommendation.score, expected, abs_tol=1e-12)
+    assert recommendation.score is not None and math.isclose(
+        recommendation.score, expected, abs_tol=1e-12
+    )
     # Scaling every weight by the same factor changes nothing but rounding.
     scaled = {name: weight * factor for name, weight in weight_by_name.items()}
     # Weights so small that scaling underflows them to 0 are a different registry, not a rescale.
     assume(all(weight == 0 or weight * factor > 1e-300 for weight in weight_by_name.values()))
     rescored = CheckpointAdvisor(fresh_registry(scaled)).recommend(observation)
-    assert rescored.score is not None and math.isclose(rescored.score, recommendation.score, abs_tol=1e-9)
+    assert rescored.score is not None and math.isclose(
+        rescored.score, recommendation.score, abs_tol=1e-9
+    )
 
 
 def _monotone(scorer: Any, base: dict[str, int], field: str, step: int, rising: bool) -> None:
     before = scorer.score(CheckpointObservation.model_validate(base)).value
-    after = scorer.score(CheckpointObservation.model_validate({**base, field: base[field] + step})).value
+    after = scorer.score(
+        CheckpointObservation.model_validate({**base, field: base[field] + step})
+    ).value
     if before is None or after is None:
         return
     assert (after >= before) if rising else (after <= before), (field, base, step)
@@ -149,7 +161,9 @@ def test_retrieval_saturation_rises_with_known_items_and_falls_with_novel_ones(
 
 @SETTINGS
 @given(spans=counts, claims=st.integers(1, 1000), step=steps)
-def test_grounding_rises_with_spans_and_falls_with_claims(spans: int, claims: int, step: int) -> None:
+def test_grounding_rises_with_spans_and_falls_with_claims(
+    spans: int, claims: int, step: int
+) -> None:
     base = {"evidence_spans": spans, "claims": claims}
     _monotone(GroundingDensityScorer(), base, "evidence_spans", step, rising=True)
     _monotone(GroundingDensityScorer(), base, "claims", step, rising=False)
@@ -172,7 +186,11 @@ def test_contradictions_fall_with_unresolved_ones(unresolved: int, step: int) ->
 def test_stability_falls_with_churn_and_rises_with_settled_turns(
     rewrites: int, evictions: int, turns: int, step: int
 ) -> None:
-    base = {"context_rewrites": rewrites, "context_evictions": evictions, "turns_since_change": turns}
+    base = {
+        "context_rewrites": rewrites,
+        "context_evictions": evictions,
+        "turns_since_change": turns,
+    }
     _monotone(ContextStabilityScorer(), base, "context_rewrites", step, rising=False)
     _monotone(ContextStabilityScorer(), base, "context_evictions", step, rising=False)
     _monotone(ContextStabilityScorer(), base, "turns_since_change", step, rising=True)

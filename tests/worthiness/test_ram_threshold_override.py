@@ -39,9 +39,17 @@ def test_a_per_call_threshold_replaces_the_advisors_own_for_that_call_only() -> 
 
 @pytest.mark.parametrize(
     ("value", "error"),
-    [(0.0, ValueError), (0.76, ValueError), (float("nan"), ValueError), (True, TypeError), ("0.5", TypeError)],
+    [
+        (0.0, ValueError),
+        (0.76, ValueError),
+        (float("nan"), ValueError),
+        (True, TypeError),
+        ("0.5", TypeError),
+    ],
 )
-def test_a_per_call_threshold_outside_zero_to_the_disk_threshold_is_refused(value: object, error: type) -> None:
+def test_a_per_call_threshold_outside_zero_to_the_disk_threshold_is_refused(
+    value: object, error: type
+) -> None:
     with pytest.raises(error, match="ram_threshold"):
         advisor_scoring(0.5).recommend(OBS, ram_threshold=value)  # type: ignore[arg-type]
 

@@ -38,11 +38,15 @@ def test_the_half_point_is_the_documented_context_size() -> None:
 def test_wall_time_and_work_are_lower_bounds_and_the_larger_one_wins() -> None:
     assert MODEL.estimate(tokens=8192, wall_time_s=3.0).seconds == pytest.approx(3.0)
     # 16384 tokens (2 s) + 2 tool calls (2 s) + 2 retrievals (1 s) outweigh 0.5 s of wall time.
-    assert MODEL.estimate(tokens=16384, tool_calls=2, retrievals=2, wall_time_s=0.5).seconds == pytest.approx(5.0)
+    assert MODEL.estimate(
+        tokens=16384, tool_calls=2, retrievals=2, wall_time_s=0.5
+    ).seconds == pytest.approx(5.0)
 
 
 def test_observation_tokens_include_output_tokens() -> None:
-    estimate = MODEL.estimate_observation(CheckpointObservation(context_tokens=4096, output_tokens=4096))
+    estimate = MODEL.estimate_observation(
+        CheckpointObservation(context_tokens=4096, output_tokens=4096)
+    )
     assert estimate.tokens == 8192
     assert estimate.value == pytest.approx(0.5)
 
@@ -51,8 +55,13 @@ def test_the_scorer_reads_the_shared_estimator() -> None:
     slow_hardware = RebuildCostModel(prefill_tokens_per_second=1024.0)
     observation = CheckpointObservation(context_tokens=1024, tool_calls=0)
     signal = RebuildCostScorer(slow_hardware).score(observation)
-    assert signal.value == slow_hardware.estimate_observation(observation).value == pytest.approx(0.5)
-    assert RebuildCostScorer().score(observation).value == MODEL.estimate_observation(observation).value
+    assert (
+        signal.value == slow_hardware.estimate_observation(observation).value == pytest.approx(0.5)
+    )
+    assert (
+        RebuildCostScorer().score(observation).value
+        == MODEL.estimate_observation(observation).value
+    )
     assert "retrievals" in signal.reason  # the unmeasured inputs are named, not read as zero
 
 
@@ -66,7 +75,9 @@ def test_the_scorer_reads_the_shared_estimator() -> None:
         ({"wall_time_s": "1"}, TypeError, "wall_time_s"),
     ],
 )
-def test_direct_callers_get_clear_errors(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
+def test_direct_callers_get_clear_errors(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
     with pytest.raises(error, match=message):
         MODEL.estimate(**kwargs)  # type: ignore[arg-type]
 
@@ -91,7 +102,12 @@ optional_count = st.one_of(st.none(), st.integers(0, 10**6))
     increase=st.integers(1, 10**5),
 )
 def test_the_estimate_never_falls_when_an_input_grows(
-    tokens: int | None, tool_calls: int | None, retrievals: int | None, wall: float | None, field: str, increase: int
+    tokens: int | None,
+    tool_calls: int | None,
+    retrievals: int | None,
+    wall: float | None,
+    field: str,
+    increase: int,
 ) -> None:
     inputs: dict[str, float | int | None] = {
         "tokens": tokens,

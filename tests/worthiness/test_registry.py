@@ -26,7 +26,9 @@ class LegalHoldScorer:
     def score(self, observation: CheckpointObservation) -> CheckpointSignal:
         hold: object | None = observation.extras.get("legal_hold")
         if hold is None:
-            return CheckpointSignal(name=self.name, kind=SignalKind.GATE, value=None, reason="no legal-hold flag")
+            return CheckpointSignal(
+                name=self.name, kind=SignalKind.GATE, value=None, reason="no legal-hold flag"
+            )
         return CheckpointSignal(
             name=self.name,
             kind=SignalKind.GATE,
@@ -75,7 +77,13 @@ def test_unknown_names_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("weight", "error"),
-    [(-0.1, ValueError), (math.nan, ValueError), (math.inf, ValueError), (True, TypeError), ("1", TypeError)],
+    [
+        (-0.1, ValueError),
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (True, TypeError),
+        ("1", TypeError),
+    ],
 )
 def test_weights_must_be_finite_and_non_negative(weight: object, error: type[Exception]) -> None:
     registry = default_registry()
@@ -126,10 +134,14 @@ def test_a_new_signal_is_one_register_call() -> None:
     registry = default_registry()
     registry.register(LegalHoldScorer())
     advisor = CheckpointAdvisor(registry)
-    held = advisor.recommend(CheckpointObservation(context_tokens=60_000, extras={"legal_hold": True}))
+    held = advisor.recommend(
+        CheckpointObservation(context_tokens=60_000, extras={"legal_hold": True})
+    )
     assert held.vetoed_by == ("legal_hold",)
     assert not held.worth_it
-    free = advisor.recommend(CheckpointObservation(context_tokens=60_000, extras={"legal_hold": False}))
+    free = advisor.recommend(
+        CheckpointObservation(context_tokens=60_000, extras={"legal_hold": False})
+    )
     assert free.worth_it
     # Weight 0: it answered, but it moves the aggregate neither way.
     assert free.score == advisor.recommend(CheckpointObservation(context_tokens=60_000)).score
@@ -138,6 +150,8 @@ def test_a_new_signal_is_one_register_call() -> None:
 def test_removing_a_default_removes_its_signal() -> None:
     registry = default_registry()
     registry.unregister("phase_boundary")
-    recommendation = CheckpointAdvisor(registry).recommend(CheckpointObservation(phase_completed=True))
+    recommendation = CheckpointAdvisor(registry).recommend(
+        CheckpointObservation(phase_completed=True)
+    )
     assert "phase_boundary" not in {signal.name for signal in recommendation.signals}
     assert "phase_boundary" not in recommendation.abstained

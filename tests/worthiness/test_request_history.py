@@ -28,7 +28,9 @@ def test_the_least_recently_hit_prefix_is_forgotten_first() -> None:
     assert (history.reuse("a"), history.reuse("b"), history.reuse("c")) == (2, 0, 1)
 
 
-def test_a_turn_that_resends_the_previous_prompt_extends_it_and_one_that_does_not_rewrites_it() -> None:
+def test_a_turn_that_resends_the_previous_prompt_extends_it_and_one_that_does_not_rewrites_it() -> (
+    None
+):
     history = RequestHistory()
     assert history.turn("s", [1, 2]) == SessionTurn(False, 0, 0, 2, 2)
     assert history.turn("s", [1, 2, 3]) == SessionTurn(False, 0, 1, 3, 1)
@@ -64,7 +66,11 @@ def test_a_bad_bound_is_refused() -> None:
         RequestHistory(max_tracked=0)
 
 
-@given(st.lists(st.tuples(st.sampled_from("xyz"), st.lists(st.integers(0, 3), max_size=6)), max_size=30))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("xyz"), st.lists(st.integers(0, 3), max_size=6)), max_size=30
+    )
+)
 def test_turns_match_a_reference_model(turns: list[tuple[str, list[int]]]) -> None:
     history = RequestHistory()
     last: dict[str, tuple[int, ...]] = {}
@@ -88,7 +94,9 @@ def test_in_a_session_the_observed_reuse_is_the_turns_that_resent_its_context() 
     history.record_hit("k")
     history.record_hit("k")
     first = history.measure("s", [1, 2], loaded_to="k")
-    assert first.turn is not None and first.observed_reuse == 0  # a shared prefix's hits say nothing
+    assert (
+        first.turn is not None and first.observed_reuse == 0
+    )  # a shared prefix's hits say nothing
     assert history.measure("s", [1, 2, 3], loaded_to=None).observed_reuse == 1  # vLLM served it
     assert history.measure("s", [1, 2, 3, 4], loaded_to="k").observed_reuse == 2
     assert history.measure("s", [9], loaded_to=None).observed_reuse == 0  # rewritten: a new context
@@ -99,3 +107,30 @@ def test_without_a_session_the_observed_reuse_is_the_loads_of_the_prefix_it_load
     history.record_hit("k")
     assert history.measure(None, [1, 2], loaded_to="k") == Measured(None, 1)
     assert history.measure(None, [1, 2], loaded_to=None) == Measured(None, None)
+
+
+def test_the_keys_sessions_hold_are_bounded_oldest_session_forgotten_first() -> None:
+    history = RequestHistory(max_keys=100)
+    for s in range(10):  # client-chosen session ids, 30 blocks each: 300 keys asked to be held
+        history.turn(f"s{s}", [(s, i) for i in range(30)])
+        assert history.keys_held <= 100
+    assert history.keys_held == 90  # the three newest sessions
+    # The newest session is remembered: re-sent, its context is unchanged...
+    assert not history.turn("s9", [(9, i) for i in range(31)]).rewrote
+    # ...the oldest is not: its next turn starts a new context, as a first turn does.
+    first = history.turn("s0", [(0, i) for i in range(31)])
+    assert not first.rewrote and first.turns_since_change == 0
+
+
+def test_a_prompt_longer_than_the_bound_is_remembered_by_its_leading_keys() -> None:
+    history = RequestHistory(max_keys=8)
+    history.turn("s", list(range(20)))
+    assert history.keys_held == 8
+    assert not history.turn("s", list(range(25))).rewrote  # re-sends it
+    assert history.turn("s", [99, *range(1, 25)]).rewrote  # rewrites its first block
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_a_bad_key_bound_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="max_keys"):
+        RequestHistory(max_keys=bad)  # type: ignore[arg-type]

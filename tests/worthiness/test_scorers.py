@@ -69,7 +69,9 @@ def test_retrieval_saturation() -> None:
     scorer = RetrievalSaturationScorer()
     assert value(scorer, retrieved_items=10, novel_items=0) == pytest.approx(11 / 12)
     assert value(scorer, retrieved_items=10, novel_items=10) == pytest.approx(1 / 12)
-    assert value(scorer, retrieved_items=1, novel_items=0) == pytest.approx(2 / 3)  # the prior holds back 1 item
+    assert value(scorer, retrieved_items=1, novel_items=0) == pytest.approx(
+        2 / 3
+    )  # the prior holds back 1 item
     assert value(scorer, retrieved_items=0, novel_items=0) is None
     assert value(scorer, retrieved_items=5) is None
 
@@ -86,11 +88,15 @@ def test_grounding_density() -> None:
 
 def test_contradictions_score_a_clean_context_one_and_veto_on_high_severity() -> None:
     scorer = ContradictionsScorer()
-    clean = scorer.score(CheckpointObservation(contradictions_unresolved=0, contradictions_high_severity=0))
+    clean = scorer.score(
+        CheckpointObservation(contradictions_unresolved=0, contradictions_high_severity=0)
+    )
     assert (clean.value, clean.veto, clean.kind) == (1.0, False, SignalKind.GATE)
     assert value(scorer, contradictions_unresolved=1) == 0.5
     assert value(scorer, contradictions_unresolved=3, contradictions_high_severity=0) == 0.25
-    vetoed = scorer.score(CheckpointObservation(contradictions_unresolved=4, contradictions_high_severity=1))
+    vetoed = scorer.score(
+        CheckpointObservation(contradictions_unresolved=4, contradictions_high_severity=1)
+    )
     assert vetoed.veto
     assert vetoed.value == 0.0
     # Only "no high-severity ones" was measured: no veto, and no value either.
@@ -121,7 +127,9 @@ def test_phase_boundary() -> None:
 def test_model_self_report() -> None:
     scorer = ModelSelfReportScorer()
     assert value(scorer, self_report=ModelSelfReport(understood=True)) == 1.0
-    assert value(scorer, self_report=ModelSelfReport(understood=True, confidence=0.6)) == pytest.approx(0.8)
+    assert value(
+        scorer, self_report=ModelSelfReport(understood=True, confidence=0.6)
+    ) == pytest.approx(0.8)
     assert value(scorer, self_report=ModelSelfReport(understood=False)) == 0.0
     assert value(scorer, self_report=ModelSelfReport(understood=False, confidence=0.0)) == 0.5
 

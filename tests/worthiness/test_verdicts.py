@@ -13,7 +13,10 @@ def test_the_latest_verdict_wins_and_tenants_do_not_share_a_session() -> None:
     verdicts.publish("acme", "s", {"n": 1}, verified=False)
     verdicts.publish("acme", "s", {"n": 2}, verified=False)
     verdicts.publish("beta", "s", {"n": 3}, verified=False)
-    acme, beta = verdicts.latest("acme", "s", verified=False), verdicts.latest("beta", "s", verified=True)
+    acme, beta = (
+        verdicts.latest("acme", "s", verified=False),
+        verdicts.latest("beta", "s", verified=True),
+    )
     assert acme is not None and beta is not None
     assert (acme.kvci, beta.kvci) == ({"n": 2}, {"n": 3})
     assert verdicts.latest("gamma", "s", verified=True) is None
@@ -47,8 +50,9 @@ def test_the_least_recently_published_session_goes_first() -> None:
     verdicts.publish("acme", "a", {"again": True}, verified=False)  # a is the most recent now
     verdicts.publish("beta", "c", {}, verified=False)
     assert verdicts.latest("acme", "b", verified=False) is None
-    assert [verdicts.latest(t, s, verified=False) is not None for t, s in (("acme", "a"), ("beta", "c"))] == [
-        True, True]
+    assert [
+        verdicts.latest(t, s, verified=False) is not None for t, s in (("acme", "a"), ("beta", "c"))
+    ] == [True, True]
 
 
 def test_one_tenants_many_sessions_do_not_push_out_the_others() -> None:

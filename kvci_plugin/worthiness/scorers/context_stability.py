@@ -30,14 +30,21 @@ class ContextStabilityScorer:
     weight = 0.10
 
     def score(self, observation: CheckpointObservation) -> CheckpointSignal:
-        return _signal(observation.context_rewrites, observation.context_evictions, observation.turns_since_change)
+        return _signal(
+            observation.context_rewrites,
+            observation.context_evictions,
+            observation.turns_since_change,
+        )
 
 
 @memoised
 def _signal(rewrites: int | None, evictions: int | None, turns: int | None) -> CheckpointSignal:
     if rewrites is None and evictions is None and turns is None:
         return CheckpointSignal(
-            name=CONTEXT_STABILITY, kind=SignalKind.RISK, value=None, reason="no rewrite, eviction or turn counts"
+            name=CONTEXT_STABILITY,
+            kind=SignalKind.RISK,
+            value=None,
+            reason="no rewrite, eviction or turn counts",
         )
     value = 1.0
     parts = []
@@ -48,4 +55,6 @@ def _signal(rewrites: int | None, evictions: int | None, turns: int | None) -> C
     if turns is not None:
         value *= turns / (turns + HALF_SETTLED_TURNS)
         parts.append(f"unchanged for {turns} turns")
-    return CheckpointSignal(name=CONTEXT_STABILITY, kind=SignalKind.RISK, value=value, reason=", ".join(parts))
+    return CheckpointSignal(
+        name=CONTEXT_STABILITY, kind=SignalKind.RISK, value=value, reason=", ".join(parts)
+    )

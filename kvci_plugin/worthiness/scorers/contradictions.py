@@ -24,7 +24,9 @@ class ContradictionsScorer:
     weight = 0.15
 
     def score(self, observation: CheckpointObservation) -> CheckpointSignal:
-        return _signal(observation.contradictions_unresolved, observation.contradictions_high_severity)
+        return _signal(
+            observation.contradictions_unresolved, observation.contradictions_high_severity
+        )
 
 
 @memoised
@@ -39,7 +41,10 @@ def _signal(unresolved: int | None, high: int | None) -> CheckpointSignal:
         )
     if unresolved is None:
         return CheckpointSignal(
-            name=CONTRADICTIONS, kind=SignalKind.GATE, value=None, reason="unresolved contradictions not measured"
+            name=CONTRADICTIONS,
+            kind=SignalKind.GATE,
+            value=None,
+            reason="unresolved contradictions not measured",
         )
     severity = "" if high is not None else "; severity not measured"
     return CheckpointSignal(

@@ -30,7 +30,9 @@ class GroundingDensityScorer:
 def _signal(spans: int | None, claims: int | None) -> CheckpointSignal:
     if claims == 0 or claims is None or spans is None:
         reason = "no claims made" if claims == 0 else "evidence span or claim counts not measured"
-        return CheckpointSignal(name=GROUNDING_DENSITY, kind=SignalKind.OPPORTUNITY, value=None, reason=reason)
+        return CheckpointSignal(
+            name=GROUNDING_DENSITY, kind=SignalKind.OPPORTUNITY, value=None, reason=reason
+        )
     return CheckpointSignal(
         name=GROUNDING_DENSITY,
         kind=SignalKind.OPPORTUNITY,

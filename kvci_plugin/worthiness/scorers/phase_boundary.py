@@ -34,7 +34,10 @@ class PhaseBoundaryScorer:
 def _signal(phase: str | None, completed: bool | None) -> CheckpointSignal:
     if completed is None:
         return CheckpointSignal(
-            name=PHASE_BOUNDARY, kind=SignalKind.OPPORTUNITY, value=None, reason="phase completion not measured"
+            name=PHASE_BOUNDARY,
+            kind=SignalKind.OPPORTUNITY,
+            value=None,
+            reason="phase completion not measured",
         )
     label = phase if phase is not None else "unnamed"
     if not completed:
@@ -43,4 +46,6 @@ def _signal(phase: str | None, completed: bool | None) -> CheckpointSignal:
         value, reason = COMPLETED_SEAM_VALUE, f"phase {label!r} completed"
     else:
         value, reason = COMPLETED_OTHER_VALUE, f"phase {label!r} completed (not a seam phase)"
-    return CheckpointSignal(name=PHASE_BOUNDARY, kind=SignalKind.OPPORTUNITY, value=value, reason=reason)
+    return CheckpointSignal(
+        name=PHASE_BOUNDARY, kind=SignalKind.OPPORTUNITY, value=value, reason=reason
+    )

@@ -20,14 +20,17 @@ class PredictedReuseScorer:
     ``expected`` is the larger of the caller's prediction (sibling + queued tasks that would
     start from this context) and the reuse observed so far (``observed_reuse``: re-sends of
     this context, a context re-sent before being likelier to be re-sent again). The larger,
-    because both estimate the same future hits and may count the same requests. Abstains when neither was supplied: nothing here predicts reuse by itself.
+    because both estimate the same future hits and may count the same requests. Abstains when
+    neither was supplied: nothing here predicts reuse by itself.
     """
 
     name = PREDICTED_REUSE
     weight = 0.15
 
     def score(self, observation: CheckpointObservation) -> CheckpointSignal:
-        return _signal(observation.sibling_tasks, observation.queued_tasks, observation.observed_reuse)
+        return _signal(
+            observation.sibling_tasks, observation.queued_tasks, observation.observed_reuse
+        )
 
 
 @memoised

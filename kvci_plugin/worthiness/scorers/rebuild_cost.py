@@ -10,7 +10,10 @@ REBUILD_COST = "rebuild_cost"
 
 # Abstentions are the same every time: built once, not per request.
 _NOT_MEASURED = CheckpointSignal(
-    name=REBUILD_COST, kind=SignalKind.OPPORTUNITY, value=None, reason="neither context size nor wall time measured"
+    name=REBUILD_COST,
+    kind=SignalKind.OPPORTUNITY,
+    value=None,
+    reason="neither context size nor wall time measured",
 )
 
 
@@ -28,7 +31,10 @@ class RebuildCostScorer:
         if estimate.seconds is None:
             return _NOT_MEASURED
         return CheckpointSignal(
-            name=REBUILD_COST, kind=SignalKind.OPPORTUNITY, value=estimate.value, reason=_reason(estimate)
+            name=REBUILD_COST,
+            kind=SignalKind.OPPORTUNITY,
+            value=estimate.value,
+            reason=_reason(estimate),
         )
 
 

@@ -31,11 +31,16 @@ class RetrievalSaturationScorer:
 @memoised
 def _signal(retrieved: int | None, novel: int | None) -> CheckpointSignal:
     if retrieved == 0 or retrieved is None or novel is None:
-        reason = "nothing retrieved" if retrieved == 0 else "retrieved or novel item counts not measured"
-        return CheckpointSignal(name=RETRIEVAL_SATURATION, kind=SignalKind.RISK, value=None, reason=reason)
+        reason = (
+            "nothing retrieved" if retrieved == 0 else "retrieved or novel item counts not measured"
+        )
+        return CheckpointSignal(
+            name=RETRIEVAL_SATURATION, kind=SignalKind.RISK, value=None, reason=reason
+        )
     return CheckpointSignal(
         name=RETRIEVAL_SATURATION,
         kind=SignalKind.RISK,
-        value=(retrieved - novel + SATURATION_PRIOR_ITEMS) / (retrieved + 2.0 * SATURATION_PRIOR_ITEMS),
+        value=(retrieved - novel + SATURATION_PRIOR_ITEMS)
+        / (retrieved + 2.0 * SATURATION_PRIOR_ITEMS),
         reason=f"{novel} of {retrieved} retrieved items novel",
     )

@@ -1,0 +1,590 @@
+"""RAMIndex: the bookkeeping half of the RAM tier (keys, LRU, bounds, tenants), without bytes.
+
+It runs on vLLM's scheduler side; the bytes live in the worker's ``PagePool`` and the two are
+joined by slot ids. A store is ``reserve`` (slots chosen, evictions done) -> the worker copies the
+new pages -> ``commit`` (or ``abort``); a load is ``pin`` (slots returned, tenant checked) -> the
+worker copies the pages back -> ``unpin``. A page shared by several checkpoints is held once and
+freed with its last reference; a slot that is being written or read is never freed.
+
+Which checkpoint leaves first, and whether a newcomer may displace what is held, is the
+``TierPolicy``'s choice (``kvci_plugin.policy``; plain LRU unless one is given). A checkpoint is
+only evicted when it is committed and none of its pages is pinned or still being written,
+whatever the policy's order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
+from kvci_plugin.tiering.ram.room import Entry, Over, Page, Room, RoomPlanner
+from kvci_plugin.tiering.types import (
+    PAGE_KEY_BYTES,
+    CheckpointBusyError,
+    CheckpointEntry,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    DoesNotFitError,
+    Eviction,
+    NotWorthDisplacingError,
+    PageKey,
+    PageNotFoundError,
+    RAMStats,
+    Reservation,
+    TenantMismatchError,
+    check_checkpoint_id,
+    check_page_key,
+    check_tenant,
+)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, not {value}")
+    return value
+
+
+def _check_keys(keys: Iterable[object]) -> tuple[PageKey, ...]:
+    if isinstance(keys, (bytes, str)):
+        raise TypeError("keys must be a sequence of 16-byte page keys, not a single bytes/str")
+    keys = tuple(keys)
+    # Every lookup, pin and unpin checks a prompt's keys: a pass in C when they are all plain
+    # bytes of the right length (a 128-key prompt: 7 -> 2 us here), the key-by-key check with
+    # its precise error otherwise.
+    if {*map(type, keys)} <= {bytes} and {*map(len, keys)} <= {PAGE_KEY_BYTES}:
+        return keys  # type: ignore[return-value]
+    return tuple(check_page_key(k) for k in keys)
+
+
+class RAMIndex:
+    """Keys, LRU order, bounds and tenants of the RAM tier; thread-safe, no torch.
+
+    Capacity in pages is ``min(num_slots, max_bytes // slot_bytes)``; every page costs
+    ``slot_bytes`` and is counted once however many checkpoints share it. ``tenant_quota_bytes``
+    caps the bytes any one tenant's pages may take.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        slot_bytes: int,
+        max_entries: int,
+        max_bytes: int | None = None,
+        tenant_quota_bytes: int | None = None,
+        policy: TierPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._policy: TierPolicy = policy if policy is not None else LRUPolicy()
+        self._clock = clock
+        self._num_slots = _positive_int("num_slots", num_slots)
+        self._slot_bytes = _positive_int("slot_bytes", slot_bytes)
+        self._max_entries = _positive_int("max_entries", max_entries)
+        self._page_capacity = num_slots
+        if max_bytes is not None:
+            _positive_int("max_bytes", max_bytes)
+            if max_bytes < slot_bytes:
+                raise ValueError(
+                    f"max_bytes ({max_bytes}) is smaller than one slot ({slot_bytes} bytes)"
+                )
+            self._page_capacity = min(num_slots, max_bytes // slot_bytes)
+        self._quota_pages: int | None = None
+        if tenant_quota_bytes is not None:
+            _positive_int("tenant_quota_bytes", tenant_quota_bytes)
+            if tenant_quota_bytes < slot_bytes:
+                raise ValueError(
+                    f"tenant_quota_bytes ({tenant_quota_bytes}) is smaller than one slot "
+                    f"({slot_bytes} bytes)"
+                )
+            self._quota_pages = tenant_quota_bytes // slot_bytes
+        self._tenant_quota_bytes = tenant_quota_bytes
+
+        self._lock = threading.RLock()
+        self._pages: dict[PageKey, Page] = {}
+        # Popped from the end: slot 0 is handed out first.
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
+        self._tenant_pages: Counter[str] = Counter()
+        self._pool_pages: Counter[str] = Counter()  # pages per fair-share pool (``room``)
+        self._use_seq = 0
+        self._evictions = 0
+        # Moves with every call that may change what the policy counts: a reader polling its
+        # counts every engine step reads them only when this has moved.
+        self._policy_changes = 0
+
+    @property
+    def num_slots(self) -> int:
+        return self._num_slots
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._slot_bytes
+
+    @property
+    def max_entries(self) -> int:
+        return self._max_entries
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._page_capacity * self._slot_bytes
+
+    @property
+    def policy_name(self) -> str:
+        return self._policy.name
+
+    def policy_stats(self) -> PolicyStats:
+        """What the policy did, without the occupancy walk of ``stats``."""
+        with self._lock:
+            return self._policy.stats()
+
+    def policy_learned(self) -> HazardCounts | None:
+        """What the policy learned about the workload, for a restarted tier to start from."""
+        with self._lock:
+            return self._policy.learned(self._clock())
+
+    @property
+    def policy_changes(self) -> int:
+        """A count that has moved whenever ``policy_stats`` may have changed its admissions,
+        refusals or evictions (lookups and sightings do not move it)."""
+        return self._policy_changes
+
+    # ---- what the policy learns from -------------------------------------------------------
+
+    def observe_lookup(self, chain: Sequence[PageKey]) -> None:
+        """A request's prompt keys, once per request at its lookup (whatever it hits): the policy
+        learns which remembered contexts came back."""
+        with self._lock:
+            self._policy.observe_lookup(chain, self._clock())
+
+    def sight(self, offer: Offer) -> None:
+        """A request finished, kept or not: the policy remembers its anchor."""
+        with self._lock:
+            self._policy.sighted(offer, self._clock())
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    def longest_prefix(self, keys: Sequence[PageKey], tenant: str) -> int:
+        """How many leading ``keys`` are loadable for ``tenant``. Changes nothing."""
+        check_tenant(tenant)
+        keys = _check_keys(keys)
+        with self._lock:
+            n = 0
+            for key in keys:
+                page = self._pages.get(key)
+                if page is None or not page.ready or page.tenant != tenant:
+                    break
+                n += 1
+            return n
+
+    def absent(self, keys: Iterable[PageKey]) -> tuple[PageKey, ...]:
+        """The distinct ``keys`` whose page the tier does not hold, in order. Changes nothing.
+
+        After a reservation, the keys of its evicted checkpoints that are absent are the pages
+        that left the tier: a page an evicted checkpoint shared with a held one stays.
+        """
+        keys = _check_keys(keys)
+        with self._lock:
+            return tuple(key for key in dict.fromkeys(keys) if key not in self._pages)
+
+    def get(self, checkpoint_id: str, tenant: str) -> CheckpointEntry:
+        """The checkpoint's record; a valid id of another tenant is refused."""
+        with self._lock:
+            return self._snapshot(checkpoint_id, self._owned_entry(checkpoint_id, tenant))
+
+    def entries(self, tenant: str | None = None) -> list[CheckpointEntry]:
+        """Held checkpoints, least recently used first, optionally of one tenant only."""
+        if tenant is not None:
+            check_tenant(tenant)
+        with self._lock:
+            return [
+                self._snapshot(cid, entry)
+                for cid, entry in self._entries.items()
+                if tenant is None or entry.tenant == tenant
+            ]
+
+    def stats(self) -> RAMStats:
+        with self._lock:
+            return RAMStats(
+                entries=len(self._entries),
+                pending_entries=sum(1 for e in self._entries.values() if e.pending),
+                pages=len(self._pages),
+                pinned_pages=sum(1 for p in self._pages.values() if p.pins),
+                bytes_used=len(self._pages) * self._slot_bytes,
+                capacity_bytes=self.capacity_bytes,
+                max_entries=self._max_entries,
+                slot_bytes=self._slot_bytes,
+                num_slots=self._num_slots,
+                tenant_bytes=MappingProxyType(
+                    {t: n * self._slot_bytes for t, n in self._tenant_pages.items()}
+                ),
+                tenant_quota_bytes=self._tenant_quota_bytes,
+                evictions=self._evictions,
+                policy=self._policy.stats(),
+            )
+
+    # ---- loads -----------------------------------------------------------------------------
+
+    def pin(self, keys: Sequence[PageKey], tenant: str) -> list[int]:
+        """Slots of ``keys`` for a load, pinned until ``unpin``.
+
+        Fails closed, pinning nothing, if any page is missing, not yet copied in, or held under
+        another tenant. Every checkpoint the load reads whole (its last page is the load's)
+        becomes most recently used.
+        """
+        check_tenant(tenant)
+        keys = _check_keys(keys)
+        with self._lock:
+            pages = []
+            for i, key in enumerate(keys):
+                page = self._pages.get(key)
+                if page is None:
+                    raise PageNotFoundError(f"page {i} of the load is not held in RAM")
+                if page.tenant != tenant:
+                    raise TenantMismatchError(f"page {i} of the load belongs to another tenant")
+                if not page.ready:
+                    raise PageNotFoundError(f"page {i} of the load is not copied in yet")
+                pages.append(page)
+            for page in pages:
+                page.pins += 1
+            # Only the checkpoints the load read whole were used: one that goes on past the
+            # load's last page (a later turn, another user behind the same system prompt) keeps
+            # its place, or a hit on a shared prefix would keep every holder's tail with it.
+            if keys:
+                self._touch({cid for cid in pages[-1].holders
+                             if self._entries[cid].keys[-1] == keys[-1]})
+            return [page.slot for page in pages]
+
+    def unpin(self, keys: Sequence[PageKey]) -> None:
+        """End a load started by ``pin`` with the same keys."""
+        keys = _check_keys(keys)
+        with self._lock:
+            counts = Counter(keys)
+            for key, count in counts.items():
+                page = self._pages.get(key)
+                if page is None or page.pins < count:
+                    raise ValueError("unpin: a page is not pinned (unpin without a matching pin)")
+            for key, count in counts.items():
+                self._pages[key].pins -= count
+                self._release_if_unused(key)
+
+    # ---- stores ----------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        checkpoint_id: str,
+        tenant: str,
+        keys: Sequence[PageKey],
+        meta: Mapping[str, Any] | None = None,
+        offer: Offer | None = None,
+        pool: str | None = None,
+    ) -> Reservation:
+        """Make room for a checkpoint and choose the slots its new pages go to.
+
+        Pages already held for ``tenant`` are reused; a key held under another tenant is
+        refused. Checkpoints are evicted in the policy's order until the entry count, the bytes
+        and the tenant's quota hold. If that is impossible, ``DoesNotFitError`` is raised; if the
+        policy finds ``offer`` worth less than what it would evict, ``NotWorthDisplacingError``;
+        either way nothing changes. ``offer`` says what the policy weighs (None: a plain offer
+        anchored at the last key). The checkpoint is pending until ``commit`` or ``abort``.
+        """
+        check_checkpoint_id(checkpoint_id)
+        check_tenant(tenant)
+        keys = _check_keys(keys)
+        if not keys:
+            raise ValueError("keys must not be empty: a checkpoint holds at least one page")
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a mapping, not {type(meta).__name__}")
+        distinct = tuple(dict.fromkeys(keys))
+        with self._lock:
+            if checkpoint_id in self._entries:
+                raise CheckpointExistsError(f"checkpoint_id {checkpoint_id!r} is already held")
+            new_keys = []
+            for key in distinct:
+                page = self._pages.get(key)
+                if page is None:
+                    new_keys.append(key)
+                elif page.tenant != tenant:
+                    raise TenantMismatchError(
+                        "a page key of the checkpoint belongs to another tenant"
+                    )
+                elif page.erased:
+                    raise DoesNotFitError(
+                        "erasure", "a page of the checkpoint is still being erased (its tenant "
+                        "was forgotten while a load or a persist read it)")
+            now = self._clock()
+            pool = tenant if pool is None else pool
+            room = self._plan_room(tenant, pool, distinct, len(new_keys), now)
+            victims = room.victims
+            offer = offer if offer is not None else Offer(anchor=keys[-1])
+            self._policy_changes += 1
+            # What fair shares take needs no weighing: only the policy's own choice can be vetoed.
+            if not self._policy.admits(offer, room.ranked, now):
+                raise NotWorthDisplacingError(
+                    "the checkpoint is worth less than the checkpoints it would evict")
+
+            # Hold the reused pages first so that evicting their other holders keeps them.
+            for key in distinct:
+                if key in self._pages:
+                    self._pages[key].holders.add(checkpoint_id)
+            evicted = tuple(self._drop(cid, evicted=True) for cid in victims)
+            self._evictions += len(evicted)
+            for key in new_keys:
+                self._pages[key] = Page(
+                    slot=self._free.pop(), tenant=tenant, pool=pool, holders={checkpoint_id}
+                )
+                self._tenant_pages[tenant] += 1
+                self._pool_pages[pool] += 1
+            for key in distinct:
+                page = self._pages[key]
+                if not page.ready and page.writer is None:
+                    page.writer = checkpoint_id
+            self._policy.admitted(checkpoint_id, offer, now)
+            self._use_seq += 1
+            self._entries[checkpoint_id] = Entry(
+                tenant=tenant,
+                pool=pool,
+                keys=keys,
+                distinct=distinct,
+                created=now,
+                last_used=now,
+                use_seq=self._use_seq,
+                pending=True,
+                meta=dict(meta or {}),
+            )
+            to_copy = tuple(
+                (k, self._pages[k].slot) for k in distinct if self._pages[k].writer == checkpoint_id
+            )
+            reused = tuple(
+                (k, self._pages[k].slot) for k in distinct if self._pages[k].writer != checkpoint_id
+            )
+            return Reservation(
+                checkpoint_id=checkpoint_id,
+                tenant=tenant,
+                slots=tuple(self._pages[k].slot for k in keys),
+                new=to_copy,
+                reused=reused,
+                evicted=evicted,
+            )
+
+    def commit(self, checkpoint_id: str) -> None:
+        """The worker copied the reservation's new pages: they become loadable."""
+        with self._lock:
+            entry = self._pending_entry(checkpoint_id)
+            for key in entry.distinct:
+                page = self._pages[key]
+                if page.writer == checkpoint_id:
+                    page.ready = True
+                    page.writer = None
+            entry.pending = False
+
+    def keep_resent_prefix(self, checkpoint_id: str, prefix_id: str) -> bool:
+        """After the system's checkpoint ``checkpoint_id`` committed: keep the leading pages the
+        policy names (``TierPolicy.resent_prefix``) as checkpoint ``prefix_id`` too, with the
+        same meta. Its pages are held already, so nothing is copied; and it never displaces
+        anything: with no entry left under the bound, nothing is kept. Whether it was kept."""
+        with self._lock:
+            entry = self._entry(checkpoint_id)
+            if entry.pending:
+                raise CheckpointBusyError(
+                    f"checkpoint {checkpoint_id!r} is pending: commit it first")
+            if len(self._entries) >= self._max_entries:
+                return False
+            found = self._policy.resent_prefix(entry.keys)
+            if found is None:
+                return False
+            n, offer = found
+            self.reserve(prefix_id, entry.tenant, entry.keys[:n], entry.meta, offer=offer)
+            self.commit(prefix_id)
+            return True
+
+    def abort(self, checkpoint_id: str) -> None:
+        """The store failed: drop the checkpoint and free the pages only it referenced."""
+        with self._lock:
+            self._pending_entry(checkpoint_id)
+            self._drop(checkpoint_id)
+
+    def remove(self, checkpoint_id: str, tenant: str) -> None:
+        """Drop a committed checkpoint; pages still pinned by a load are freed at ``unpin``.
+
+        Like a load, refused for a valid id of another tenant.
+        """
+        with self._lock:
+            entry = self._owned_entry(checkpoint_id, tenant)
+            if entry.pending:
+                raise CheckpointBusyError(
+                    f"checkpoint {checkpoint_id!r} is pending: abort it instead of removing it"
+                )
+            self._drop(checkpoint_id)
+
+    def erase(self, tenant: str) -> list[CheckpointEntry]:
+        """A forget: drop every checkpoint of ``tenant``, pending ones too; returns them. Pages a
+        load or a persist still pins are erased: no lookup finds them, no pin or reservation
+        takes them, and they are freed at their last ``unpin``."""
+        check_tenant(tenant)
+        with self._lock:
+            erased = self.entries(tenant)
+            for entry in erased:
+                self._drop(entry.checkpoint_id)
+            if self._tenant_pages.get(tenant):  # pinned ones are left: rare, so a scan is fine
+                for page in self._pages.values():
+                    if page.tenant == tenant:
+                        page.erased, page.ready = True, False
+            return erased
+
+    def clear(self) -> tuple[str, ...]:
+        """Forget every checkpoint, pending or pinned ones too (a cache reset); returns their ids.
+
+        The caller makes sure nothing still loads from or copies into a slot when a new store
+        may take it: the connector's copies run in step order, so a slot freed now is written
+        again only after the jobs already sent."""
+        with self._lock:
+            ids = tuple(self._entries)
+            self._entries.clear()
+            self._pages.clear()
+            self._tenant_pages.clear()
+            self._pool_pages.clear()
+            self._free = list(range(self._num_slots - 1, -1, -1))
+            self._policy.cleared()
+            self._policy_changes += 1
+            return ids
+
+    def set_meta(self, checkpoint_id: str, **values: Any) -> None:
+        """Attach or replace metadata on a held checkpoint (trigger, recommendation, refusal...)."""
+        with self._lock:
+            self._entry(checkpoint_id).meta.update(values)
+
+    # ---- internals (caller holds the lock) -------------------------------------------------
+
+    def _entry(self, checkpoint_id: str) -> Entry:
+        check_checkpoint_id(checkpoint_id)
+        entry = self._entries.get(checkpoint_id)
+        if entry is None:
+            raise CheckpointNotFoundError(f"checkpoint {checkpoint_id!r} is not held in RAM")
+        return entry
+
+    def _owned_entry(self, checkpoint_id: str, tenant: str) -> Entry:
+        check_tenant(tenant)
+        entry = self._entry(checkpoint_id)
+        if entry.tenant != tenant:
+            raise TenantMismatchError(
+                f"checkpoint {checkpoint_id!r} belongs to another tenant: refused"
+            )
+        return entry
+
+    def _pending_entry(self, checkpoint_id: str) -> Entry:
+        entry = self._entry(checkpoint_id)
+        if not entry.pending:
+            raise CheckpointBusyError(f"checkpoint {checkpoint_id!r} is already committed")
+        return entry
+
+    def _snapshot(self, checkpoint_id: str, entry: Entry) -> CheckpointEntry:
+        return CheckpointEntry(
+            checkpoint_id=checkpoint_id,
+            tenant=entry.tenant,
+            keys=entry.keys,
+            nbytes=len(entry.distinct) * self._slot_bytes,
+            created=entry.created,
+            last_used=entry.last_used,
+            pending=entry.pending,
+            complete=not entry.pending and all(self._pages[k].ready for k in entry.distinct),
+            meta=MappingProxyType(dict(entry.meta)),
+        )
+
+    def _touch(self, checkpoint_ids: set[str]) -> None:
+        now = self._clock()
+        # Keep the touched checkpoints' relative order: the older stays older.
+        ordered = sorted(checkpoint_ids, key=lambda c: self._entries[c].use_seq)
+        self._policy.touched(tuple(ordered), now)
+        for cid in ordered:
+            self._use_seq += 1
+            entry = self._entries[cid]
+            entry.use_seq = self._use_seq
+            entry.last_used = now
+            self._entries.move_to_end(cid)
+
+    def _evictable(self, entry: Entry) -> bool:
+        if entry.pending:
+            return False
+        for key in entry.distinct:
+            page = self._pages[key]
+            if page.pins or page.writer is not None:
+                return False
+        return True
+
+    def _plan_room(
+        self, tenant: str, pool: str, distinct: tuple[PageKey, ...], n_new: int, now: float
+    ) -> Room:
+        """Checkpoints to evict so that the reservation fits: fair shares first (``room``)."""
+        need = len(distinct)
+        if need > self._page_capacity:
+            raise DoesNotFitError(
+                "max_bytes",
+                f"the checkpoint needs {need * self._slot_bytes} bytes; the RAM tier holds "
+                f"{self.capacity_bytes}",
+            )
+        if self._quota_pages is not None and need > self._quota_pages:
+            raise DoesNotFitError(
+                "tenant_quota_bytes",
+                f"the checkpoint needs {need * self._slot_bytes} bytes; the tenant quota is "
+                f"{self._tenant_quota_bytes}",
+            )
+        over = Over(
+            entries=len(self._entries) + 1 - self._max_entries,
+            pages=len(self._pages) + n_new - self._page_capacity,
+            quota=(
+                self._tenant_pages[tenant] + n_new - self._quota_pages
+                if self._quota_pages is not None
+                else 0
+            ),
+        )
+        if over.met():
+            return Room([], [])
+        return self._planner().plan(
+            tenant,
+            pool,
+            set(distinct),
+            n_new,
+            over,
+            self._policy.eviction_order(self._entries, now),
+        )
+
+    def _planner(self) -> RoomPlanner:
+        return RoomPlanner(
+            self._entries, self._pages, self._pool_pages, self._page_capacity, self._evictable
+        )
+
+    def fair_share_bytes(self, pool: str) -> int:
+        """A pool's fair share of the tier now (split among the pools holding pages and it)."""
+        with self._lock:
+            return self._planner().share(pool) * self._slot_bytes
+
+    def _drop(self, checkpoint_id: str, *, evicted: bool = False) -> Eviction:
+        entry = self._entries.pop(checkpoint_id)
+        self._policy.dropped(checkpoint_id, evicted=evicted)
+        self._policy_changes += 1
+        for key in entry.distinct:
+            page = self._pages[key]
+            page.holders.discard(checkpoint_id)
+            if page.writer == checkpoint_id:
+                page.writer = None
+            self._release_if_unused(key)
+        return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, keys=entry.keys)
+
+    def _release_if_unused(self, key: PageKey) -> None:
+        page = self._pages[key]
+        if page.holders or page.pins or page.writer is not None:
+            return
+        del self._pages[key]
+        self._free.append(page.slot)
+        self._tenant_pages[page.tenant] -= 1
+        if not self._tenant_pages[page.tenant]:
+            del self._tenant_pages[page.tenant]
+        self._pool_pages[page.pool] -= 1
+        if not self._pool_pages[page.pool]:
+            del self._pool_pages[page.pool]
