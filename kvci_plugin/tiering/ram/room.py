@@ -7,15 +7,16 @@ and the one asking — explicit and retained-free checkpoints of theirs included
 policy would have kept: an explicit checkpoint is no shield against another tenant's work.
 A pool is a verified tenant, or every declared (unverified) tenant together: renaming a declared
 tenant buys no second share. A pool within its share then takes room in the policy's own order
-(the policy may still refuse to displace what it values more); a pool over its share takes
-room only from its own checkpoints and from other pools over their share, never from a pool
-within its share.
+(the policy may still refuse to displace what it values more); a pool past its share takes it
+from its own checkpoints first, and from pools within their share only what its own cannot free
+(a checkpoint larger than its share, or its own pages pinned), in the policy's order — so a
+flood of one tenant's keeps churns that tenant's own checkpoints, not the others'.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,29 +112,43 @@ class RoomPlanner:
                       and self.pool_pages[pool] + n_new > share)
         freed: Counter[str] = Counter()
         released: Counter[PageKey] = Counter()
+        if not excess and not asker_over:  # the common case: the policy's order, taken lazily
+            ranked = [cid for cid in self._taking(order, tenant, keep, over, released, freed)]
+            return self._checked(Room([], ranked), over)
         candidates = list(order)
-        fair: list[str] = []
-        for cid in candidates:  # other pools' checkpoints past their share, until within it
-            if over.met():
-                break
-            p = self.entries[cid].pool
-            if excess.get(p, 0) > freed[p] and self._take(cid, tenant, keep, over, released, freed):
-                fair.append(cid)
+        # Other pools' checkpoints past their share, until each is back within it.
+        fair = list(self._taking(
+            (c for c in candidates if excess.get(self.entries[c].pool, 0)
+             > freed[self.entries[c].pool]), tenant, keep, over, released, freed))
         taken = set(fair)
-        ranked: list[str] = []
-        for cid in candidates:  # then the policy's order (over its share: its own, and pools
-            if over.met():      # still past theirs)
-                break
-            p = self.entries[cid].pool
-            if cid in taken or asker_over and p != pool and excess.get(p, 0) <= freed[p]:
-                continue
+        ranked = []
+        if asker_over:  # past its share: its own checkpoints go before anyone else's
+            ranked = list(self._taking(
+                (c for c in candidates if c not in taken and self.entries[c].pool == pool),
+                tenant, keep, over, released, freed))
+            taken.update(ranked)
+        ranked += self._taking((c for c in candidates if c not in taken), tenant, keep, over,
+                               released, freed)
+        return self._checked(Room(fair, ranked), over)
+
+    def _taking(self, candidates: Iterable[str], tenant: str, keep: set[PageKey], over: Over,
+                released: Counter[PageKey], freed: Counter[str]) -> Iterator[str]:
+        """The candidates taken, in order, until the bounds are met."""
+        for cid in candidates:
+            if over.met():
+                return
             if self._take(cid, tenant, keep, over, released, freed):
-                ranked.append(cid)
+                yield cid
+
+    @staticmethod
+    def _checked(room: Room, over: Over) -> Room:
         for bound, left in (("max_entries", over.entries), ("max_bytes", over.pages),
                             ("tenant_quota_bytes", over.quota)):
             if left > 0:
-                raise DoesNotFitError(bound, _why(bound, asker_over))
-        return Room(fair, ranked)
+                raise DoesNotFitError(
+                    bound, f"the checkpoint does not fit within {bound}: the checkpoints that "
+                    "would have to go are pinned by a load or still being written")
+        return room
 
     def _take(self, cid: str, tenant: str, keep: set[PageKey], over: Over,
               released: Counter[PageKey], freed: Counter[str]) -> bool:
@@ -153,12 +168,3 @@ class RoomPlanner:
                 if page.tenant == tenant:
                     over.quota -= 1
         return True
-
-
-def _why(bound: str, over_share: bool) -> str:
-    if over_share:
-        return (f"the checkpoint does not fit within {bound}: its tenant holds its fair share of "
-                "the RAM tier already, and the rest is other tenants' within their shares (or "
-                "pinned by a load, or still being written)")
-    return (f"the checkpoint does not fit within {bound}: the checkpoints that would have to go "
-            "are pinned by a load or still being written")
