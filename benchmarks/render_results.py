@@ -15,7 +15,10 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from benchmarks.bench_scale import SCHEMA as SCALE_SCHEMA
+from benchmarks.bench_scale import load_scales, scale_section
 from benchmarks.faultsim.render import fault_section, load_fault_replays
 from benchmarks.faultsim.report import SCHEMA as FAULT_SCHEMA
 from benchmarks.faultsim.report import FaultReplayReport
@@ -65,7 +68,7 @@ def load_reports(
             reports.append((path, SimulationReport.model_validate(data)))
         elif kind == TTFT_SCHEMA:
             ttft.append((path, TTFTReport.model_validate(data)))
-        elif kind not in (REPLAY_SCHEMA, FAULT_SCHEMA):  # read by load_replays, load_fault_replays
+        elif kind not in (REPLAY_SCHEMA, FAULT_SCHEMA, SCALE_SCHEMA):  # read by their own loaders
             print(
                 f"render_results: skipping {path.name}: not a {SCHEMA} or {TTFT_SCHEMA} report",
                 file=sys.stderr,
@@ -77,6 +80,7 @@ def render(
     reports: Sequence[tuple[Path, SimulationReport]], ttft: Sequence[tuple[Path, TTFTReport]] = (),
     replays: Sequence[tuple[Path, ReplayReport]] = (),
     faults: Sequence[tuple[Path, FaultReplayReport]] = (),
+    scales: Sequence[tuple[Path, dict[str, Any]]] = (),
 ) -> str:
     lines = [
         "# Benchmark results",
@@ -97,6 +101,8 @@ def render(
         lines += ["", *replay_section(path, replay)]
     for path, fault in faults:
         lines += ["", *fault_section(path, fault)]
+    for path, scale in scales:
+        lines += ["", *scale_section(path, scale)]
     return "\n".join(lines) + "\n"
 
 
@@ -674,7 +680,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     output = args.output if args.output is not None else args.results / "README.md"
     output.write_text(render(*load_reports(args.results), load_replays(args.results),
-                             load_fault_replays(args.results)), encoding="utf-8")
+                             load_fault_replays(args.results), load_scales(args.results)),
+                      encoding="utf-8")
     print(f"wrote {output}")
     return 0
 

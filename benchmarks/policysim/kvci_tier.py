@@ -22,6 +22,14 @@ client said of the turn's end, as a client sends it in ``kvci.observation``:
 ``tool_call_pending`` True (the run will be back), False, or None (nothing said; the trace says
 nothing, so the default run says nothing).
 
+A trace that records how each turn ended (``stop``) gives the engine's own word on it, as the
+connector reads it from the output's tool-call markers (``trace.engine_word``): the decider takes
+it for ``tool_call_pending`` where the client said nothing, learns each class's return gap, and a
+kept tool-call turn is retained for the learned TTL (``KeepPlan.retain_s``) through the product's
+``Retentions`` on the same index: its pages pinned until the TTL ends or its session's next
+request arrives, within the tenant's fair share, at the connector's default ``max_retain_s``.
+A trace without ``stop`` says nothing, and nothing is retained.
+
 A hash id becomes a 16-byte page key; one page = one 512-token block. The entry bound is the
 page capacity: a deployment that sizes the tier for N pages lets it hold N checkpoints.
 """
@@ -38,18 +46,20 @@ from pydantic import JsonValue
 from benchmarks.policysim.engine_view import EngineCache, EngineView
 from benchmarks.policysim.replay import Tally, account_lookup
 from benchmarks.policysim.sessions import RequestContext
-from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest
+from benchmarks.policysim.trace import BLOCK_TOKENS, TraceRequest, engine_word
 from benchmarks.policysim.worthiness_admission import TraceClock
 from kvci_plugin.policy import (
     FinishedRequest,
     KeepDecider,
     KeepOutcome,
     KeepPlan,
+    ReturnGaps,
     TierPolicy,
     ram_policy_for,
 )
 from kvci_plugin.tiering.load_or_recompute import LoadOrRecompute
 from kvci_plugin.tiering.ram.index import RAMIndex
+from kvci_plugin.tiering.ram.retention import RetentionRefused, Retentions
 from kvci_plugin.tiering.types import DoesNotFitError, NotWorthDisplacingError
 from kvci_plugin.worthiness import (
     CacheGate,
@@ -60,6 +70,8 @@ from kvci_plugin.worthiness import (
 )
 
 TENANT = "trace"
+# The connector's default bound on retention (``KVCIConfig.max_retain_s``).
+MAX_RETAIN_S = 300.0
 
 
 def page_key(block: int) -> bytes:
@@ -87,8 +99,12 @@ class KVCITier:
         self.advisor = CheckpointAdvisor()
         self.gate = CacheGate(clock=self._clock, hit_rate_floor=ram.hit_rate_floor)
         self.decider = KeepDecider(
-            ram=ram, advisor=self.advisor, gate=self.gate, sight=self.index.sight
+            ram=ram, advisor=self.advisor, gate=self.gate, sight=self.index.sight,
+            return_gaps=ReturnGaps(), max_retain_s=MAX_RETAIN_S, clock=self._clock,
         )
+        self.retentions = Retentions(self.index, None, clock=self._clock)
+        self._words: Counter[str] = Counter()
+        self._retained: Counter[str] = Counter()
         self.prefill_tokens_per_second = prefill_tokens_per_second
         self._prefill = LoadOrRecompute()  # the connector's own measure of the prefill rate
         self.history = RequestHistory()
@@ -103,6 +119,7 @@ class KVCITier:
     def step(self, request: TraceRequest, context: RequestContext, tally: Tally) -> None:
         """One request: its lookup, then what the connector keeps of it when it finishes."""
         self._clock.now_s = request.timestamp_ms / 1000.0
+        self._arrived(context)
         pending = self._pending()
         keys = [page_key(block) for block in request.hash_ids[: request.full_blocks]]
         local = self._engine_cache.lookup(request) if self._engine_cache is not None else 0
@@ -122,6 +139,14 @@ class KVCITier:
             self._engine_cache.finished(request)
         kept = self._keep(keys, plan, tally)
         self.decider.learn(plan, None if plan.trigger is None else KeepOutcome(kept=kept))
+
+    def _arrived(self, context: RequestContext) -> None:
+        """As the connector's step does: retentions past their TTL end, and the session's own end
+        with its next request (the pause it closed is learned)."""
+        self.retentions.expire()
+        if context.session_id is not None:
+            self.decider.arrived(TENANT, context.session_id)
+            self.retentions.release_session(TENANT, context.session_id)
 
     def _pending(self) -> bool | None:
         """What this request's client said of its turn's end (None: nothing)."""
@@ -158,13 +183,26 @@ class KVCITier:
         except DoesNotFitError:
             self._outcomes["does_not_fit"] += 1
             return False
+        if plan.retain_s is not None:
+            self._retain(cid, keys[: plan.blocks], plan)
         self.index.commit(cid)
+        self.retentions.committed()
         if self.index.keep_resent_prefix(cid, uuid.uuid4().hex):
             self._outcomes["kept_resent_prefix"] += 1
         self._outcomes["kept"] += 1
         tally.admitted_requests += 1
         tally.ram_blocks_written += len(reservation.new)
         return True
+
+    def _retain(self, cid: str, keys: list[bytes], plan: KeepPlan) -> None:
+        """The plan's automatic retention, granted as the manager grants ``kvci.retain``."""
+        assert plan.retain_s is not None
+        try:
+            self.retentions.grant(cid, TENANT, keys, plan.retain_s, plan.retain_session)
+        except RetentionRefused:
+            self._retained["refused"] += 1
+            return
+        self._retained["granted"] += 1
 
     def _finished(
         self,
@@ -201,15 +239,33 @@ class KVCITier:
             history=measured,
             prompt_keys=keys,
             blocks=len(keys),
+            tool_call=self._word(request),
         )
 
+    def _word(self, request: TraceRequest) -> bool | None:
+        word = engine_word(request.stop)
+        if word is not None:
+            self._words["tool_call" if word else "no_tool_call"] += 1
+        return word
+
     def stats(self) -> dict[str, JsonValue]:
-        return {
+        stats: dict[str, JsonValue] = {
             "outcomes": dict(sorted(self._outcomes.items())),
             "recommended": {tier.value: self._recommended[tier.value] for tier in CheckpointTier},
             "gate_refusals": dict(sorted(self._gate_refusals.items())),
             "policy": dataclasses.asdict(self.index.stats().policy),
         }
+        if self._words:  # only a trace that says how turns ended has the engine's word
+            ended = self.retentions.stats()
+            gaps = self.decider.return_gaps
+            assert gaps is not None
+            stats["engine_word"] = dict(sorted(self._words.items()))
+            stats["retentions"] = {
+                **dict(sorted(self._retained.items())), "expired": ended.expired,
+                "released": ended.released,
+                "learned_ttl_s": round(gaps.ttl("tool_call", MAX_RETAIN_S), 3),
+            }
+        return stats
 
 
 def replay_kvci(

@@ -3,6 +3,9 @@
 One JSON object per line: ``timestamp`` (ms since the start), ``input_length`` and
 ``output_length`` (tokens) and ``hash_ids``: one id per 512-token block of the input, remapped so
 that equal ids mean an equal prefix (the ids are chained, as a prefix cache's block keys are).
+An agent trace may add ``stop``, how the turn ended (``tool_use``, ``end_turn``, or empty: not
+recorded); ``engine_word`` turns it into the word the engine reads from the output's tool-call
+markers (``kvci_plugin.request.tool_calls``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,16 @@ from typing import Any
 
 # Tokens per hash id in the Mooncake release.
 BLOCK_TOKENS = 512
+# Stop reasons (Anthropic's and OpenAI's names) and whether the output held a tool call: what the
+# engine's marker detection says of such a turn. Any other (``max_tokens``, empty): not known.
+_TOOL_CALL_STOPS = {"tool_use": True, "tool_calls": True, "end_turn": False,
+                    "stop_sequence": False, "stop": False}
+
+
+def engine_word(stop: str | None) -> bool | None:
+    """The engine's word on a turn that ended with ``stop``: True, its output held a tool-call
+    marker; False, it did not; None, the trace does not say."""
+    return _TOOL_CALL_STOPS.get(stop) if stop else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +35,7 @@ class TraceRequest:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    stop: str | None = None  # how the turn ended, when the trace says (``engine_word``)
 
     @property
     def full_blocks(self) -> int:
@@ -79,7 +93,10 @@ def _parse(line: str, where: str) -> TraceRequest:
             f"{where}: {len(hash_ids)} hash_ids for input_length {input_length} (expected {blocks} "
             f"blocks of {BLOCK_TOKENS})"
         )
-    return TraceRequest(timestamp, input_length, output_length, tuple(hash_ids))
+    stop = row.get("stop")
+    if stop is not None and not isinstance(stop, str):
+        raise ValueError(f"{where}: stop must be a string, got {stop!r}")
+    return TraceRequest(timestamp, input_length, output_length, tuple(hash_ids), stop)
 
 
 def _count(row: dict[str, Any], field: str, where: str) -> int:

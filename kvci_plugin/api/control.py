@@ -96,10 +96,11 @@ class ControlTarget(Protocol):
         ...
 
     def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
-                       session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:
-        """Keep the KV of this session's next finished request with this trigger. The control
-        plane passes no credential (None, ()): the request that spends an arm is not
-        necessarily the caller's, so it persists with its own credential only."""
+                       session_token: str | None) -> None:
+        """Keep the KV of this session's next finished request with this trigger, if the
+        arming caller sends it: with ``session_token`` (the caller's credential, or None) only
+        a request carrying the same credential spends the arm. The arm keeps a digest of it,
+        never the credential: that request persists with its own credential only."""
         ...
 
     def latest_verdict(
@@ -168,12 +169,11 @@ class ControlPlane:
     def checkpoint_now(self, request: CheckpointNowRequest) -> CheckpointNowResponse:
         tenant = self._verified_tenant(request.tenant, request.session_token)
         rec = self._recommend(request)
-        # No credential goes into the arm: whichever request of this tenant and session finishes
-        # next spends it (with tenancy "declared", any client naming them), so it must not
-        # persist under the caller's authority. It persists with its own, or a promote with yours.
+        # The caller's credential only binds the arm (its digest): the arm holds none, so the
+        # request that spends it persists with its own credential, or a promote with yours.
         self._target.arm_checkpoint(
             tenant, request.session_id, trigger=request.trigger, persist=request.persist,
-            session_token=None, delegation_tokens=())
+            session_token=request.session_token)
         detail = (
             f"armed: the next request of session {request.session_id!r} to finish keeps its KV "
             "in RAM"

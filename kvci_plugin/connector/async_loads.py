@@ -27,39 +27,24 @@ request with the others).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from kvci_plugin.connector.scheduler import KVCIScheduler
-
-
-def may_load_async(scheduler: KVCIScheduler, request: Any) -> bool:
-    """Whether ``request``'s kvci hit may be an asynchronous (disk) load; see the module."""
-    try:
-        return _may_load_async(scheduler, request)
-    except Exception as exc:
-        scheduler.contain.fault("may_load_async", exc)
-        return False
+from kvci_plugin.connector.lookups import Lookups
+from kvci_plugin.connector.request_state import RequestStates
 
 
-def _may_load_async(scheduler: KVCIScheduler, request: Any) -> bool:
-    manager = scheduler.manager
-    disk = manager.disk
-    if disk is None or not disk.health.available or scheduler._disk_suspended:
+def may_load_async(lookups: Lookups, request: Any) -> bool:
+    """Whether ``request``'s kvci hit may be an asynchronous (disk) load; see the module. The
+    caller contains a failure (`KVCIScheduler.may_load_async` answers no)."""
+    if not lookups.disk_answers:
         return False
     if getattr(request, "skip_reading_external_kv", False) or getattr(
             request, "skip_reading_prefix_cache", False):
         return False
-    cap = (request.num_tokens - 1) // scheduler.block_size  # a hit leaves one token to compute
-    if cap < 1 or not scheduler._keyable(request):
+    cap = (request.num_tokens - 1) // lookups.block_size  # a hit leaves one token to compute
+    if cap < 1 or not RequestStates.keyable(request):
         return False
-    st = scheduler._state(request)
-    if not st.keys or st.generation != scheduler.generation:
+    st = lookups.requests.state(request)
+    if not st.keys or st.generation != lookups.requests.generation:
         return False
-    index = manager.index
-    if scheduler._plain:
-        ram = min(index.longest_prefix(st.keys, st.tenant), cap)
-    else:
-        ram = scheduler.layout.longest_run(scheduler._group_keys(st), 0, cap,
-                                           lambda keys: index.longest_prefix(keys, st.tenant))
-    return ram < cap
+    return lookups.ram_run(st, cap) < cap

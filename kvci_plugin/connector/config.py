@@ -90,6 +90,11 @@ class KVCIConfig(BaseModel):
     max_retain_s: float = Field(
         300.0, ge=0.0, allow_inf_nan=False,
         description="longest `kvci.retain.ttl_s` a request may ask for; 0 = no retention")
+    tool_call_markers: list[str] | None = Field(
+        None, description="the model's tool-call marker tokens (each one token of its tokenizer); "
+        "None: found from the tokenizer's vocabulary and chat template for the common families; "
+        "[]: detection off. A turn whose output holds one is retained through the tool's pause "
+        "(learned TTL, at most `max_retain_s`)")
     system_trigger: bool = Field(True, description="store worthy contexts without being asked")
     ram_policy: Literal["value", "lru", "threshold"] = Field(
         "value",
@@ -125,6 +130,23 @@ class KVCIConfig(BaseModel):
         DEFAULT_MIN_THRESHOLD, gt=0.0, le=1.0,
         description="lowest RAM bar with ram_admission `pressure`")
     cache_gate: CacheGateSettings = CacheGateSettings()
+    window_stages: bool = Field(
+        True, description="sliding-window models (vLLM's hybrid KV cache manager): copy a "
+        "sliding-window group's window during prefill at each block boundary a later hit may "
+        "start from (the prompt's exact repeat, its last full block, the ladder, the junction a "
+        "hybrid lookup found), so that a repeat, a continuation or a request sharing part of the "
+        "prompt hits after the window has moved on; the copies are kept only with the request's "
+        "checkpoint. Off: only the end window is kept")
+    window_ladder_from: int = Field(
+        1, ge=0, description="the ladder of window boundaries for shared prefixes: power-of-two "
+        "block counts from this many tokens (and at least four windows) up to the prompt's end, "
+        "so a request sharing P blocks of a prompt hits more than P/2 of them; 0 = no ladder")
+    window_interval: int = Field(
+        0, ge=0, description="also a window boundary every this many tokens of the prompt (a "
+        "multiple of the block size is exact); 0 = none")
+    window_stage_bytes: ByteSize | None = Field(
+        None, description="most RAM the windows of requests still running may take (they never "
+        "evict: a window that does not fit is skipped and counted); none = ram_bytes / 8")
     disk_root: Path | None = Field(
         None, description="disk tier folder, local or shared by nodes; none = no disk tier "
         "(unless blob_url is set)")
@@ -253,6 +275,9 @@ class KVCIConfig(BaseModel):
                              "credentials)")
         if self.auto_promote and not self.disk_tier:
             raise ValueError("auto_promote needs disk_root or blob_url")
+        if self.window_stage_bytes is not None and self.window_stage_bytes > self.ram_bytes:
+            raise ValueError(f"window_stage_bytes ({int(self.window_stage_bytes)}) is above "
+                             f"ram_bytes ({int(self.ram_bytes)})")
         self._check_control()
         return self
 

@@ -23,21 +23,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvci_plugin.connector import async_loads, release_fence, speculative
+from kvci_plugin.connector import release_fence, speculative
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.events import KVCIEvents
 from kvci_plugin.connector.groups import GroupLayout, KVGroup
 from kvci_plugin.connector.metadata import KVCIMetadata, KVCIWorkerMetadata
 from kvci_plugin.connector.namespace import engine_namespace
+from kvci_plugin.connector.request_state import HitTier
 from kvci_plugin.connector.scheduler import KVCIScheduler
 from kvci_plugin.connector.stats import KVCIStats
+from kvci_plugin.connector.tool_markers import tool_call_markers
 from kvci_plugin.connector.worker import KVCIWorker
 from kvci_plugin.governance import (
     CatalogLabelResolver,
     CredentialVerifier,
     DerivedAuthorityGate,
     RevocationList,
-    set_persistence_eligibility_gate,
 )
 from kvci_plugin.logs import log_where_vllm_logs
 from kvci_plugin.request.hints import KVHints, read_kv_hints
@@ -193,7 +194,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             if cfg.control_port is not None:
                 from kvci_plugin.api.server import start_control_server
 
-                self._control = start_control_server(self._scheduler, cfg)
+                self._control = start_control_server(self._scheduler.control, cfg)
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -223,8 +224,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
                 resolver.import_json(cfg.label_catalog_json)
         # The eligibility gate derives authority from verified credentials only: with none
         # configured it refuses every persist at verified_authority, naming the missing credential.
-        set_persistence_eligibility_gate(
-            DerivedAuthorityGate(verifier, resolver, durable_store_region=cfg.disk_region))
+        # It is this engine's manager's, not installed process-wide.
+        gate = DerivedAuthorityGate(verifier, resolver, durable_store_region=cfg.disk_region)
         namespace = _namespace(vllm_config, cfg, self._kv_layout, 0)
         disk = attach = None
         if cfg.disk_tier:
@@ -256,6 +257,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             disk_attach=attach,
             layout=self._groups,
             events=_kv_events(vllm_config, kv_cache_config, int(cfg.ram_bytes) // slot_bytes),
+            gate=gate,
+            markers=tool_call_markers(vllm_config, cfg.tool_call_markers),
         )
 
     # ---- worker side ----------------------------------------------------------------------------
@@ -400,7 +403,7 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     def may_load_async(self, request: Request) -> bool:
         # vLLM 0.34 (--max-num-inflight-kv-loads): a disk hit may be loaded asynchronously; the
         # rule, cheap and without a catalog query: connector/async_loads.py.
-        return self._scheduler is not None and async_loads.may_load_async(self._scheduler, request)
+        return self._scheduler is not None and self._scheduler.may_load_async(request)
 
     def on_new_request(self, request: Request) -> None:
         # The orchestrator's KV hints (Request.kv_hints), read as plain data and kept while the
@@ -450,7 +453,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
         if num_external_tokens == 0 or self._scheduler is None:
             return {}
         tier = self._scheduler.hit_tier(request.request_id)
-        return {CacheHitSource.DISK if tier == "disk" else CacheHitSource.HOST: num_external_tokens}
+        return {CacheHitSource.DISK if tier is HitTier.DISK else CacheHitSource.HOST:
+                num_external_tokens}
 
     # ---- stats ----------------------------------------------------------------------------------
 

@@ -83,6 +83,47 @@ class GroupLayout:
         return range(max(first, self.groups[g].skipped_blocks(last * self.block_size,
                                                                self.block_size)), last)
 
+    def window_need(self, g: int) -> int:
+        """Blocks a block-aligned hit reads of sliding group ``g`` at most (its window's blocks,
+        ``cdiv(window - 1, block_size)``, or its chunk's); 0 for a full group."""
+        group, bs = self.groups[g], self.block_size
+        if group.window is not None:
+            return -(-(group.window - 1) // bs)
+        if group.chunk is not None:
+            return -(-group.chunk // bs)
+        return 0
+
+    def boundaries(self, num_prompt_tokens: int, ladder_from: int = 0, interval: int = 0,
+                   junctions: Sequence[int] = ()) -> list[int]:
+        """The block boundaries at which a sliding group's window is worth copying during a
+        prompt's prefill, ascending: hits start there once the window has moved on.
+
+        - the exact repeat's, ``(N - 1) // bs`` (a hit never covers the last token), and the
+          prompt's last full block ``N // bs`` (what a continuation re-sends);
+        - a ladder of power-of-two block counts from ``ladder_from`` tokens and four windows
+          (0: none): a request sharing P blocks of the prompt hits more than P / 2;
+        - one every ``interval`` tokens (0: none), and the ``junctions`` given (blocks).
+        None when every group is full (they keep every block)."""
+        sliding = [g for g, group in enumerate(self.groups) if not group.full]
+        bs = self.block_size
+        last = num_prompt_tokens // bs
+        if not sliding or last < 1:
+            return []
+        repeat = (num_prompt_tokens - 1) // bs
+        out = {repeat, last}
+        if ladder_from > 0:
+            rung = 1
+            while rung < max(4 * max(map(self.window_need, sliding)), -(-ladder_from // bs)):
+                rung *= 2
+            while rung <= repeat:
+                out.add(rung)
+                rung *= 2
+        if interval > 0:
+            step = max(1, interval // bs)
+            out.update(range(step, repeat + 1, step))
+        out.update(j for j in junctions if 0 < j <= last)
+        return sorted(b for b in out if b > 0)
+
     def longest_run(self, group_keys: list[list[PageKey]], first: int, cap: int,
                     held: Callable[[Sequence[PageKey]], int]) -> int:
         """The longest hit (in blocks, at most ``cap``) every group can serve past ``first``, or

@@ -74,6 +74,10 @@ class StepJobs:
     stores: list[StoreJob] = field(default_factory=list)
     persists: list[PersistJob] = field(default_factory=list)
     failed_loads: list[FailedLoad] = field(default_factory=list)
+    # Sliding-window pages of running requests, copied at a prefill boundary (``checkpoint_id``
+    # is the window stage's): the next step's writes wait for the copy, and the request's blocks
+    # are never reported finished for it (it goes on running).
+    window_stores: list[StoreJob] = field(default_factory=list)
     # The generation of the keys: a cache reset moves it, and the workers' blobs with it.
     generation: int = 0
     # Whether this step computes anything: the scheduler knows, on every vLLM version (the
@@ -104,11 +108,16 @@ class WorkerReport:
     # the KV of this generation and older may predate new weights, and this rank refuses its
     # jobs; the scheduler resets (fences its tiers) unless it is past this generation already.
     fence_generation: int | None = None
+    # Window stages (``StepJobs.window_stores``) whose copy ran on this rank, and those that
+    # failed on it: a stage is committed once every rank copied it, dropped if any failed.
+    window_stored: dict[str, int] = field(default_factory=dict)
+    window_failed: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (self.persisted or self.persist_errors or self.bad_pages or self.disk_loads
                     or self.failed_stores or self.disk_faults or self.failed_loads
-                    or self.fence_generation is not None)
+                    or self.fence_generation is not None or self.window_stored
+                    or self.window_failed)
 
     def merged(self, other: WorkerReport) -> WorkerReport:
         """This report and ``other`` (another rank's) summed."""
@@ -118,13 +127,17 @@ class WorkerReport:
         errors = {cid: list(errs) for cid, errs in self.persist_errors.items()}
         for cid, errs in other.persist_errors.items():
             errors.setdefault(cid, []).extend(errs)
+        window = dict(self.window_stored)
+        for sid, n in other.window_stored.items():
+            window[sid] = window.get(sid, 0) + n
         return WorkerReport(persisted, errors, self.bad_pages + other.bad_pages,
                             self.disk_loads + other.disk_loads,
                             self.failed_stores + other.failed_stores,
                             self.disk_faults + other.disk_faults,
                             self.failed_loads + other.failed_loads,
                             max((g for g in (self.fence_generation, other.fence_generation)
-                                 if g is not None), default=None))
+                                 if g is not None), default=None),
+                            window, self.window_failed + other.window_failed)
 
 
 def by_group(slots: list[int], block_ids: list[int],

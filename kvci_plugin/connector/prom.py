@@ -40,6 +40,11 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_retentions_expired_total          retentions ended by their TTL
     vllm:kvci_retentions_released_total         retentions ended by their session's next request
     vllm:kvci_ram_retained_bytes                RAM bytes exempt from eviction by retentions (gauge)
+    vllm:kvci_tool_calls_detected_total         turns whose output held a tool-call marker
+    vllm:kvci_retentions_automatic_total        of them, retained through the tool's pause
+    vllm:kvci_window_stages_total               sliding windows copied during prefill (#47)
+    vllm:kvci_window_stages_skipped_total       windows not copied: no room without evicting
+    vllm:kvci_window_boundaries_missed_total    boundaries whose window had left vLLM's tables
     vllm:kvci_faults_total{tier,kind}           failures kvci contained (tier ram | disk; kind
                                                 unavailable | timeout | internal)
     vllm:kvci_tier_healthy{tier}                1 while the tier's dependencies answer, 0 while
@@ -62,6 +67,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.logger import init_logger
 
+from kvci_plugin.connector import counters as c
 from kvci_plugin.connector.containment import KINDS, TIERS, fault_counter
 from kvci_plugin.governance import CHECK_ORDER, AlwaysDenyEligibility
 
@@ -70,119 +76,135 @@ logger = init_logger(__name__)
 # The shipped gates' checks, the refusal recorded when the gate permits but no disk tier exists,
 # and `other` for a check of a deployment's own gate (label values stay a fixed set).
 CHECKS = (*CHECK_ORDER, AlwaysDenyEligibility.name, "no_disk_tier", "other")
-_REFUSAL_PREFIX = "gate_refusals_"
+_REFUSAL_PREFIX = c.GATE_REFUSALS
 LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0)
 
-# KVCIStats counter name -> series and documentation.
+# KVCIStats counter name (`counters.py`) -> series and documentation.
 _PLAIN = {
-    "lookups": ("vllm:kvci_lookups", "Finished requests kvci looked up."),
-    "checkpoints_ram": ("vllm:kvci_checkpoints", "Checkpoints kept in the RAM tier."),
-    "evicted_checkpoints": (
+    c.LOOKUPS: ("vllm:kvci_lookups", "Finished requests kvci looked up."),
+    c.CHECKPOINTS_RAM: ("vllm:kvci_checkpoints", "Checkpoints kept in the RAM tier."),
+    c.EVICTED_CHECKPOINTS: (
         "vllm:kvci_evicted_checkpoints",
         "RAM checkpoints evicted to make room.",
     ),
-    "store_declined": ("vllm:kvci_store_declined", "Keeps that did not fit the RAM tier."),
-    "ram_refused_under_pressure": (
+    c.STORE_DECLINED: ("vllm:kvci_store_declined", "Keeps that did not fit the RAM tier."),
+    c.RAM_REFUSED_UNDER_PRESSURE: (
         "vllm:kvci_ram_refused_under_pressure",
         "Offers the RAM tier's policy found worth less than the checkpoints they would evict.",
     ),
-    "ram_evicted_unread": (
+    c.RAM_EVICTED_UNREAD: (
         "vllm:kvci_ram_evicted_unread",
         "RAM checkpoints evicted before any load read them.",
     ),
-    "store_opted_out": (
+    c.STORE_OPTED_OUT: (
         "vllm:kvci_store_opted_out",
         "Requests whose client asked for checkpoint 'never'.",
     ),
-    "cache_resets": (
+    c.CACHE_RESETS: (
         "vllm:kvci_cache_resets",
         "Cache resets (after weight updates): tiers fenced.",
     ),
-    "checkpoints_fenced": (
+    c.CHECKPOINTS_FENCED: (
         "vllm:kvci_checkpoints_fenced",
         "RAM and disk checkpoints a cache reset fenced.",
     ),
-    "cache_reset_failures": (
+    c.CACHE_RESET_FAILURES: (
         "vllm:kvci_cache_reset_failures",
         "Cache resets that could not fence the disk tier.",
     ),
-    "disk_hits_declined": (
+    c.DISK_HITS_DECLINED: (
         "vllm:kvci_disk_hits_declined",
         "Disk hits recomputed because recomputing was measured clearly faster.",
     ),
-    "persisted_checkpoints": (
+    c.PERSISTED_CHECKPOINTS: (
         "vllm:kvci_persisted_checkpoints",
         "Checkpoints made durable on disk.",
     ),
-    "persist_failures": ("vllm:kvci_persist_failures", "Persists whose blob writes failed."),
-    "disk_load_errors": (
+    c.PERSIST_FAILURES: ("vllm:kvci_persist_failures", "Persists whose blob writes failed."),
+    c.DISK_LOAD_ERRORS: (
         "vllm:kvci_disk_load_errors",
         "Disk pages a load found missing or corrupt (recomputed, then forgotten).",
     ),
-    "disk_checkpoints_discarded": (
+    c.DISK_CHECKPOINTS_DISCARDED: (
         "vllm:kvci_disk_checkpoints_discarded",
         "Disk checkpoints forgotten because a page of theirs was bad.",
     ),
-    "cache_gate_pauses": ("vllm:kvci_cache_gate_pauses", "Worthy keeps the cache gate paused."),
-    "cache_gate_prefix_keeps": (
+    c.CACHE_GATE_PAUSES: ("vllm:kvci_cache_gate_pauses", "Worthy keeps the cache gate paused."),
+    c.CACHE_GATE_PREFIX_KEEPS: (
         "vllm:kvci_cache_gate_prefix_keeps",
         "Churn pauses that still kept the prefix the session's rewrites re-sent.",
     ),
-    "params_errors": ("vllm:kvci_params_errors", "Requests whose kvci params were refused."),
-    "ram_wasted_writes": (
+    c.PARAMS_ERRORS: ("vllm:kvci_params_errors", "Requests whose kvci params were refused."),
+    c.RAM_WASTED_WRITES: (
         "vllm:kvci_ram_wasted_writes",
         "System-trigger RAM checkpoints evicted before any hit; each raised the RAM bar.",
     ),
-    "ram_missed_reuses": (
+    c.RAM_MISSED_REUSES: (
         "vllm:kvci_ram_missed_reuses",
         "Requests that wanted a checkpoint the RAM bar alone held back; each lowered it.",
     ),
-    "retentions_retained": ("vllm:kvci_retentions", "Retentions granted (kvci.retain)."),
-    "retentions_refused": (
+    c.RETENTIONS_RETAINED: ("vllm:kvci_retentions", "Retentions granted (kvci.retain)."),
+    c.TOOL_CALLS_DETECTED: ("vllm:kvci_tool_calls_detected",
+                            "Turns whose output held one of the model's tool-call markers."),
+    c.RETENTIONS_AUTOMATIC: ("vllm:kvci_retentions_automatic",
+                             "Tool-call turns retained through the pause for a learned TTL."),
+    c.RETENTIONS_REFUSED: (
         "vllm:kvci_retentions_refused",
         "Retentions refused (over the tenant's quota, or the KV not kept).",
     ),
-    "retentions_expired": ("vllm:kvci_retentions_expired", "Retentions ended by their TTL."),
-    "retentions_released": (
+    c.RETENTIONS_EXPIRED: ("vllm:kvci_retentions_expired", "Retentions ended by their TTL."),
+    c.RETENTIONS_RELEASED: (
         "vllm:kvci_retentions_released",
         "Retentions ended by their session's next request.",
     ),
+    c.WINDOW_STAGES: (
+        "vllm:kvci_window_stages",
+        "Sliding-window windows copied into RAM during prefill (window_stages).",
+    ),
+    c.WINDOW_STAGES_SKIPPED: (
+        "vllm:kvci_window_stages_skipped",
+        "Windows not copied: they did not fit without evicting (or window_stage_bytes).",
+    ),
+    c.WINDOW_BOUNDARIES_MISSED: (
+        "vllm:kvci_window_boundaries_missed",
+        "Window boundaries whose window had left vLLM's block tables when reached.",
+    ),
 }
 _GAUGES = {
-    "ram_threshold": ("vllm:kvci_ram_threshold",
+    c.RAM_THRESHOLD: ("vllm:kvci_ram_threshold",
                       ("The RAM threshold recommendations are scored at (the system trigger's bar; "
                        "it follows the RAM tier's pressure with ram_admission pressure).")),
-    "ram_retained_bytes": ("vllm:kvci_ram_retained_bytes",
+    c.RAM_RETAINED_BYTES: ("vllm:kvci_ram_retained_bytes",
                            "RAM tier bytes exempt from eviction by retentions (kvci.retain)."),
 }
 # KVCIStats name prefix -> series, documentation, label name and its values (the name's suffix).
 _LABELLED = {
-    "hit_tokens_": (
+    c.HIT_TOKENS: (
         "vllm:kvci_hit_tokens",
         "Prompt tokens loaded from a kvci tier.",
         "tier",
         ("ram", "disk"),
     ),
-    "failed_hit_tokens_": (
+    c.FAILED_HIT_TOKENS: (
         "vllm:kvci_failed_hit_tokens",
         "Prompt tokens a kvci tier hit but could not load (vLLM recomputed them).",
         "tier",
         ("ram", "disk"),
     ),
-    "loaded_bytes_": (
+    c.LOADED_BYTES: (
         "vllm:kvci_loaded_bytes",
         "Bytes loaded into the KV cache from a kvci tier.",
         "tier",
         ("ram", "disk"),
     ),
-    "stored_bytes_": (
+    c.STORED_BYTES: (
         "vllm:kvci_stored_bytes",
         "Bytes stored into a kvci tier (disk: persists).",
         "tier",
         ("ram", "disk"),
     ),
-    "recommendations_": (
+    c.RECOMMENDATIONS: (
         "vllm:kvci_recommendations",
         "Recommendations by recommended tier.",
         "tier",
@@ -196,12 +218,13 @@ _LABELLED = {
     ),
 }
 _LATENCY = {
-    "load_": ("vllm:kvci_load_seconds", "kvci load latency by tier.", "tier", ("ram", "disk")),
-    "store_": ("vllm:kvci_store_seconds", "kvci store and persist latency by tier.", "tier",
-               ("ram", "disk")),
-    "phase_": ("vllm:kvci_load_phase_seconds",
-               "A disk load's parts: reading and verifying the blobs, scattering them.", "phase",
-               ("disk_read", "disk_scatter")),
+    c.LOAD_SECONDS: ("vllm:kvci_load_seconds", "kvci load latency by tier.", "tier",
+                     ("ram", "disk")),
+    c.STORE_SECONDS: ("vllm:kvci_store_seconds", "kvci store and persist latency by tier.",
+                      "tier", ("ram", "disk")),
+    c.PHASE_SECONDS: ("vllm:kvci_load_phase_seconds",
+                      "A disk load's parts: reading and verifying the blobs, scattering them.",
+                      "phase", ("disk_read", "disk_scatter")),
 }
 
 
@@ -260,7 +283,7 @@ class KVCIPromMetrics(KVConnectorPromMetrics):
             documentation="1 while the tier's dependencies answer; 0 while it is degraded "
             "(skipped: lookups miss, writes are dropped) and probed until they answer.",
             multiprocess_mode="mostrecent")
-        gauges.append(("tier_healthy_disk", "disk", healthy))
+        gauges.append((c.TIER_HEALTHY + "disk", "disk", healthy))
         self._counters = self._bind(counters)
         self._histograms = self._bind(histograms)
         self._gauges = self._bind(gauges)

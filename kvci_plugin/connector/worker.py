@@ -30,6 +30,7 @@ from kvci_plugin.connector.jobs import (
     FailedLoad,
     PersistJob,
     StepJobs,
+    StoreJob,
     WorkerReport,
     by_group,
 )
@@ -116,6 +117,7 @@ class KVCIWorker:
         self._staging: torch.Tensor | None = None
         self._load_errors: set[int] = set()
         self._report = WorkerReport()
+        self._window_saves: dict[str, PendingCopy] = {}  # window stage id -> its copy
         self._stats = StatsTally()
         # Failures contained in the hooks, counted in whichever stats are current.
         self.contain = Containment(lambda name: self._stats.count(name))
@@ -210,8 +212,10 @@ class KVCIWorker:
         """``meta`` less what the last release fenced: its loads fail (recomputed) and its
         persists are refused, until the scheduler's jobs come in a newer generation (its reset).
         Stores still run: they copy KV computed after the restore, and free their blocks."""
-        if not (meta.loads or meta.disk_loads or meta.persists):
+        if not (meta.loads or meta.disk_loads or meta.persists or meta.window_stores):
             return meta
+        # A window's earlier blocks may predate the release: never made loadable.
+        self._report.window_failed.extend(job.checkpoint_id for job in meta.window_stores)
         failed = [FailedLoad(job.req_id, job.block_ids, False) for job in meta.loads]
         failed += [FailedLoad(job.req_id, job.block_ids, not job.sync) for job in meta.disk_loads]
         for pjob in meta.persists:
@@ -219,11 +223,12 @@ class KVCIWorker:
                 "fenced: the KV cache was released and restored (a sleep or a weight update) "
                 "and kvci's tiers are being reset")
         self._report.fence_generation = self._fenced_through  # the scheduler resets (again)
-        return replace(meta, loads=[], disk_loads=[], persists=[],
+        return replace(meta, loads=[], disk_loads=[], persists=[], window_stores=[],
                        failed_loads=[*meta.failed_loads, *failed])
 
     def bind(self, meta: StepJobs) -> None:
-        if self._asleep and (meta.loads or meta.disk_loads or meta.stores or meta.persists):
+        if self._asleep and (meta.loads or meta.disk_loads or meta.stores or meta.persists
+                             or meta.window_stores):
             raise RuntimeError("kvci: copy jobs reached a worker whose KV cache is released "
                                "(asleep): vLLM must wake it first")
         self._bound = True
@@ -422,6 +427,7 @@ class KVCIWorker:
         if meta is None or self._pool is None or self._store_copies is None:
             return
         pool, views = self._pool, self._views
+        self._window_stores(meta.window_stores)
         for job in meta.stores:
             try:
                 pending = self._store_copies.run(
@@ -447,6 +453,43 @@ class KVCIWorker:
                 return
         for pjob in meta.persists:
             self._persist(pjob)
+
+    def _window_stores(self, jobs: list[StoreJob]) -> None:
+        """Copy running requests' window pages, reached at a prefill boundary this step: their
+        blocks are theirs until the next step's scheduling frees and hands them out again, so
+        the next step's writes (issued on the current stream) wait for the copy (``hold``).
+        Never in ``_saves``: a running request's blocks are not reported finished."""
+        assert self._pool is not None and self._store_copies is not None
+        pool, views = self._pool, self._views
+        for job in jobs:
+            try:
+                pending = self._store_copies.run(
+                    lambda job=job: [pool.store(views[g], blocks, slots)
+                                     for g, slots, blocks in by_group(job.slots, job.block_ids,
+                                                                      job.groups)],
+                    len(job.slots) * pool.slot_bytes)
+                self._store_copies.hold(pending)
+            except Exception as exc:  # not kept: the scheduler drops the stage
+                self.contain.fault("storing pages", exc)
+                self._report.window_failed.append(job.checkpoint_id)
+                continue
+            self._window_saves[job.checkpoint_id] = pending
+            self._timed.append(("store", pending))
+        self._window_done()
+
+    def _window_done(self) -> None:
+        """Report the window copies that have run (on the CPU: at once)."""
+        for sid, pending in list(self._window_saves.items()):
+            try:
+                done = pending.done()
+            except Exception as exc:
+                self.contain.fault("storing pages", exc)
+                self._report.window_failed.append(sid)
+                del self._window_saves[sid]
+                continue
+            if done:
+                self._report.window_stored[sid] = 1
+                del self._window_saves[sid]
 
     def _persist(self, job: PersistJob) -> None:
         if self._blobs is None or self._pool is None:
@@ -550,6 +593,8 @@ class KVCIWorker:
         return errors
 
     def take_report(self) -> WorkerReport | None:
+        if self._window_saves:
+            self._window_done()
         if self._report.is_empty():
             return None
         report, self._report = self._report, WorkerReport()

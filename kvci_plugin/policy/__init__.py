@@ -8,6 +8,7 @@ from kvci_plugin.policy.keep_decider import (
     KeepDecider,
     KeepOutcome,
     KeepPlan,
+    arm_binding,
     session_key,
 )
 from kvci_plugin.policy.lru_policy import LRUPolicy
@@ -20,6 +21,7 @@ from kvci_plugin.policy.offer import (
 )
 from kvci_plugin.policy.policy_state import PolicyStateFile, PolicyStateSaver
 from kvci_plugin.policy.ram_policy import RAM_POLICY_NAMES, RAMPolicy, ram_policy_for
+from kvci_plugin.policy.return_gaps import Gap, ReturnGaps
 from kvci_plugin.policy.reuse_hazard import HazardCounts
 from kvci_plugin.policy.tier_policy import PolicyStats, TierPolicy
 from kvci_plugin.policy.value_policy import ValuePolicy
@@ -29,6 +31,7 @@ __all__ = [
     "AdmissionStats",
     "ArmedCheckpoint",
     "FinishedRequest",
+    "Gap",
     "HazardCounts",
     "KeepDecider",
     "KeepOutcome",
@@ -40,8 +43,10 @@ __all__ = [
     "PolicyStats",
     "PressureAwareAdmission",
     "RAMPolicy",
+    "ReturnGaps",
     "TierPolicy",
     "ValuePolicy",
+    "arm_binding",
     "default_hit_rate_floor",
     "offer_for",
     "offer_rebuild_s",

@@ -11,11 +11,23 @@ not), how many leading blocks to keep, and whether to ask the gate for a durable
 carries the plan out on its own tiers and tells the decider what came of it (``learn``): the
 hit-rate floor starts judging once anything is kept, and the pressure bar learns its wasted
 writes and missed reuses. Nothing here knows vLLM.
+
+The engine's own word on the turn's end (``FinishedRequest.tool_call``, read from the output ids
+by ``kvci_plugin.request.tool_calls``) stands for the client's ``tool_call_pending`` when the
+client said nothing (a client's word wins), so the tier policy's classes learn from it. With a
+``ReturnGaps`` the decider learns each class's pause (a session's finished turn to its next
+request, told by ``arrived``), and a kept turn that the engine saw end on a tool call asks for
+automatic retention (``KeepPlan.retain_s``): exempt from eviction for the learned TTL, bounded by
+``max_retain_s``, or until the session's next request. Without the engine's word every decision
+is what it was without it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +36,7 @@ from typing import Any
 from kvci_plugin.policy.admission import PressureAwareAdmission
 from kvci_plugin.policy.offer import Offer, offer_for
 from kvci_plugin.policy.ram_policy import RAMPolicy
+from kvci_plugin.policy.return_gaps import TOOL_CALL, Gap, ReturnGaps, gap_class
 from kvci_plugin.worthiness import (
     MAX_TRACKED,
     CacheGate,
@@ -55,6 +68,27 @@ class ArmedCheckpoint:
     persist: bool
     session_token: str | None
     delegation_tokens: tuple[str, ...]
+    # ``arm_binding`` of the arming caller's session credential: only a finished request that
+    # carries that same credential takes the arm (another client naming the same tenant and
+    # session leaves it be). None: unbound, taken by the session's next request (an arm by a
+    # caller that presented no credential).
+    bound_to: str | None = None
+
+
+def arm_binding(session_token: str | None) -> str | None:
+    """What binds an arm to the caller that armed it: a SHA-256 of its session credential (the
+    credential itself is never kept for this); None without one."""
+    if session_token is None:
+        return None
+    return hashlib.sha256(session_token.encode()).hexdigest()
+
+
+def _takes(armed: ArmedCheckpoint, finished: FinishedRequest) -> bool:
+    """Whether ``finished`` was sent by the caller that armed ``armed``."""
+    if armed.bound_to is None:
+        return True
+    mine = arm_binding(finished.session_token)
+    return mine is not None and hmac.compare_digest(mine, armed.bound_to)
 
 
 @dataclass(frozen=True)
@@ -83,6 +117,10 @@ class FinishedRequest:
     # leading blocks of the request hold KV that could be kept (may pass the prompt's).
     prompt_keys: Sequence[Hashable] | None = None
     blocks: int = 0
+    # The engine's word on the turn's end, from its output ids: True, it ended on a tool call;
+    # False, it did not; None, not known (no markers, constrained output). A client's
+    # ``tool_call_pending`` wins over it.
+    tool_call: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +141,11 @@ class KeepPlan:
     session_token: str | None
     delegation_tokens: tuple[str, ...]
     opted_out: bool
+    # Automatic retention: keep the checkpoint exempt from eviction this many seconds, or until
+    # its session's next request (``retain_session`` names it); None: none asked. A client's own
+    # ``kvci.retain`` is an order that replaces it.
+    retain_s: float | None = None
+    retain_session: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,12 +174,18 @@ class KeepDecider:
         auto_promote: bool = False,
         durable_tier: Callable[[], bool] = lambda: False,
         page_bytes: int = 1,
+        return_gaps: ReturnGaps | None = None,
+        max_retain_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``gate`` None: nothing pauses the system trigger. ``sight``: tells the RAM tier's policy
         of every offer (None: no tier to tell). ``bar``: the system trigger's RAM bar, moved by the
         tier's pressure (None: the advisor's own threshold). ``durable_tier``: whether a tier that
         may hold data before this decider kept anything is attached now (a disk tier may attach
-        late). ``page_bytes``: the size the bar counts a block at."""
+        late). ``page_bytes``: the size the bar counts a block at. ``return_gaps``: learns the
+        pauses after tool-call and end-of-turn turns, whose tool-call TTL (at most
+        ``max_retain_s``, 0: none) automatic retention asks for (None: no automatic retention);
+        ``clock``: the time the pauses are measured in."""
         self.ram = ram
         self.advisor = advisor
         self.gate = gate
@@ -151,6 +200,9 @@ class KeepDecider:
         # to their next finished request.
         self.armed: OrderedDict[tuple[str, str], ArmedCheckpoint] = OrderedDict()
         self._kept_any = False  # whether any checkpoint was ever kept (the hit-rate floor's start)
+        self.return_gaps = return_gaps
+        self.max_retain_s = max_retain_s
+        self._clock = clock
 
     @property
     def ram_threshold(self) -> float:
@@ -167,6 +219,14 @@ class KeepDecider:
         """A forget: the checkpoints ``tenant`` armed go with it."""
         for key in [key for key in self.armed if key[0] == tenant]:
             del self.armed[key]
+
+    def arrived(self, tenant: str, session_id: str | None) -> Gap | None:
+        """A request of ``session_id`` arrived: the pause since its session's last finished turn
+        is learned (the caller ends the session's retentions itself). Sessions are the clients'
+        ids: a request without one teaches nothing and is retained only until its TTL."""
+        if self.return_gaps is None or session_id is None:
+            return None
+        return self.return_gaps.arrived(session_key(tenant, session_id), self._clock())
 
     def looked_up(self, hit: bool) -> None:
         """A keyable request's lookup, told when it finishes: what the hit-rate floor judges."""
@@ -191,10 +251,12 @@ class KeepDecider:
         token, delegations = finished.session_token, finished.delegation_tokens
         if armed is not None and token is None:
             token, delegations = armed.session_token, armed.delegation_tokens
+        retain_s = self._pause(finished, observation, trigger, blocks)
         return KeepPlan(
             observation=observation, recommendation=rec, trigger=trigger, armed=armed, gate=gate,
             churn_keep=keep, blocks=blocks, offer=offer, persist=persist, session_token=token,
-            delegation_tokens=tuple(delegations), opted_out=finished.opted_out)
+            delegation_tokens=tuple(delegations), opted_out=finished.opted_out,
+            retain_s=retain_s, retain_session=None if retain_s is None else finished.session_id)
 
     def learn(self, plan: KeepPlan, outcome: KeepOutcome | None) -> None:
         """What came of ``plan`` (None: nothing was asked of a tier)."""
@@ -208,6 +270,22 @@ class KeepDecider:
         # An opted-out request made no offer: the client's choice, not the bar's, is no lesson.
         if plan.offer is not None:
             self._teach_bar(bar, plan, outcome)
+
+    def _pause(self, finished: FinishedRequest, observation: CheckpointObservation,
+               trigger: str | None, blocks: int) -> float | None:
+        """Remember the turn's end for the pause after it; the automatic retention's TTL when
+        the engine saw a tool call the client did not deny and something is kept (None: none)."""
+        gaps = self.return_gaps
+        if gaps is None or finished.session_id is None:
+            return None
+        word = observation.tool_call_pending
+        gaps.finished(session_key(finished.tenant, finished.session_id), gap_class(word),
+                      self._clock())
+        if (finished.tool_call is not True or word is not True or trigger is None or not blocks
+                or finished.opted_out):
+            return None
+        ttl = gaps.ttl(TOOL_CALL, self.max_retain_s)
+        return ttl if ttl > 0 else None
 
     def _system_offers(self, finished: FinishedRequest, rec: CheckpointRecommendation) -> bool:
         """Whether the system trigger offers this request (a client's 'never' stands)."""
@@ -235,6 +313,8 @@ class KeepDecider:
                 if obs.retrieved_items is None and obs.novel_items is None:
                     measured.update(retrieved_items=turn.retrieved_items,
                                     novel_items=turn.novel_items)
+        # The engine's word on the turn's end stands in for the client's when it said none.
+        measured["tool_call_pending"] = finished.tool_call
         update = {k: v for k, v in measured.items() if v is not None and getattr(obs, k) is None}
         return obs.model_copy(update=update) if update else obs
 
@@ -244,7 +324,11 @@ class KeepDecider:
         trigger = finished.explicit_trigger
         if finished.session_id is None or finished.opted_out:
             return trigger, None
-        armed = self.armed.pop((finished.tenant, finished.session_id), None)
+        armed = self.armed.get((finished.tenant, finished.session_id))
+        if armed is not None and not _takes(armed, finished):
+            armed = None  # another caller's request: the arm waits for its own caller's
+        elif armed is not None:
+            del self.armed[(finished.tenant, finished.session_id)]
         if trigger is None and armed is not None:
             trigger = armed.trigger
         return trigger, armed

@@ -57,9 +57,11 @@ Rules, each with the anchor it comes from:
 from __future__ import annotations
 
 import heapq
+import operator
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -80,6 +82,8 @@ HORIZON_SAMPLES = 64
 # What a client may say of a turn's end (``Offer.pending``), each numbered for the bulk refresh.
 _SAID = {None: 0, True: 1, False: 2}
 _SAID_BY_CODE = tuple(_SAID)
+_BAND, _REUSES, _PENDING, _LAST_SEEN = map(
+    operator.attrgetter, ("band", "reuses", "pending", "last_seen"))
 
 # A class: the score's band, the re-sends (capped), what the client said of the turn's end.
 PolicyClass = tuple[int, int, bool | None]
@@ -130,11 +134,16 @@ class ValuePolicy:
         self._victim_ages: deque[float] = deque(maxlen=HORIZON_SAMPLES)
         self._admitted = self._admitted_explicit = self._displaced = 0
         self._refused = self._wasted = 0
+        # The values ``eviction_order`` weighed at ``now``, for ``admits`` to read back instead
+        # of weighing every victim again (a large eviction weighs thousands); any change to
+        # what a value depends on drops them.
+        self._weighed: tuple[float, dict[str, float]] | None = None
 
     # ---- learning ----------------------------------------------------------------------------
 
     def observe_lookup(self, chain: Sequence[Hashable], now: float) -> None:
-        for key in chain:
+        self._weighed = None
+        for key in _remembered(chain, self._held, self._ghosts):
             anchor = self._held.get(key)
             if anchor is None:
                 anchor = self._ghosts.get(key)
@@ -152,6 +161,7 @@ class ValuePolicy:
             self._refresh(now)
 
     def sighted(self, offer: Offer, now: float) -> None:
+        self._weighed = None
         self._learn_cost(offer.rebuild_s_per_page)
         anchor = self._held.get(offer.anchor)
         if anchor is not None:
@@ -187,12 +197,15 @@ class ValuePolicy:
     # ---- choices -----------------------------------------------------------------------------
 
     def eviction_order(self, entries: Mapping[str, Any], now: float) -> Iterator[str]:
+        weighed: dict[str, float] = {}
+        self._weighed = (now, weighed)
         heap: list[tuple[float, int, Iterator[str], str]] = []
         for n, members in enumerate(self._by_class.values()):
             it = iter(members)
             head = next(it, None)
             if head is not None:
-                heap.append((self._value(head, now), n, it, head))
+                weighed[head] = value = self._value(head, now)
+                heap.append((value, n, it, head))
         heapq.heapify(heap)
         while heap:
             _, n, it, cid = heap[0]
@@ -201,7 +214,8 @@ class ValuePolicy:
             if following is None:
                 heapq.heappop(heap)
             else:
-                heapq.heapreplace(heap, (self._value(following, now), n, it, following))
+                weighed[following] = value = self._value(following, now)
+                heapq.heapreplace(heap, (value, n, it, following))
         yield from self._explicit
         # Checkpoints the policy was never told about (none when the index drives it) go last.
         for cid in entries:
@@ -219,7 +233,10 @@ class ValuePolicy:
             anchor = self._held.get(offer.anchor) or self._ghosts.get(offer.anchor)
             cls = anchor.cls if anchor is not None else (offer.band, 0, offer.pending)
             worth = self._worth(cls, 0.0) * self._cost(offer.rebuild_s_per_page)
-            admit = worth >= max(self._value(cid, now) for cid in victims)
+            weighed = self._weighed[1] if self._weighed and self._weighed[0] == now else {}
+            admit = worth >= max(weighed[cid] if cid in weighed else self._value(cid, now)
+                                 for cid in victims)
+        self._weighed = None
         if not admit:
             self._refused += 1
             return False
@@ -233,6 +250,7 @@ class ValuePolicy:
     # ---- what the index did ------------------------------------------------------------------
 
     def admitted(self, checkpoint_id: str, offer: Offer, now: float) -> None:
+        self._weighed = None
         anchor = self._held.get(offer.anchor)
         if anchor is None:
             anchor = self._ghosts.pop(offer.anchor, None)
@@ -252,7 +270,9 @@ class ValuePolicy:
     def resent_prefix(self, chain: Sequence[Hashable]) -> tuple[int, Offer] | None:
         """The context before the chain's last key that a lookup re-sent most deeply, when it
         holds no checkpoint: its pages are kept as one of its own, weighed by its class."""
-        for pos in range(len(chain) - 2, -1, -1):
+        before_last = chain[:-1]
+        for pos in reversed(list(compress(range(len(before_last)), _is_remembered(
+                before_last, self._held, self._ghosts)))):
             key = chain[pos]
             if key in self._held:
                 return None  # that context is kept: its checkpoint already holds the prefix
@@ -266,6 +286,7 @@ class ValuePolicy:
         return None
 
     def dropped(self, checkpoint_id: str, *, evicted: bool) -> None:
+        self._weighed = None
         key = self._anchor_of.pop(checkpoint_id, None)
         if evicted:
             self._displaced += 1
@@ -286,6 +307,7 @@ class ValuePolicy:
             self._ghosts[key] = self._held.pop(key)
 
     def cleared(self) -> None:
+        self._weighed = None
         # What was learned about the workload stays; the anchors (keys of the old generation) go.
         self._ghosts.clear()
         self._held.clear()
@@ -349,6 +371,7 @@ class ValuePolicy:
             self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=False)
 
     def _refresh(self, now: float) -> None:
+        self._weighed = None
         self._lookups_since_refresh = 0
         self._hazard.refresh(self._live(now))
 
@@ -358,10 +381,12 @@ class ValuePolicy:
         n = len(anchors)
         if not n:
             return {}
-        bands = np.fromiter((a.band for a in anchors), np.int64, n)
-        reuses = np.fromiter((a.reuses for a in anchors), np.int64, n)
-        said = np.fromiter((_SAID[a.pending] for a in anchors), np.int64, n)
-        ages = np.maximum(0.0, now - np.fromiter((a.last_seen for a in anchors), np.float64, n))
+        # ``map`` and ``attrgetter`` read the fields in C: this walks every remembered anchor
+        # (tens of thousands) while the index's lock is held.
+        bands = np.fromiter(map(_BAND, anchors), np.int64, n)
+        reuses = np.fromiter(map(_REUSES, anchors), np.int64, n)
+        said = np.fromiter(map(_SAID.__getitem__, map(_PENDING, anchors)), np.int64, n)
+        ages = np.maximum(0.0, now - np.fromiter(map(_LAST_SEEN, anchors), np.float64, n))
         # One int per class, so the anchors are grouped by one sort.
         keys = ((bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)) * len(
             _SAID
@@ -371,6 +396,19 @@ class ValuePolicy:
         return {
             _class_of(int(k)): part for k, part in zip(found, np.split(ages[order], starts[1:]))
         }
+
+
+def _is_remembered(chain: Sequence[Hashable], held: Mapping[Hashable, _Anchor],
+                   ghosts: Mapping[Hashable, _Anchor]) -> Iterator[bool]:
+    """Per key of ``chain``, whether it is a remembered anchor (held or not); the walk runs in
+    C (``map``), not key by key in Python: a prompt of hundreds of pages names a handful."""
+    return map(operator.or_, map(held.__contains__, chain), map(ghosts.__contains__, chain))
+
+
+def _remembered(chain: Sequence[Hashable], held: Mapping[Hashable, _Anchor],
+                ghosts: Mapping[Hashable, _Anchor]) -> Iterator[Hashable]:
+    """The keys of ``chain`` that are remembered anchors, in order."""
+    return compress(chain, _is_remembered(chain, held, ghosts))
 
 
 def _class_of(key: int) -> PolicyClass:

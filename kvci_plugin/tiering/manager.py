@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, fields
 from typing import Any, get_args
 
 from kvci_plugin.governance import (
@@ -32,8 +31,9 @@ from kvci_plugin.governance import (
 )
 from kvci_plugin.policy import Offer
 from kvci_plugin.tiering.disk.attach import DiskAttach
-from kvci_plugin.tiering.disk.records import DiskStats
+from kvci_plugin.tiering.disk.records import Removal
 from kvci_plugin.tiering.disk.tier import KVCheckpointStore
+from kvci_plugin.tiering.erasures import ErasureEpochs, ErasureWatch
 from kvci_plugin.tiering.explain import (
     Tombstones,
     describe_disk,
@@ -41,23 +41,30 @@ from kvci_plugin.tiering.explain import (
     durable_record,
     ram_entry,
 )
+from kvci_plugin.tiering.forgets import TenantErasure
 from kvci_plugin.tiering.health import DEPENDENCY_ERRORS, HealthReport, TierUnavailableError
 from kvci_plugin.tiering.loadable import LoadablePages, TierListener
 from kvci_plugin.tiering.mover import PageMover
 from kvci_plugin.tiering.outcomes import (
     CheckpointOutcome,
-    ForgetOutcome,
     PromotionOutcome,
     ResetOutcome,
     RetainAsk,
 )
 from kvci_plugin.tiering.persists import Persists
 from kvci_plugin.tiering.ram.index import RAMIndex
-from kvci_plugin.tiering.ram.retention import RetentionOutcome, RetentionRefused, Retentions
+from kvci_plugin.tiering.ram.retention import (
+    RetentionOutcome,
+    RetentionRefused,
+    Retentions,
+    RetentionStats,
+)
+from kvci_plugin.tiering.stats import tier_stats
 from kvci_plugin.tiering.types import (
     CheckpointNotFoundError,
     DoesNotFitError,
     PageKey,
+    Reservation,
     TenantMismatchError,
 )
 from kvci_plugin.worthiness import (
@@ -72,7 +79,7 @@ logger = logging.getLogger(__name__)
 _TRIGGERS = frozenset(get_args(Trigger))
 
 
-class TieredCheckpointManager:
+class TieredCheckpointManager(TenantErasure):
     def __init__(
         self,
         *,
@@ -105,6 +112,14 @@ class TieredCheckpointManager:
         self._copying: dict[str, tuple[str, Trigger]] = {}
         self.retentions = Retentions(index, index.stats().tenant_quota_bytes)
         self._persists = Persists(self, disk_region=disk_region, clock=clock)
+        # Erasures: KV computed at an epoch older than its tenant's last forget is neither kept
+        # nor recorded for it. Without a disk tier the epochs are this process's own.
+        self._erasures = ErasureEpochs()
+        # How an erasure learned from another node is applied to RAM: the scheduler passes its
+        # lookup window's ``run`` (never between a step's lookup and its loads' pins).
+        self._between_lookups: Callable[[Callable[[], Any]], Any] = lambda action: action()
+        self._watch: ErasureWatch | None = None
+        self._watch_erasures()
 
     def watch(self, listener: TierListener) -> None:
         """Tell ``listener`` of pages as they become loadable from a tier and as they stop."""
@@ -125,6 +140,8 @@ class TieredCheckpointManager:
         with self.lock:
             self.disk, self._disk_attach = store, None
             self._wire_disk()
+            self._erasures = ErasureEpochs()  # this process's epochs; the catalog's are another
+        self._watch_erasures()
         logger.warning("kvci: disk tier attached (%s), generation %d", store.describe(),
                        store.generation)
         return True
@@ -150,6 +167,8 @@ class TieredCheckpointManager:
 
     def close(self) -> None:
         """The engine stops: a disk tier still being attached stops being tried."""
+        if self._watch is not None:
+            self._watch.stop()
         if self._disk_attach is not None:
             self._disk_attach.close()
 
@@ -174,6 +193,38 @@ class TieredCheckpointManager:
     @property
     def gate(self) -> PersistenceEligibilityGate:
         return self._gate if self._gate is not None else get_persistence_eligibility_gate()
+
+    # ---- the connector's disk lookups and reports (scheduler thread) --------------------------
+
+    @property
+    def has_disk_tier(self) -> bool:
+        """Whether a disk tier is attached, healthy or degraded."""
+        return self.disk is not None
+
+    def disk_run(self, keys: Sequence[PageKey], tenant: str) -> int:
+        """The disk tier's run of ``keys`` for ``tenant`` (0 without one; raises if degraded)."""
+        return self.disk.longest_prefix(keys, tenant) if self.disk is not None else 0
+
+    def touch_disk(self, keys: Sequence[PageKey]) -> None:
+        """Pages a load reads from the disk tier: their recency."""
+        if self.disk is not None:
+            self.disk.touch(keys)
+
+    def discard_disk_pages(self, keys: Sequence[PageKey]) -> Removal | None:
+        """Bad pages a load found: the disk checkpoints holding them are forgotten."""
+        return self.disk.discard(keys) if self.disk is not None else None
+
+    def disk_failed(self, exc: BaseException, what: str) -> None:
+        """The disk tier's dependency failed elsewhere (a worker's blob I/O): it is skipped."""
+        if self.disk is not None:
+            self.disk.health.failed(exc, what)
+
+    def retention_report(self, seen: int) -> tuple[int, RetentionStats] | None:
+        """The retentions' change count and figures; None while unchanged since ``seen``."""
+        if self.retentions.changes == seen:
+            return None
+        with self.lock:
+            return self.retentions.changes, self.retentions.stats()
 
     # ---- scoring ------------------------------------------------------------------------------
 
@@ -204,6 +255,7 @@ class TieredCheckpointManager:
         offer: Offer | None = None,
         retain: RetainAsk | None = None,
         pool: str | None = None,
+        erasure_epoch: int | None = None,
     ) -> CheckpointOutcome:
         """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy;
         `retain` exempts the checkpoint from eviction for a while (RAM only). `pool` is the
@@ -215,6 +267,10 @@ class TieredCheckpointManager:
 
         `source` is whatever the mover copies the new pages from. Input that could only fail at
         the gate (trigger, source ids) is checked first, so a bad call keeps nothing.
+
+        `erasure_epoch` is the epoch (``erasure_epoch``) read before the KV was computed (at the
+        request's lookup); None: the epoch now. KV computed before a forget of its tenant that
+        this node knows of is not kept, and its persist is never recorded on any node.
         """
         if trigger not in _TRIGGERS:
             raise ValueError(f"trigger must be one of {sorted(_TRIGGERS)}, not {trigger!r}")
@@ -232,31 +288,22 @@ class TieredCheckpointManager:
             "persist_error": None,
         }
         with self.lock:
-            retained = None  # a refusal, told whether or not the KV is kept
-            if retain is not None:
-                try:
-                    self.retentions.check(tenant, keys, pool)
-                except RetentionRefused as exc:
-                    retained = RetentionOutcome(status="refused", ttl_s=retain.ttl_s,
-                                                reason=str(exc))
+            stamp = self.erasure_epoch if erasure_epoch is None else erasure_epoch
+            if stamp < self.erased_at(tenant):
+                return CheckpointOutcome(
+                    checkpoint_id=None, tier="none", pending=False,
+                    reason="not kept: its KV was computed before its tenant was forgotten")
+            meta["erasure_epoch"] = stamp
+            retained = self._retention_refused(tenant, keys, retain, pool)
             try:
                 # Without an offer, what the trigger says: only the system's own keeps are weighed.
                 res = self.index.reserve(
-                    cid,
-                    tenant,
-                    keys,
-                    meta,
+                    cid, tenant, keys, meta,
                     offer=offer or Offer(anchor=keys[-1], explicit=trigger != "system"),
-                    pool=pool,
-                )
+                    pool=pool)
             except (DoesNotFitError, TenantMismatchError) as exc:
-                return CheckpointOutcome(
-                    checkpoint_id=None,
-                    tier="none",
-                    pending=False,
-                    reason=f"not kept in RAM: {exc}",
-                    retain=retained,
-                )
+                return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
+                                         reason=f"not kept in RAM: {exc}", retain=retained)
             # Asked at once, under the manager's lock: no reservation made through the manager
             # can have brought an evicted page back in between.
             evicted_pages = self.index.absent(key for e in res.evicted for key in e.keys)
@@ -264,47 +311,54 @@ class TieredCheckpointManager:
                 self._loadable.removed("ram", evicted_pages)
             if retained is None and retain is not None:
                 retained = self.retentions.grant(
-                    cid, tenant, keys, retain.ttl_s, retain.session, pool
-                )
-            done = True
-            if res.new:
-                try:
-                    done = self.mover.store(res, source)
-                except BaseException:
-                    # Never leave a reservation that nothing will commit: its slots would leak.
-                    self.index.abort(cid)
-                    self.retentions.dropped(cid)
-                    raise
-            if done:
-                self.index.commit(cid)
-                self.retentions.committed()
-                self._tell_ram_stored(cid, tenant)
-                self._keep_resent_prefix(cid, trigger)
-                if res.new:
-                    self._persists.start_ready()
-            else:
-                self._copying[cid] = (tenant, trigger)
+                    cid, tenant, keys, retain.ttl_s, retain.session, pool)
+            done = self._store(res, source, tenant, trigger)
             persist_outcome = None
             if persist:
                 persist_outcome = self.promote(
-                    cid,
-                    tenant=tenant,
-                    trigger=trigger,
-                    session_token=session_token,
-                    delegation_tokens=delegation_tokens,
-                )
+                    cid, tenant=tenant, trigger=trigger, session_token=session_token,
+                    delegation_tokens=delegation_tokens)
         return CheckpointOutcome(
-            checkpoint_id=cid,
-            tier="ram",
-            pending=not done,
-            reason="kept in RAM",
-            new_pages=len(res.new),
-            reused_pages=len(res.reused),
-            evicted=tuple(e.checkpoint_id for e in res.evicted),
-            evicted_pages=evicted_pages,
-            persist=persist_outcome,
-            retain=retained,
-        )
+            checkpoint_id=cid, tier="ram", pending=not done, reason="kept in RAM",
+            new_pages=len(res.new), reused_pages=len(res.reused),
+            evicted=tuple(e.checkpoint_id for e in res.evicted), evicted_pages=evicted_pages,
+            persist=persist_outcome, retain=retained)
+
+    def _retention_refused(self, tenant: str, keys: Sequence[PageKey], retain: RetainAsk | None,
+                           pool: str | None) -> RetentionOutcome | None:
+        """(Lock held.) A retention asked that would be refused: told whether or not the KV is
+        kept."""
+        if retain is None:
+            return None
+        try:
+            self.retentions.check(tenant, keys, pool)
+        except RetentionRefused as exc:
+            return RetentionOutcome(status="refused", ttl_s=retain.ttl_s, reason=str(exc))
+        return None
+
+    def _store(self, res: Reservation, source: Any, tenant: str, trigger: Trigger) -> bool:
+        """(Lock held.) Copy the reservation's new pages in; whether it is committed already
+        (False: the mover reports it later, ``on_stored``)."""
+        cid = res.checkpoint_id
+        done = True
+        if res.new:
+            try:
+                done = self.mover.store(res, source)
+            except BaseException:
+                # Never leave a reservation that nothing will commit: its slots would leak.
+                self.index.abort(cid)
+                self.retentions.dropped(cid)
+                raise
+        if done:
+            self.index.commit(cid)
+            self.retentions.committed()
+            self._tell_ram_stored(cid, tenant)
+            self._keep_resent_prefix(cid, trigger)
+            if res.new:
+                self._persists.start_ready()
+        else:
+            self._copying[cid] = (tenant, trigger)
+        return done
 
     def expire_retentions(self) -> None:
         """End the retentions whose TTL has passed: their checkpoints compete again."""
@@ -405,26 +459,6 @@ class TieredCheckpointManager:
                 generation=generation, ram_checkpoints=len(ram), disk_checkpoints=len(durable)
             )
 
-    def forget(self, tenant: str) -> ForgetOutcome:
-        """Crypto-erase ``tenant`` (the caller checked the authority): RAM forgets its
-        checkpoints (copies in flight included: their reports record nothing), its persists
-        under way are never recorded, and the disk tier destroys its key material and rows for
-        every node sharing the catalog, then its blobs. Other nodes' RAM tiers are theirs."""
-        with self.lock:
-            now = self._clock()
-            self.retentions.forget(tenant)
-            ram = self.index.erase(tenant)
-            self._tombstones.forget(ram, tenant, now)
-            if self._loadable is not None:  # kv events: the erased pages stop being loadable
-                self._loadable.removed("ram", self.index.absent(k for e in ram for k in e.keys))
-            self._persists.fence_tenant(tenant)
-            report = self.disk.forget(tenant) if self.disk is not None else None
-        return ForgetOutcome(
-            ram_checkpoints=len(ram),
-            disk_checkpoints=0 if report is None else len(report.checkpoint_ids),
-            key_destroyed=report is not None and report.key_destroyed,
-        )
-
     # ---- inspection -----------------------------------------------------------------------------
 
     def explain(self, checkpoint_id: str, tenant: str | None = None) -> dict[str, Any]:
@@ -434,7 +468,9 @@ class TieredCheckpointManager:
         """
         out: dict[str, Any] = {"checkpoint_id": checkpoint_id, "gate_in_force": self.gate.name}
         with self.lock:
-            entry = ram_entry(self.index, checkpoint_id, tenant)
+            # Without a tenant (operator tools), a lookup by id: no walk of the index.
+            entry = (self.index.find(checkpoint_id) if tenant is None
+                     else ram_entry(self.index, checkpoint_id, tenant))
             try:
                 record = durable_record(self.disk, checkpoint_id, tenant, self._clock())
             except (TierUnavailableError, *DEPENDENCY_ERRORS):
@@ -450,53 +486,14 @@ class TieredCheckpointManager:
 
     def ram_stats(self) -> dict[str, Any]:
         """Occupancy, the gate in force and the registered scorers (a score means nothing
-        without knowing what produced it)."""
+        without knowing what produced it); ``stats.tier_stats``."""
         s = self.index.stats()
         with self.lock:
             persists = len(self._persists)
             r = self.retentions.stats()
-        return {
-            "entries": s.entries,
-            "pending_entries": s.pending_entries,
-            "pages": s.pages,
-            "pinned_pages": s.pinned_pages,
-            "bytes_used": s.bytes_used,
-            "capacity_bytes": s.capacity_bytes,
-            "max_entries": s.max_entries,
-            "slot_bytes": s.slot_bytes,
-            "evictions": s.evictions,
-            "policy": asdict(s.policy),
-            "tenant_bytes": dict(s.tenant_bytes),
-            "tenant_quota_bytes": s.tenant_quota_bytes,
-            "persists_in_flight": persists,
-            "retentions": r.retentions,
-            "retained_bytes": r.retained_bytes,
-            "tenant_retained_bytes": r.tenant_retained_bytes,
-            "retentions_expired": r.expired,
-            "retentions_released": r.released,
-            "gate_in_force": self.gate.name,
-            "scorers": {e.name: e.weight for e in self.advisor.registry.entries()},
-            "disk": (
-                self._disk_stats(self.disk)
-                if self.disk is not None
-                else None
-                if self._disk_attach is None
-                else {
-                    **{f.name: None for f in fields(DiskStats)},
-                    "health": asdict(self._disk_attach.report()),
-                }
-            ),
-        }
-
-    @staticmethod
-    def _disk_stats(disk: KVCheckpointStore) -> dict[str, Any]:
-        """The disk tier's counts and health; while its catalog does not answer, its health
-        alone (the counts are None)."""
-        try:
-            counts = asdict(disk.stats())
-        except Exception:  # degraded, or failing now: the health says which and since when
-            counts = {f.name: None for f in fields(DiskStats)}
-        return {**counts, "health": asdict(disk.health_report())}
+        return tier_stats(s, persists, r, gate=self.gate.name, scorers={
+            e.name: e.weight for e in self.advisor.registry.entries()},
+            disk=self.disk, disk_attach=self._disk_attach)
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------
 

@@ -57,6 +57,8 @@ class PersistHost(Protocol):
     @property
     def loadable(self) -> LoadablePages | None: ...
 
+    def erased_at(self, tenant: str) -> int: ...
+
 
 @dataclass
 class Persist:
@@ -68,6 +70,7 @@ class Persist:
     recommendation_json: str
     decision: EligibilityDecision
     writing: bool = False  # pages pinned and blobs being written; False: waiting for the RAM copy
+    epoch: int | None = None  # the erasure epoch known when its KV was computed (None: unknown)
 
 
 class Persists:
@@ -171,7 +174,7 @@ class Persists:
         self._host.index.set_meta(checkpoint_id, refusal=None, decision=dumped, persist_error=None)
         job = Persist(tenant=entry.tenant, keys=entry.keys, trigger=trigger,
                       recommendation_json=json.dumps(entry.meta.get("recommendation")),
-                      decision=decision)
+                      decision=decision, epoch=entry.meta.get("erasure_epoch"))
         self._jobs[checkpoint_id] = job
         if not entry.complete:
             return PromotionOutcome(checkpoint_id=checkpoint_id, status="persisting",
@@ -247,6 +250,13 @@ class Persists:
         return started
 
     def _start(self, checkpoint_id: str, job: Persist) -> PromotionOutcome:
+        if job.epoch is not None and job.epoch < self._host.erased_at(job.tenant):
+            # Computed before a forget of its tenant this node knows of: nothing is leased.
+            del self._jobs[checkpoint_id]
+            reason = "persist failed: its KV was computed before its tenant was forgotten"
+            self._set_meta_if_held(checkpoint_id, persist_error=reason)
+            return PromotionOutcome(checkpoint_id=checkpoint_id, status="failed", reason=reason,
+                                    decision=job.decision)
         # Pinned until the blobs are written: the slots cannot be reused, nor the entry evicted.
         slots = self._host.index.pin(job.keys, job.tenant)
         job.writing = True
@@ -255,7 +265,7 @@ class Persists:
             assert disk is not None  # a persist is only started with a disk tier
             # Leased before any blob is written, so that no node's eviction deletes a blob this
             # write finds and keeps; the lease ends with the catalog row or the failure.
-            disk.reserve(checkpoint_id, job.keys, job.tenant)
+            disk.reserve(checkpoint_id, job.keys, job.tenant, job.epoch)
             done = self._host.mover.persist(checkpoint_id, job.tenant, job.keys, slots)
         except Exception as exc:  # whatever failed, the pins must go and the failure be recorded
             return self.on_persisted(checkpoint_id, ok=False, error=f"{type(exc).__name__}: {exc}")
@@ -292,7 +302,7 @@ class Persists:
                 slot_bytes=self._host.index.slot_bytes, trigger=job.trigger,
                 recommendation_json=job.recommendation_json,
                 decision_json=job.decision.model_dump_json(),
-                retention_expiry=job.decision.retention_expiry)
+                retention_expiry=job.decision.retention_expiry, computed_epoch=job.epoch)
         except Exception as exc:  # any failure (a refusal, the database) is this persist's
             # The disk tier has already deleted the blobs that no row or other write holds.
             return f"catalog row not written: {type(exc).__name__}: {exc}"

@@ -87,10 +87,9 @@ class EngineSide:
         return session.tenant
 
     def arm_checkpoint(self, tenant: str, session_id: str, *, trigger: str, persist: bool,
-                       session_token: str | None, delegation_tokens: tuple[str, ...]) -> None:
+                       session_token: str | None) -> None:
         self.armed[(tenant, session_id)] = dict(trigger=trigger, persist=persist,
-                                                session_token=session_token,
-                                                delegation_tokens=delegation_tokens)
+                                                session_token=session_token)
 
     def latest_verdict(
         self, tenant: str, session_id: str, *, verified: bool
@@ -99,12 +98,12 @@ class EngineSide:
 
     def forget_tenant(self, tenant: str, session_token: str | None,
                       delegation_tokens: tuple[str, ...]) -> ForgetOutcome:
-        # As KVCIScheduler.forget_tenant: the governance check, then the real manager.
+        # As SchedulerControl.forget_tenant: the governance check, then the real manager.
         authorize_forget(self.verifier, tenant, session_token, delegation_tokens)
         return self.manager.forget(tenant)
 
     def ask_reset(self) -> Future[ResetOutcome]:
-        # As KVCIScheduler.ask_reset: one future until the scheduler's thread applies it.
+        # As SchedulerControl.ask_reset: one future until the scheduler's thread applies it.
         with self.manager.lock:
             if self.reset_asked is None or self.reset_asked.done():
                 self.reset_asked = Future()

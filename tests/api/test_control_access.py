@@ -8,7 +8,8 @@ with the connector's config) over a real checkpoint manager.
 - Operator actions (reset, every tenant's stats, explain of any checkpoint) need the operator
   token; the tenant token acts within one tenant, the one its session credential (or, with
   tenancy "declared", its declaration) names.
-- checkpoint_now hands no credential to the request that later spends the arm (finding 12).
+- checkpoint_now binds the arm to its caller and hands no credential to the request that later
+  spends it (finding 12).
 """
 
 from __future__ import annotations
@@ -204,17 +205,17 @@ def test_under_verified_tenancy_a_tenant_shows_its_credential(
     assert stats.json()["stats"]["tenant_bytes"] == {}
 
 
-# ---- an armed checkpoint carries no credential (finding 12) --------------------------------------
+# ---- an armed checkpoint is bound to its caller, and carries no credential (finding 12) ------
 
 def test_checkpoint_now_hands_no_credential_to_a_later_request(
         served: ControlServer, world: Any, state: Path) -> None:
-    """With tenancy "declared" any client may send tenant acme and session s-1: what the arm
-    holds is spent by whichever request of theirs finishes next, so it holds no credential; a
-    disk copy is gated on the finishing request's own credential (or a later promote's)."""
+    """With tenancy "declared" any client may send tenant acme and session s-1: the arm is
+    bound to the arming caller's credential (the target keeps its digest, never the credential),
+    and a disk copy is gated on the finishing request's own credential (or a later promote's)."""
     token = world.session()
     body = call(served, bearer(state / TENANT_FILE), action="checkpoint_now", session_id="s-1",
                 session_token=token, persist=True).json()
     assert body["armed"] is True and body["tenant"] == "acme"
     assert world.side.armed[("acme", "s-1")] == {
-        "trigger": "user", "persist": True, "session_token": None, "delegation_tokens": ()}
+        "trigger": "user", "persist": True, "session_token": token}
     assert "own credential" in body["detail"]

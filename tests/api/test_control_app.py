@@ -160,9 +160,10 @@ def test_checkpoint_now_arms_the_verified_sessions_tenant(client: TestClient, wo
                 persist=True, trigger="agent").json()
     assert body["armed"] is True and body["tenant"] == "acme" and body["persist"] is True
     assert body["detail"].startswith("armed")
-    # The arm holds no credential: the request that spends it persists with its own (#46 item 12).
+    # The caller's credential goes to the target to bind the arm (the scheduler's control port
+    # keeps only its digest: tests/connector/test_scheduler_parts.py).
     assert world.side.armed[("acme", "s-1")] == {
-        "trigger": "agent", "persist": True, "session_token": None, "delegation_tokens": ()}
+        "trigger": "agent", "persist": True, "session_token": token}
 
 
 @pytest.mark.parametrize(("declared", "tenant"), [("beta", "beta"), (None, "default")])

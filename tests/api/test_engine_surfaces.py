@@ -331,12 +331,13 @@ def test_promote_with_the_callers_session_persists(engine: Engine, kept: Kept) -
     )
 
 
-def test_an_armed_credential_is_spent_by_no_other_client(engine: Engine,
-                                                         request: pytest.FixtureRequest) -> None:
+def test_an_arm_is_spent_by_its_caller_only(engine: Engine,
+                                            request: pytest.FixtureRequest) -> None:
     """#46 finding 12. This engine's tenancy is "declared": any client may send tenant acme and a
     session id it learnt. acme arms its session through REST with its credential and a persist;
-    another client's request naming that tenant and session, with no credential, must not get a
-    disk copy under acme's authority. acme's own request, with its credential, does."""
+    another client's request naming that tenant and session, with no credential, neither spends
+    the arm nor gets a disk copy under acme's authority. acme's own request, with its
+    credential, spends the arm it left in place."""
     session_id = f"chat/{request.node.name}"
     token = engine.session()
     armed = engine.act(action="checkpoint_now", session_id=session_id, session_token=token,
@@ -344,12 +345,12 @@ def test_an_armed_credential_is_spent_by_no_other_client(engine: Engine,
     assert armed["armed"] is True and armed["persist"] is True
     foreign = engine.complete(own_prompt(request, 4, "foreign"), tenant="acme",
                               session_id=session_id, source_ids=["doc-public"])
-    assert foreign["trigger"] == "user" and foreign["persist"]["status"] == "refused", foreign
-    assert foreign["persist"]["decision"]["failed_check"] == "verified_authority"
+    assert foreign.get("trigger") != "user", foreign
+    assert (foreign.get("persist") or {}).get("status") not in ("persisting", "persisted"), foreign
 
-    engine.act(action="checkpoint_now", session_id=session_id, session_token=token, persist=True)
     own = engine.complete(own_prompt(request, 4, "own"), session_id=session_id, session_token=token,
                           source_ids=["doc-public"])
+    assert own["trigger"] == "user", own
     assert own["persist"]["status"] in ("persisting", "persisted"), own
     engine.wait_persisted(own["checkpoint_id"])  # none left in flight for the other tests
 

@@ -294,7 +294,8 @@ def test_an_attribute_of_a_vllm_name_resolves(use: tuple[str, int, str, str, str
 
 @pytest.fixture
 def kvci_gate():
-    """The scheduler role installs its persistence gate process-wide: put the previous one back."""
+    """The process-wide persistence gate, put back after the test (the scheduler role gives its
+    gate to its manager and installs none; a test that did would not leak it)."""
     from kvci_plugin.governance import (
         get_persistence_eligibility_gate,
         set_persistence_eligibility_gate,
@@ -382,7 +383,7 @@ def test_the_request_attributes_kvci_reads_exist() -> None:
     from vllm import SamplingParams
     from vllm.v1.request import Request, RequestStatus
 
-    from kvci_plugin.connector.scheduler import _FINISHED_OK
+    from kvci_plugin.connector.keep import FINISHED_OK
 
     request = Request("r", [1, 2, 3], SamplingParams(max_tokens=1), None)
     for attr in (
@@ -405,7 +406,7 @@ def test_the_request_attributes_kvci_reads_exist() -> None:
     ):
         assert hasattr(request, attr), attr
     # The scheduler keeps KV only for requests that ended with these statuses, by name.
-    assert set(_FINISHED_OK) <= set(RequestStatus.__members__)
+    assert set(FINISHED_OK) <= set(RequestStatus.__members__)
 
 
 def test_the_config_fields_kvci_reads_exist() -> None:

@@ -21,7 +21,6 @@ import pytest
 from vllm import SamplingParams
 from vllm.v1.request import Request, RequestStatus
 
-from kvci_plugin.connector.async_loads import may_load_async
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.metadata import KVCIWorkerMetadata
 from kvci_plugin.connector.release_fence import fence_after_release
@@ -82,41 +81,41 @@ def kept_in_ram(s: KVCIScheduler) -> None:
 # ---- may_load_async -------------------------------------------------------------------------
 
 def test_no_disk_tier_no_asynchronous_load() -> None:
-    assert may_load_async(scheduler(), request("r")) is False
+    assert scheduler().may_load_async(request("r")) is False
 
 
 def test_a_keyable_request_may_load_from_a_healthy_disk_tier(disk) -> None:
     s = scheduler(disk)
     r = request("r")
-    assert may_load_async(s, r) is True
+    assert s.may_load_async(r) is True
     # Its keys were made once, for the lookup that follows (which finds nothing here).
-    keys = s._reqs["r"].keys
+    keys = s.requests.get("r").keys
     assert keys is not None and len(keys) == 3
     assert s.get_num_new_matched_tokens(r, 0) == (0, False)
-    assert s._reqs["r"].keys is keys
+    assert s.requests.get("r").keys is keys
 
 
 def test_what_rules_an_asynchronous_load_out(disk) -> None:
     s = scheduler(disk)
-    assert may_load_async(s, request("short", list(range(1, BS + 1)))) is False  # no block to load
-    assert may_load_async(s, request("bad", kvci_unknown_field=1)) is False  # params refused
+    assert s.may_load_async(request("short", list(range(1, BS + 1)))) is False  # no block to load
+    assert s.may_load_async(request("bad", kvci_unknown_field=1)) is False  # params refused
     no_reads = SamplingParams(max_tokens=1, skip_reading_prefix_cache=True)
-    assert may_load_async(s, request("skips", params=no_reads)) is False  # vLLM drops its hit
+    assert s.may_load_async(request("skips", params=no_reads)) is False  # vLLM drops its hit
     embeds = request("embeds")
     embeds.prompt_embeds = object()  # placeholder token ids: not keyable
-    assert may_load_async(s, embeds) is False
+    assert s.may_load_async(embeds) is False
     disk.health.failed(RuntimeError("catalog down"), "a test")  # degraded: lookups skip it
-    assert may_load_async(s, request("degraded")) is False
+    assert s.may_load_async(request("degraded")) is False
 
 
 def test_a_prefix_ram_holds_whole_loads_synchronously(disk) -> None:
     s = scheduler(disk)
     kept_in_ram(s)
     reader = request("reader")
-    assert may_load_async(s, reader) is False  # RAM's hit: copied beside the forward
+    assert s.may_load_async(reader) is False  # RAM's hit: copied beside the forward
     assert s.get_num_new_matched_tokens(reader, 0) == (3 * BS, False)
     longer = request("longer", PROMPT + list(range(500, 500 + 2 * BS)))
-    assert may_load_async(s, longer) is True  # the disk tier could still hold the rest
+    assert s.may_load_async(longer) is True  # the disk tier could still hold the rest
 
 
 def test_a_failure_answers_no_and_is_contained(disk, monkeypatch) -> None:
@@ -125,8 +124,8 @@ def test_a_failure_answers_no_and_is_contained(disk, monkeypatch) -> None:
     def broken(request: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(s, "_state", broken)
-    assert may_load_async(s, request("r")) is False
+    monkeypatch.setattr(s.requests, "state", broken)
+    assert s.may_load_async(request("r")) is False
     assert s.take_stats().reduce()["faults_ram_internal"] == 1
 
 

@@ -53,7 +53,7 @@ def report_loads(scheduler: KVCIScheduler, *loads: tuple[int, float]) -> None:
 
 def test_a_disk_hit_is_declined_once_loads_measure_slower_than_recompute(tmp_path: Path) -> None:
     disk, scheduler = disk_and_scheduler(tmp_path)
-    st = scheduler._state(request("seed"))
+    st = scheduler.requests.state(request("seed"))
     disk.persist("c1", st.tenant, st.keys, torch.zeros((4, SLOT), dtype=torch.uint8), "user",
                  "{}", "{}", None)
 
@@ -92,7 +92,7 @@ def test_a_disk_hit_is_read_in_its_own_step_only_while_no_other_request_is_known
 ) -> None:
     disk, scheduler = disk_and_scheduler(tmp_path)
     seed = request("seed")
-    st = scheduler._state(seed)
+    st = scheduler.requests.state(seed)
     disk.persist("c1", st.tenant, st.keys, torch.zeros((4, SLOT), dtype=torch.uint8), "user",
                  "{}", "{}", None)
     scheduler.request_finished(seed, [[]])
@@ -112,7 +112,7 @@ def test_a_disk_hit_is_read_in_its_own_step_only_while_no_other_request_is_known
 
 def test_the_catalog_is_asked_only_when_a_disk_hit_could_add_blocks(tmp_path: Path) -> None:
     disk, scheduler = disk_and_scheduler(tmp_path)
-    st = scheduler._state(request("seed"))
+    st = scheduler.requests.state(request("seed"))
     disk.persist("c1", st.tenant, st.keys, torch.zeros((4, SLOT), dtype=torch.uint8), "user",
                  "{}", "{}", None)
     asked: list[int] = []

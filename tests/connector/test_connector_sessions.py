@@ -22,7 +22,8 @@ def _request(req_id: str, tenant: str, tokens: list[int], **kvci):
 
 def _observed(scheduler: KVCIScheduler, request, st=None):
     """The observation the keep decision scores for ``request`` as it finishes."""
-    finished = scheduler._finished_request(request, st or scheduler._state(request), [])
+    st = st or scheduler.requests.state(request)
+    finished = scheduler.keeper.finished_request(request, st, [])
     return scheduler.decider.decide(finished).observation
 
 
@@ -86,9 +87,9 @@ def test_two_tenants_naming_one_session_never_share_its_turns() -> None:
 def test_the_rebuild_time_is_the_whole_prompt_at_the_measured_prefill_rate() -> None:
     scheduler = _scheduler()
     request = _request("r1", "acme", list(range(2, 98)))
-    st = scheduler._state(request)
+    st = scheduler.requests.state(request)
     assert _observed(scheduler, request, st).wall_time_s is None  # no rate measured yet
-    scheduler._load_rule.observe_prefill(64, 0.064)  # a miss: 1 ms a token
+    scheduler.load_rule.observe_prefill(64, 0.064)  # a miss: 1 ms a token
     # A hit that computed one token in 0.5 s: its own time scaled up would say 48 s.
     st.first_scheduled, st.prefill_s, st.ext_tokens = 0.0, 0.5, 95
     assert _observed(scheduler, request, st).wall_time_s == pytest.approx(0.096)

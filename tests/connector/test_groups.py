@@ -76,3 +76,24 @@ def test_the_connector_reads_its_groups_and_refuses_a_state_space_one():
         _group_layout(_config(_attention(), mamba), BLOCK_SIZE)
     with pytest.raises(ValueError, match="pages differ in size"):
         _slot_bytes(_config(_attention(heads=2), _attention(heads=4)))
+
+
+def test_window_boundaries_are_the_repeat_the_prompt_end_and_the_ladder():
+    """Where a sliding group's window is staged during prefill (#47): the exact repeat's
+    boundary, the prompt's last full block, power-of-two rungs from four windows, the
+    interval's, the junctions given; none for a layout of full groups only."""
+    layout = GroupLayout((KVGroup(("s",), WINDOW),), BLOCK_SIZE)  # 2 window blocks
+    assert layout.window_need(0) == 2
+    assert layout.boundaries(16 * BLOCK_SIZE + 5, ladder_from=1) == [8, 16]
+    assert layout.boundaries(16 * BLOCK_SIZE, ladder_from=1) == [8, 15, 16]  # repeat, end
+    assert layout.boundaries(64 * BLOCK_SIZE + 5, ladder_from=1) == [8, 16, 32, 64]
+    assert layout.boundaries(64 * BLOCK_SIZE + 5, ladder_from=20 * BLOCK_SIZE) == [32, 64]
+    assert layout.boundaries(16 * BLOCK_SIZE + 5) == [16]  # no ladder
+    assert layout.boundaries(16 * BLOCK_SIZE + 5, interval=5 * BLOCK_SIZE,
+                             junctions=[11, 40]) == [5, 10, 11, 15, 16]
+    assert layout.boundaries(BLOCK_SIZE - 1, ladder_from=1) == []
+    assert GroupLayout((KVGroup(("f",)),), BLOCK_SIZE).boundaries(1000, ladder_from=1) == []
+    # gpt-oss-like: window 128, block 16: 8 window blocks, rungs from 32 blocks.
+    gpt = GroupLayout((KVGroup(("f",)), KVGroup(("s",), 128)), 16)
+    assert gpt.window_need(0) == 0 and gpt.window_need(1) == 8
+    assert gpt.boundaries(8192, ladder_from=1) == [32, 64, 128, 256, 511, 512]

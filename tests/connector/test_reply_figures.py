@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from kvci_plugin.connector.scheduler import _gate_reply
+from kvci_plugin.connector.reply import gate_reply
 from kvci_plugin.worthiness import CacheGate
 from kvci_plugin.worthiness.cache_gate import ENGINE_WIDE_INPUTS
 
@@ -17,7 +17,7 @@ def test_the_gates_engine_wide_hit_rate_window_is_not_in_a_reply() -> None:
         gate.record_lookup(hit)
     decision = gate.decide()
     assert decision.rule.value == "hit_rate_floor" and decision.inputs["lookups"] == 4
-    reply = _gate_reply(decision, None)
+    reply = gate_reply(decision, None)
     assert reply is not None and (reply["allow"], reply["rule"]) == (False, "hit_rate_floor")
     text = json.dumps(reply)
     assert all(f'"{name}"' not in text for name in ENGINE_WIDE_INPUTS)

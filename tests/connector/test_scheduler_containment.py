@@ -102,11 +102,12 @@ def test_a_forget_asked_between_lookup_and_allocation_waits_for_the_steps_loads(
         monkeypatch) -> None:
     s = scheduler()
     kept(s)
-    monkeypatch.setattr(s._tenants, "authorize_forget", lambda *a: None)  # the erasure tests'
+    # Authorizing a forget is the erasure tests' concern, not this one's:
+    monkeypatch.setattr(s.requests.tenants, "authorize_forget", lambda *a: None)
     reader = request("reader", tenant="acme", checkpoint="now")
     assert s.get_num_new_matched_tokens(reader, 0) == (3 * BS, False)
     with ThreadPoolExecutor(1) as pool:  # the control surface's thread
-        forgot = pool.submit(s.forget_tenant, "acme", None, ())
+        forgot = pool.submit(s.control.forget_tenant, "acme", None, ())
         with pytest.raises(TimeoutError):
             forgot.result(timeout=0.2)  # not between the lookup and the load it counts on
         s.update_state_after_alloc(reader, Blocks([20, 21, 22, 23]), 3 * BS)
@@ -163,13 +164,13 @@ def test_a_bug_in_the_keep_decision_keeps_nothing_new_and_is_logged_with_its_tra
 
 def test_a_store_queued_before_a_failure_still_holds_its_blocks(monkeypatch) -> None:
     s = scheduler()
-    real = s._count_outcome
+    real = s.keeper.count_outcome
 
     def count_then_fail(outcome: Any) -> None:
         real(outcome)
         raise RuntimeError("a bug after the store was queued")
 
-    monkeypatch.setattr(s, "_count_outcome", count_then_fail)
+    monkeypatch.setattr(s.keeper, "count_outcome", count_then_fail)
     req = request("r", tenant="acme", checkpoint="now")
     s.get_num_new_matched_tokens(req, 0)
     delay, _ = finish(s, req)

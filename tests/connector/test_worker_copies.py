@@ -144,3 +144,26 @@ def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(tmp_p
         assert totals["loaded_bytes_ram"] == 6 * 3 * SLOT
     finally:
         worker.shutdown()
+
+
+def test_a_window_store_is_copied_and_reported_the_same_step(setup) -> None:
+    """A running request's window (#47): copied in its step, reported by its stage id (on the
+    CPU at once; on a GPU once the copy ran), never as a finished request's store (vLLM would
+    free the blocks of a request still running)."""
+    worker, kv, _ = setup
+    job = StoreJob("running", "kvci-window-1", [2, 4], [6, 11], [0, 0])
+    sending = step(worker, StepJobs(window_stores=[job]), {"running"})
+    assert sending == set()
+    deadline = time.monotonic() + 30
+    report = worker.take_report()
+    while (report is None or "kvci-window-1" not in report.window_stored) \
+            and time.monotonic() < deadline:
+        step(worker, StepJobs(), set())
+        report = worker.take_report()
+    assert report is not None and report.window_stored == {"kvci-window-1": 1}
+    # The slots hold the blocks as they were: overwritten after the step, still the old bytes.
+    write_block(kv, 6, torch.zeros(SLOT, dtype=torch.uint8))
+    step(worker, StepJobs(loads=[LoadJob("r2", [2, 4], [1, 7])]), set())
+    assert torch.equal(block_bytes(kv, 1), page_of(6))
+    assert torch.equal(block_bytes(kv, 7), page_of(11))
+    assert worker.take_stats().reduce()["stored_bytes_ram"] == 2 * SLOT

@@ -20,6 +20,7 @@ from kvci_plugin.policy import (
     ram_policy_for,
     session_key,
 )
+from kvci_plugin.policy.keep_decider import arm_binding
 from kvci_plugin.worthiness import (
     CacheGate,
     CheckpointAdvisor,
@@ -158,6 +159,23 @@ def test_the_requests_own_trigger_and_credentials_win_over_an_armed_one() -> Non
     plan = d.decide(finished(session_id="run-1", explicit_trigger="user", session_token="own-jwt"))
     assert (plan.trigger, plan.session_token, plan.delegation_tokens) == ("user", "own-jwt", ())
     assert plan.armed is not None  # consumed all the same
+
+
+def test_an_arm_bound_to_its_caller_is_taken_only_by_that_callers_request() -> None:
+    """In `tenancy: "declared"` anyone may name a tenant and a session: an arm bound to the
+    arming caller's credential is left be by another client's request naming them, and taken by
+    the next request that carries that credential."""
+    d, _ = decider(HELD_BACK, ram="threshold")
+    armed = ArmedCheckpoint("user", False, None, (), bound_to=arm_binding("armer-jwt"))
+    d.arm("acme", "run-1", armed)
+    for other in (None, "mallory-jwt"):
+        plan = d.decide(finished(session_id="run-1", session_token=other))
+        assert (plan.trigger, plan.armed) == (None, None)  # not taken
+    assert ("acme", "run-1") in d.armed
+    plan = d.decide(finished(session_id="run-1", session_token="armer-jwt"))
+    assert (plan.trigger, plan.armed) == ("user", armed)
+    assert not d.armed
+    assert arm_binding(None) is None and "armer-jwt" not in (arm_binding("armer-jwt") or "")
 
 
 def test_a_forget_drops_the_checkpoints_its_tenant_armed() -> None:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from kvci_plugin.governance import (
 from kvci_plugin.policy import Offer, ValuePolicy
 from kvci_plugin.tiering.blobs.folder import BlobStore
 from kvci_plugin.tiering.blobs.tenant_keys import TOMBSTONE
+from kvci_plugin.tiering.disk.catalog import CheckpointCatalog
 from kvci_plugin.tiering.manager import TieredCheckpointManager
 from kvci_plugin.tiering.outcomes import CheckpointOutcome, PromotionOutcome, RetainAsk
 from kvci_plugin.tiering.ram.index import RAMIndex
@@ -895,6 +897,78 @@ def test_a_forget_ends_the_tenants_retentions_now(world: World) -> None:
     stats = world.manager.retentions.stats()
     assert (stats.retentions, stats.retained_bytes) == (0, 0)
     assert world.ram.index.stats().bytes_used == 0  # unpinned: nothing holds its pages
+
+
+def test_a_forget_holds_no_lock_while_the_disk_tier_erases(world: World) -> None:
+    """The disk tier's part of a forget (a catalog transaction, the key material's tombstone)
+    runs outside the manager's lock, which the scheduler's thread takes at every lookup and
+    finished request: here the catalog is slow (another connection holds its write lock), and
+    the lock, and a keep of another tenant, are free meanwhile; RAM was erased before."""
+    assert world.disk is not None
+    cid, keys, _ = world.checkpoint("durable", persist=True, session_token=world.session())
+    assert world.disk.explain(cid) is not None
+    other = CheckpointCatalog(world.disk_root / "catalog.sqlite3")
+    outcome: list[Any] = []
+    with ThreadPoolExecutor(1) as pool:
+        with other.locked():
+            forgot = pool.submit(world.manager.forget, TENANT)
+            deadline = time.monotonic() + 5
+            while world.ram.index.longest_prefix(keys, TENANT) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert world.ram.index.longest_prefix(keys, TENANT) == 0  # the RAM part is done
+            time.sleep(0.1)
+            assert not forgot.done()  # its disk part waits for the catalog...
+            assert world.manager.lock.acquire(timeout=0.5)  # ...without the manager's lock
+            world.manager.lock.release()
+            kept = world.manager.checkpoint_now(
+                tenant=OTHER, keys=keys_for("other", 2), trigger="user", recommendation=None,
+                source=pages_for(keys_for("other", 2)))
+            assert kept.tier == "ram"
+        outcome.append(forgot.result(timeout=10))
+    other.close()
+    assert (outcome[0].ram_checkpoints, outcome[0].disk_checkpoints) == (1, 1)
+    assert outcome[0].key_destroyed and world.disk.explain(cid) is None
+
+
+def test_kv_computed_before_a_forget_is_neither_kept_nor_recorded(queued: World) -> None:
+    """The erasure epoch read when a request's KV was computed travels with its keep and its
+    persist: computed before a forget, it is refused in RAM and its write is never leased,
+    even when the request finishes (and persists) after the forget returned."""
+    assert queued.disk is not None
+    computed_at = queued.manager.erasure_epoch  # read at the request's lookup
+    queued.manager.forget(TENANT)
+    assert queued.manager.erasure_epoch > computed_at
+    keys = keys_for("late", 3)
+    late = queued.manager.checkpoint_now(
+        tenant=TENANT, keys=keys, trigger="user", recommendation=None, source=pages_for(keys),
+        source_ids=(HANDBOOK,), persist=True, session_token=queued.session(),
+        erasure_epoch=computed_at)
+    assert late.checkpoint_id is None and "before its tenant was forgotten" in late.reason
+    assert queued.ram.index.longest_prefix(keys, TENANT) == 0
+    # KV computed after it is kept, and persisted, as any other.
+    fresh = queued.manager.checkpoint_now(
+        tenant=TENANT, keys=keys, trigger="user", recommendation=None, source=pages_for(keys),
+        source_ids=(HANDBOOK,), persist=True, session_token=queued.session(),
+        erasure_epoch=queued.manager.erasure_epoch)
+    assert fresh.checkpoint_id is not None and fresh.tier == "ram"
+    queued.mover.finish_store(queued.manager, fresh.checkpoint_id)
+    (written,) = queued.mover.finish_persists(queued.manager)
+    assert written.status == "persisted", written.reason
+
+
+def test_a_persist_of_kv_computed_before_a_forget_is_refused_by_the_catalog(
+        queued: World) -> None:
+    """Even where this node never learned of the forget (another node made it), the catalog
+    refuses the lease of a write whose KV was computed at an older erasure epoch."""
+    assert queued.disk is not None
+    cid, keys, _ = queued.checkpoint("computed", persist=False)
+    queued.mover.finish_store(queued.manager, cid)
+    queued.disk.forget(TENANT)  # as another node's forget: this manager was not told
+    outcome = queued.manager.promote(cid, tenant=TENANT, trigger="user",
+                                     session_token=queued.session())
+    assert outcome.status == "failed" and "forgotten" in outcome.reason
+    assert queued.mover.persists == []  # nothing was leased, so nothing is written
+    assert queued.disk.longest_prefix(keys, TENANT) == 0
 
 
 @pytest.mark.parametrize("copy", ["at once", "queued"])

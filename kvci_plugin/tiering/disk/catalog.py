@@ -52,7 +52,7 @@ from kvci_plugin.tiering.disk.db import (
     open_catalog_database,
 )
 from kvci_plugin.tiering.disk.eviction import evict
-from kvci_plugin.tiering.disk.fences import CatalogFences
+from kvci_plugin.tiering.disk.fences import CatalogFences, tenant_erased_at
 from kvci_plugin.tiering.disk.records import CatalogStats, KVCheckpointRecord, PageId, Removal
 from kvci_plugin.tiering.disk.schema import migrate
 from kvci_plugin.tiering.disk.sql import (
@@ -134,15 +134,22 @@ class CheckpointCatalog(CatalogFences):
     # ---- leases and shards ------------------------------------------------------------------
 
     def lease(
-        self, namespace: bytes, keys: Sequence[PageKey], holder: str, until: float, tenant: str
+        self, namespace: bytes, keys: Sequence[PageKey], holder: str, until: float, tenant: str,
+        computed_epoch: int | None = None,
     ) -> None:
         """Hold ``keys`` for ``holder``, a write of ``tenant``, until ``until``: their blobs are
-        not deleted meanwhile, and the write may be recorded unless its tenant is forgotten."""
+        not deleted meanwhile, and the write may be recorded unless its tenant is forgotten.
+        A write whose KV was computed at an erasure epoch older than the tenant's last forget
+        (``computed_epoch``) is refused: ``TenantForgottenError``, nothing leased."""
         ns = check_namespace(namespace).hex()
         check_checkpoint_id(holder)
         check_tenant(tenant)
         rows = [(ns, check_page_key(k).hex(), holder, until) for k in keys]
         with self._db.write() as db:
+            if computed_epoch is not None and tenant_erased_at(db, tenant) > computed_epoch:
+                raise TenantForgottenError(
+                    f"write {holder}: its KV was computed before its tenant was forgotten"
+                )
             # Dead writers' leases (and registrations) end here: both tables stay as small as
             # the writes under way.
             db.execute("DELETE FROM blob_leases WHERE expiry <= ?", (self._clock(),))
@@ -213,6 +220,14 @@ class CheckpointCatalog(CatalogFences):
                 rows,
             )
 
+    def known_blobs(self) -> set[tuple[str, str]]:
+        """(namespace hex[:32], key hex) of every blob a page row or a live lease accounts for,
+        in every shard namespace (reconciliation: what is not here is an orphan)."""
+        shards = self.shards()
+        named = [(page.namespace, page.key.hex()) for page, _ in self.pages()]
+        named += [(bytes.fromhex(ns), key) for ns, key in self.live_leases()]
+        return {(shard.hex()[:32], key) for ns, key in named for shard in (ns, *shards.get(ns, ()))}
+
     def shards(self) -> dict[bytes, tuple[bytes, ...]]:
         """Every namespace with registered shards, and those shards."""
         found: dict[bytes, list[bytes]] = {}
@@ -227,13 +242,18 @@ class CheckpointCatalog(CatalogFences):
 
     # ---- writes -----------------------------------------------------------------------------
 
-    def add_checkpoint(self, record: KVCheckpointRecord, holder: str | None = None) -> None:
+    def add_checkpoint(
+        self, record: KVCheckpointRecord, holder: str | None = None,
+        computed_epoch: int | None = None,
+    ) -> None:
         """Record a checkpoint whose blobs are already durable, in one transaction; ``holder``'s
         leases end with it.
 
         A page already held (shared with another checkpoint) is stored once; a page held under
         another tenant refuses the whole record, and so does a forget of its tenant since
-        ``holder``'s write was leased (its registration is gone).
+        ``holder``'s write was leased (its registration is gone), or since its KV was computed:
+        ``computed_epoch`` is the erasure epoch the computing node knew then (``erasure_epoch``),
+        refused when the tenant's last forget began a later one.
         """
         if not isinstance(record, KVCheckpointRecord):
             raise TypeError(f"record must be a KVCheckpointRecord, not {type(record).__name__}")
@@ -246,6 +266,11 @@ class CheckpointCatalog(CatalogFences):
                 (record.checkpoint_id,),
             ).fetchone():
                 raise CheckpointExistsError(f"checkpoint {record.checkpoint_id} already exists")
+            if computed_epoch is not None and tenant_erased_at(db, record.tenant) > computed_epoch:
+                raise TenantForgottenError(
+                    f"checkpoint {record.checkpoint_id}: its KV was computed before its tenant "
+                    "was forgotten; not recorded"
+                )
             if holder is not None:
                 write = db.execute(
                     "SELECT tenant FROM tenant_writes WHERE holder = ?", (holder,)

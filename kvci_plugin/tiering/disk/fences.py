@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvci_plugin.tiering.blobs.codec import check_namespace
-from kvci_plugin.tiering.disk.db import CatalogDatabase
+from kvci_plugin.tiering.disk.db import CatalogDatabase, Transaction
 from kvci_plugin.tiering.disk.records import Removal
 from kvci_plugin.tiering.disk.sql import page_id, unleased
 from kvci_plugin.tiering.types import check_checkpoint_id, check_tenant
@@ -98,13 +98,16 @@ class CatalogFences:
 
     # ---- forgetting -------------------------------------------------------------------------
 
-    def forget_tenant(self, tenant: str) -> Removal:
+    def forget_tenant(self, tenant: str) -> tuple[Removal, int]:
         """Forget every checkpoint and page of ``tenant``, in every namespace, for every node at
         once, and end its writes under way (none of them is recorded); remember when, so that
-        explain can say so. Returns every page (leased ones too: a forgotten tenant's bytes go)."""
+        explain can say so, and at which erasure epoch (the catalog's next: see
+        ``erasure_epoch``). Returns every page (leased ones too: a forgotten tenant's bytes go)
+        and that epoch."""
         check_tenant(tenant)
         now = self._clock()
         with self._db.write() as db:
+            epoch = _latest_epoch(db) + 1
             ids = tuple(
                 row["checkpoint_id"]
                 for row in db.execute(
@@ -113,9 +116,10 @@ class CatalogFences:
                 ).fetchall()
             )
             db.execute(
-                "INSERT INTO forgotten_tenants (tenant, forgotten_at) VALUES (?, ?)"
-                " ON CONFLICT (tenant) DO UPDATE SET forgotten_at = excluded.forgotten_at",
-                (tenant, now),
+                "INSERT INTO forgotten_tenants (tenant, forgotten_at, epoch) VALUES (?, ?, ?)"
+                " ON CONFLICT (tenant) DO UPDATE SET forgotten_at = excluded.forgotten_at,"
+                " epoch = excluded.epoch",
+                (tenant, now, epoch),
             )
             db.executemany(
                 "INSERT INTO forgotten_checkpoints (checkpoint_id, tenant, forgotten_at)"
@@ -131,7 +135,32 @@ class CatalogFences:
                 ).fetchall()
             )
             db.execute("DELETE FROM pages WHERE tenant = ?", (tenant,))
-        return Removal(ids, pages)
+        return Removal(ids, pages), epoch
+
+    def erasure_epoch(self) -> int:
+        """The catalog's erasure epoch: each forget begins the next one (0 before any). KV
+        computed while a node knew epoch ``e`` was computed before every forget of a later
+        epoch, so its write is refused for those tenants (``add_checkpoint``), on every node
+        and whatever their clocks say."""
+        with self._db.read() as db:
+            return _latest_epoch(db)
+
+    def forgotten_since(self, epoch: int) -> dict[str, int]:
+        """The tenants forgotten after erasure epoch ``epoch``, with the epoch of their last
+        forget (what another node erases from its RAM tier when it learns of it)."""
+        with self._db.read() as db:
+            return {
+                row["tenant"]: int(row["epoch"])
+                for row in db.execute(
+                    "SELECT tenant, epoch FROM forgotten_tenants WHERE epoch > ?", (int(epoch),)
+                )
+            }
+
+    def erased_at(self, tenant: str) -> int:
+        """The erasure epoch of ``tenant``'s last forget (0: never forgotten since epochs were
+        kept)."""
+        with self._db.read() as db:
+            return tenant_erased_at(db, check_tenant(tenant))
 
     def forgotten(self, checkpoint_id: str) -> tuple[str, float] | None:
         """(tenant, forgotten_at) of a checkpoint a forget erased, or None."""
@@ -151,3 +180,13 @@ class CatalogFences:
                 (check_tenant(tenant),),
             ).fetchone()
         return None if row is None else float(row["forgotten_at"])
+
+
+def _latest_epoch(db: Transaction) -> int:
+    row = db.execute("SELECT max(epoch) AS epoch FROM forgotten_tenants").fetchone()
+    return 0 if row is None or row["epoch"] is None else int(row["epoch"])
+
+
+def tenant_erased_at(db: Transaction, tenant: str) -> int:
+    row = db.execute("SELECT epoch FROM forgotten_tenants WHERE tenant = ?", (tenant,)).fetchone()
+    return 0 if row is None else int(row["epoch"])

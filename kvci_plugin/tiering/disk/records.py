@@ -136,6 +136,8 @@ class ForgetReport:
     pages: int
     key_destroyed: bool
     """Whether key material existed (a tenant that never wrote has none)."""
+    erasure_epoch: int = 0
+    """The catalog's erasure epoch this forget began (``CheckpointCatalog.erasure_epoch``)."""
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,13 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX tenant_writes_by_tenant ON tenant_writes (tenant)",
     ),
+    (
+        # The erasure epoch of each tenant's last forget (the catalog's epoch is the latest):
+        # KV computed while a node knew an older epoch is never recorded for that tenant, and
+        # other nodes learn from it which tenants to erase from their RAM tiers.
+        "ALTER TABLE forgotten_tenants ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX forgotten_tenants_by_epoch ON forgotten_tenants (epoch)",
+    ),
 )
 """Schema migrations in order, in SQLite's words (``migration_sql`` gives PostgreSQL's); the
 catalog's ``schema_version`` is how many have been applied."""

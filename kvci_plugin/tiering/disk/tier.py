@@ -154,6 +154,7 @@ class KVCheckpointStore:
                 # The folder lock is ours: a lease left in the catalog is a dead writer's.
                 self._catalog.release_all()
             self._enter_generation(self._catalog.generation(self._base))
+            self._erasure_epoch = self._catalog.erasure_epoch()
             self.last_reconcile = self.reconcile()
         except BaseException:
             self._release_resources()
@@ -171,6 +172,22 @@ class KVCheckpointStore:
     @property
     def generation(self) -> int:
         return self._generation
+
+    @property
+    def erasure_epoch(self) -> int:
+        """The catalog's erasure epoch as this node last read it (at start, at its own forgets,
+        at ``refresh_erasures``): a read of one attribute. A write's KV computed while it was
+        ``e`` is refused for a tenant whose last forget began a later epoch."""
+        return self._erasure_epoch
+
+    @bounded("reading erasures")
+    def refresh_erasures(self) -> dict[str, int]:
+        """Read the tenants other nodes have forgotten since this node last looked (one indexed
+        query), with their forget's epoch; ``erasure_epoch`` moves to the latest."""
+        found = self._catalog.forgotten_since(self._erasure_epoch)
+        if found:
+            self._erasure_epoch = max(self._erasure_epoch, *found.values())
+        return found
 
     @property
     def disk_bytes(self) -> int:
@@ -240,7 +257,7 @@ class KVCheckpointStore:
             candidates = [b for b in self._blob_root.listing() if b.age_s >= min_age]
             orphans = 0
             with self._catalog.locked():
-                known = self._known_blobs()
+                known = self._catalog.known_blobs()
                 for blob in candidates:
                     if (blob.namespace_prefix, blob.key_hex) not in known:
                         self._blob_root.remove(blob)
@@ -282,16 +299,18 @@ class KVCheckpointStore:
     def forget(self, tenant: str) -> ForgetReport:
         """Crypto-erase ``tenant``: its catalog rows go (for every node sharing the catalog, at
         once), its key material is destroyed (no node can open its blobs again, whoever kept a
-        copy), then its blobs are deleted. Writes computed before now are never recorded."""
+        copy), then its blobs are deleted. Writes computed before now are never recorded. The
+        report names the erasure epoch it began; ``erasure_epoch`` moves at the next
+        ``refresh_erasures`` (which then also finds the forgets other nodes made before it)."""
         check_tenant(tenant)
         assert self._blob_root is not None
         with self._write_lock, self._catalog.locked():
-            removal = self._catalog.forget_tenant(tenant)
+            removal, epoch = self._catalog.forget_tenant(tenant)
             destroyed = self._blob_root.keys.forget(tenant)
             with self._touch_lock:
                 self._touched -= {page.key for page in removal.pages}
         self._delete_removed(removal)  # unreadable already: the key material is gone
-        return ForgetReport(removal.checkpoint_ids, len(removal.pages), destroyed)
+        return ForgetReport(removal.checkpoint_ids, len(removal.pages), destroyed, epoch)
 
     @bounded("reading a forget record")
     def forgotten(self, checkpoint_id: str) -> tuple[str, float] | None:
@@ -322,16 +341,20 @@ class KVCheckpointStore:
     # ---- writes -----------------------------------------------------------------------------
 
     @bounded("leasing pages")
-    def reserve(self, checkpoint_id: str, keys: Sequence[PageKey], tenant: str) -> None:
+    def reserve(self, checkpoint_id: str, keys: Sequence[PageKey], tenant: str,
+                computed_epoch: int | None = None) -> None:
         """Lease ``keys`` to ``tenant``'s write of ``checkpoint_id`` before any of its blobs is
         written; ``record_written`` or ``release`` ends the lease. The tenant's key material is
         made here if it has none: writers never make it, so a write still under way when the
-        tenant is forgotten fails rather than making material that would open what it wrote."""
+        tenant is forgotten fails rather than making material that would open what it wrote.
+        ``computed_epoch``: the erasure epoch known when the KV was computed; a write of KV
+        computed before the tenant's last forget is refused here (``TenantForgottenError``),
+        before any blob is written."""
         assert self._blob_root is not None
         self._blob_root.keys.ensure(tenant)
         self._catalog.lease(
             self._namespace, _check_keys(keys), check_checkpoint_id(checkpoint_id),
-            self._clock() + self._lease_s, tenant,
+            self._clock() + self._lease_s, tenant, computed_epoch,
         )
 
     @bounded("releasing a write")
@@ -351,12 +374,15 @@ class KVCheckpointStore:
         recommendation_json: str,
         decision_json: str,
         retention_expiry: float | None,
+        computed_epoch: int | None = None,
     ) -> KVCheckpointRecord:
         """Record a checkpoint whose blobs another process has written and made durable.
 
         The split of vLLM: the workers write the blobs of every shard namespace, then the
         scheduler calls this. Every shard's blob must exist (``BlobMissingError`` otherwise:
-        nothing is recorded); contents are verified when they are loaded.
+        nothing is recorded); contents are verified when they are loaded. ``computed_epoch``:
+        the erasure epoch known when the KV was computed (``TenantForgottenError`` if the
+        tenant was forgotten since).
         """
         keys = _check_keys(keys)
         if isinstance(slot_bytes, bool) or not isinstance(slot_bytes, int) or slot_bytes <= 0:
@@ -365,7 +391,7 @@ class KVCheckpointStore:
             checkpoint_id, tenant, keys, slot_bytes, trigger, recommendation_json,
             decision_json, retention_expiry,
         )
-        return self._record(record, lambda: [self._blob_size(k) for k in keys])
+        return self._record(record, lambda: [self._blob_size(k) for k in keys], computed_epoch)
 
     @bounded("discarding bad pages")
     def discard(self, keys: Sequence[PageKey]) -> Removal:
@@ -475,7 +501,8 @@ class KVCheckpointStore:
         )
 
     def _record(
-        self, record: KVCheckpointRecord, blob_sizes: Callable[[], list[int]]
+        self, record: KVCheckpointRecord, blob_sizes: Callable[[], list[int]],
+        computed_epoch: int | None = None,
     ) -> KVCheckpointRecord:
         """Add the catalog row once ``blob_sizes`` finds every blob, then apply the bound.
 
@@ -497,7 +524,8 @@ class KVCheckpointStore:
             pages = tuple(PageRef(key=k.hex(), nbytes=n) for k, n in zip(keys, sizes))
             record = record.model_copy(update={"pages": pages})
             with self._write_lock:
-                self._catalog.add_checkpoint(record, holder=record.checkpoint_id)
+                self._catalog.add_checkpoint(record, holder=record.checkpoint_id,
+                                             computed_epoch=computed_epoch)
         except BaseException:
             self._abandon(record.checkpoint_id, keys)
             raise
@@ -527,18 +555,6 @@ class KVCheckpointStore:
             removal = self._catalog.evict_to(self._disk_bytes, protect)
         self._delete_removed(removal)
         return removal
-
-    def _known_blobs(self) -> set[tuple[str, str]]:
-        """(namespace hex[:32], key hex) of every blob a page row or a live lease accounts for,
-        in every shard namespace."""
-        shards = self._catalog.shards()
-        named = [(page.namespace, page.key.hex()) for page, _ in self._catalog.pages()]
-        named += [(bytes.fromhex(ns), key) for ns, key in self._catalog.live_leases()]
-        return {
-            (shard.hex()[:32], key)
-            for ns, key in named
-            for shard in (ns, *shards.get(ns, ()))
-        }
 
     def _delete_removed(self, removal: Removal) -> None:
         """Delete the blobs of a removal whose transaction has committed (see

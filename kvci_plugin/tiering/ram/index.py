@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import compress, filterfalse
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
-from kvci_plugin.tiering.ram.room import Entry, Over, Page, Room, RoomPlanner
+from kvci_plugin.tiering.ram.keys import check_keys, positive_int, slots_in
+from kvci_plugin.tiering.ram.meta import pack_meta, unpack_meta
+from kvci_plugin.tiering.ram.pages import ERASED, PageTable
+from kvci_plugin.tiering.ram.room import Entry, Over, Room, RoomPlanner
 from kvci_plugin.tiering.types import (
-    PAGE_KEY_BYTES,
     CheckpointBusyError,
     CheckpointEntry,
     CheckpointExistsError,
@@ -38,29 +43,8 @@ from kvci_plugin.tiering.types import (
     Reservation,
     TenantMismatchError,
     check_checkpoint_id,
-    check_page_key,
     check_tenant,
 )
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, not {value}")
-    return value
-
-
-def _check_keys(keys: Iterable[object]) -> tuple[PageKey, ...]:
-    if isinstance(keys, (bytes, str)):
-        raise TypeError("keys must be a sequence of 16-byte page keys, not a single bytes/str")
-    keys = tuple(keys)
-    # Every lookup, pin and unpin checks a prompt's keys: a pass in C when they are all plain
-    # bytes of the right length (a 128-key prompt: 7 -> 2 us here), the key-by-key check with
-    # its precise error otherwise.
-    if {*map(type, keys)} <= {bytes} and {*map(len, keys)} <= {PAGE_KEY_BYTES}:
-        return keys  # type: ignore[return-value]
-    return tuple(check_page_key(k) for k in keys)
 
 
 class RAMIndex:
@@ -83,35 +67,24 @@ class RAMIndex:
     ) -> None:
         self._policy: TierPolicy = policy if policy is not None else LRUPolicy()
         self._clock = clock
-        self._num_slots = _positive_int("num_slots", num_slots)
-        self._slot_bytes = _positive_int("slot_bytes", slot_bytes)
-        self._max_entries = _positive_int("max_entries", max_entries)
-        self._page_capacity = num_slots
-        if max_bytes is not None:
-            _positive_int("max_bytes", max_bytes)
-            if max_bytes < slot_bytes:
-                raise ValueError(
-                    f"max_bytes ({max_bytes}) is smaller than one slot ({slot_bytes} bytes)"
-                )
-            self._page_capacity = min(num_slots, max_bytes // slot_bytes)
-        self._quota_pages: int | None = None
-        if tenant_quota_bytes is not None:
-            _positive_int("tenant_quota_bytes", tenant_quota_bytes)
-            if tenant_quota_bytes < slot_bytes:
-                raise ValueError(
-                    f"tenant_quota_bytes ({tenant_quota_bytes}) is smaller than one slot "
-                    f"({slot_bytes} bytes)"
-                )
-            self._quota_pages = tenant_quota_bytes // slot_bytes
+        self._num_slots = positive_int("num_slots", num_slots)
+        self._slot_bytes = positive_int("slot_bytes", slot_bytes)
+        self._max_entries = positive_int("max_entries", max_entries)
+        cap = slots_in("max_bytes", max_bytes, slot_bytes)
+        self._page_capacity = num_slots if cap is None else min(num_slots, cap)
+        self._quota_pages = slots_in("tenant_quota_bytes", tenant_quota_bytes, slot_bytes)
         self._tenant_quota_bytes = tenant_quota_bytes
 
         self._lock = threading.RLock()
-        self._pages: dict[PageKey, Page] = {}
-        # Popped from the end: slot 0 is handed out first.
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._pages = PageTable(num_slots)
         self._entries: OrderedDict[str, Entry] = OrderedDict()
-        self._tenant_pages: Counter[str] = Counter()
-        self._pool_pages: Counter[str] = Counter()  # pages per fair-share pool (``room``)
+        # Held checkpoints by their last key: the ones a load ending there reads whole (``pin``),
+        # found without walking every checkpoint that shares the page.
+        self._ending: dict[PageKey, set[str]] = {}
+        self._pending = 0  # pending entries, counted as they change (``stats``)
+        self._numbered = 0  # numbers checkpoints for the page table's writers
+        self._tenant_pages = self._pages.tenant_pages
+        self._pool_pages = self._pages.pool_pages  # pages per fair-share pool (``room``)
         self._use_seq = 0
         self._evictions = 0
         # Moves with every call that may change what the policy counts: a reader polling its
@@ -172,30 +145,29 @@ class RAMIndex:
     def longest_prefix(self, keys: Sequence[PageKey], tenant: str) -> int:
         """How many leading ``keys`` are loadable for ``tenant``. Changes nothing."""
         check_tenant(tenant)
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         with self._lock:
-            n = 0
-            for key in keys:
-                page = self._pages.get(key)
-                if page is None or not page.ready or page.tenant != tenant:
-                    break
-                n += 1
-            return n
+            return self._pages.prefix(keys, tenant)
 
     def absent(self, keys: Iterable[PageKey]) -> tuple[PageKey, ...]:
         """The distinct ``keys`` whose page the tier does not hold, in order. Changes nothing.
-
         After a reservation, the keys of its evicted checkpoints that are absent are the pages
-        that left the tier: a page an evicted checkpoint shared with a held one stays.
-        """
-        keys = _check_keys(keys)
+        that left the tier: a page an evicted checkpoint shared with a held one stays."""
+        keys = check_keys(keys)
         with self._lock:
-            return tuple(key for key in dict.fromkeys(keys) if key not in self._pages)
+            return tuple(filterfalse(self._pages.slot.__contains__, dict.fromkeys(keys)))
 
     def get(self, checkpoint_id: str, tenant: str) -> CheckpointEntry:
         """The checkpoint's record; a valid id of another tenant is refused."""
         with self._lock:
             return self._snapshot(checkpoint_id, self._owned_entry(checkpoint_id, tenant))
+
+    def find(self, checkpoint_id: str) -> CheckpointEntry | None:
+        """The checkpoint's record whatever its tenant (operator tools), None when it is not
+        held: a lookup by id, never a walk of every checkpoint."""
+        with self._lock:
+            entry = self._entries.get(checkpoint_id)
+            return None if entry is None else self._snapshot(checkpoint_id, entry)
 
     def entries(self, tenant: str | None = None) -> list[CheckpointEntry]:
         """Held checkpoints, least recently used first, optionally of one tenant only."""
@@ -209,24 +181,17 @@ class RAMIndex:
             ]
 
     def stats(self) -> RAMStats:
+        """Counts kept as the index changes: no walk of its pages or checkpoints."""
         with self._lock:
+            n, slot = len(self._pages), self._slot_bytes
             return RAMStats(
-                entries=len(self._entries),
-                pending_entries=sum(1 for e in self._entries.values() if e.pending),
-                pages=len(self._pages),
-                pinned_pages=sum(1 for p in self._pages.values() if p.pins),
-                bytes_used=len(self._pages) * self._slot_bytes,
-                capacity_bytes=self.capacity_bytes,
-                max_entries=self._max_entries,
-                slot_bytes=self._slot_bytes,
-                num_slots=self._num_slots,
-                tenant_bytes=MappingProxyType(
-                    {t: n * self._slot_bytes for t, n in self._tenant_pages.items()}
-                ),
-                tenant_quota_bytes=self._tenant_quota_bytes,
-                evictions=self._evictions,
-                policy=self._policy.stats(),
-            )
+                entries=len(self._entries), pending_entries=self._pending, pages=n,
+                pinned_pages=self._pages.pinned, bytes_used=n * slot,
+                capacity_bytes=self.capacity_bytes, max_entries=self._max_entries,
+                slot_bytes=slot, num_slots=self._num_slots, tenant_bytes=MappingProxyType(
+                    {t: k * slot for t, k in self._tenant_pages.items()}),
+                tenant_quota_bytes=self._tenant_quota_bytes, evictions=self._evictions,
+                policy=self._policy.stats())
 
     # ---- loads -----------------------------------------------------------------------------
 
@@ -238,40 +203,33 @@ class RAMIndex:
         becomes most recently used.
         """
         check_tenant(tenant)
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         with self._lock:
-            pages = []
-            for i, key in enumerate(keys):
-                page = self._pages.get(key)
-                if page is None:
+            slots = self._pages.pin_keys(keys, tenant)
+            if isinstance(slots, tuple):
+                i, other = slots
+                if i == len(keys) or self._pages.slot.get(keys[i]) is None:
                     raise PageNotFoundError(f"page {i} of the load is not held in RAM")
-                if page.tenant != tenant:
+                if other:
                     raise TenantMismatchError(f"page {i} of the load belongs to another tenant")
-                if not page.ready:
-                    raise PageNotFoundError(f"page {i} of the load is not copied in yet")
-                pages.append(page)
-            for page in pages:
-                page.pins += 1
-            # Only the checkpoints the load read whole were used: one that goes on past the
-            # load's last page (a later turn, another user behind the same system prompt) keeps
-            # its place, or a hit on a shared prefix would keep every holder's tail with it.
-            if keys:
-                self._touch({cid for cid in pages[-1].holders
-                             if self._entries[cid].keys[-1] == keys[-1]})
-            return [page.slot for page in pages]
+                raise PageNotFoundError(f"page {i} of the load is not copied in yet")
+            # Only the checkpoints the load read whole were used (those ending at its last
+            # page): one that goes on past it (a later turn, another user behind the same
+            # system prompt) keeps its place, or a hit on a shared prefix would keep every
+            # holder's tail with it.
+            ending = self._ending.get(keys[-1]) if keys else None
+            if ending:
+                self._touch(set(ending))
+            return slots
 
     def unpin(self, keys: Sequence[PageKey]) -> None:
         """End a load started by ``pin`` with the same keys."""
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         with self._lock:
-            counts = Counter(keys)
-            for key, count in counts.items():
-                page = self._pages.get(key)
-                if page is None or page.pins < count:
-                    raise ValueError("unpin: a page is not pinned (unpin without a matching pin)")
-            for key, count in counts.items():
-                self._pages[key].pins -= count
-                self._release_if_unused(key)
+            unused = self._pages.unpin_keys(keys)
+            if unused is None:
+                raise ValueError("unpin: a page is not pinned (unpin without a matching pin)")
+            self._pages.free(key for key, _ in unused)
 
     # ---- stores ----------------------------------------------------------------------------
 
@@ -295,93 +253,72 @@ class RAMIndex:
         """
         check_checkpoint_id(checkpoint_id)
         check_tenant(tenant)
-        keys = _check_keys(keys)
+        keys = check_keys(keys)
         if not keys:
             raise ValueError("keys must not be empty: a checkpoint holds at least one page")
         if meta is not None and not isinstance(meta, Mapping):
             raise TypeError(f"meta must be a mapping, not {type(meta).__name__}")
         distinct = tuple(dict.fromkeys(keys))
+        if len(distinct) == len(keys):
+            distinct = keys  # one tuple, not two alike, for the checkpoint's life
         with self._lock:
             if checkpoint_id in self._entries:
                 raise CheckpointExistsError(f"checkpoint_id {checkpoint_id!r} is already held")
-            new_keys = []
-            for key in distinct:
-                page = self._pages.get(key)
-                if page is None:
-                    new_keys.append(key)
-                elif page.tenant != tenant:
-                    raise TenantMismatchError(
-                        "a page key of the checkpoint belongs to another tenant"
-                    )
-                elif page.erased:
-                    raise DoesNotFitError(
-                        "erasure", "a page of the checkpoint is still being erased (its tenant "
-                        "was forgotten while a load or a persist read it)")
+            new_keys, held = self._pages.classify(distinct, tenant)
             now = self._clock()
             pool = tenant if pool is None else pool
-            room = self._plan_room(tenant, pool, distinct, len(new_keys), now)
-            victims = room.victims
+            room = self._plan_room(tenant, pool, held, len(distinct), len(new_keys), now)
             offer = offer if offer is not None else Offer(anchor=keys[-1])
             self._policy_changes += 1
             # What fair shares take needs no weighing: only the policy's own choice can be vetoed.
             if not self._policy.admits(offer, room.ranked, now):
                 raise NotWorthDisplacingError(
                     "the checkpoint is worth less than the checkpoints it would evict")
-
+            t = self._pages
             # Hold the reused pages first so that evicting their other holders keeps them.
-            for key in distinct:
-                if key in self._pages:
-                    self._pages[key].holders.add(checkpoint_id)
-            evicted = tuple(self._drop(cid, evicted=True) for cid in victims)
+            t.v_refs[held] += 1
+            evicted = tuple(self._drop(cid, evicted=True) for cid in room.victims)
             self._evictions += len(evicted)
-            for key in new_keys:
-                self._pages[key] = Page(
-                    slot=self._free.pop(), tenant=tenant, pool=pool, holders={checkpoint_id}
-                )
-                self._tenant_pages[tenant] += 1
-                self._pool_pages[pool] += 1
-            for key in distinct:
-                page = self._pages[key]
-                if not page.ready and page.writer is None:
-                    page.writer = checkpoint_id
+            idx, mine = self._hold(checkpoint_id, tenant, pool, keys, distinct, new_keys, meta,
+                                   now)
             self._policy.admitted(checkpoint_id, offer, now)
-            self._use_seq += 1
-            self._entries[checkpoint_id] = Entry(
-                tenant=tenant,
-                pool=pool,
-                keys=keys,
-                distinct=distinct,
-                created=now,
-                last_used=now,
-                use_seq=self._use_seq,
-                pending=True,
-                meta=dict(meta or {}),
-            )
-            to_copy = tuple(
-                (k, self._pages[k].slot) for k in distinct if self._pages[k].writer == checkpoint_id
-            )
-            reused = tuple(
-                (k, self._pages[k].slot) for k in distinct if self._pages[k].writer != checkpoint_id
-            )
+            slots, new = idx.tolist(), mine.tolist()
+            old = (~mine).tolist()
             return Reservation(
-                checkpoint_id=checkpoint_id,
-                tenant=tenant,
-                slots=tuple(self._pages[k].slot for k in keys),
-                new=to_copy,
-                reused=reused,
+                checkpoint_id=checkpoint_id, tenant=tenant,
+                slots=tuple(map(t.slot.__getitem__, keys)),
+                new=tuple(zip(compress(distinct, new), compress(slots, new))),
+                reused=tuple(zip(compress(distinct, old), compress(slots, old))),
                 evicted=evicted,
             )
+
+    def _hold(self, checkpoint_id: str, tenant: str, pool: str, keys: tuple[PageKey, ...],
+              distinct: tuple[PageKey, ...], new_keys: list[PageKey],
+              meta: Mapping[str, Any] | None, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Hold the new pages and the pending entry, after the evictions; the entry's slots
+        and which of them its reservation copies in."""
+        t = self._pages
+        self._numbered += 1
+        num = self._numbered
+        t.add(new_keys, tenant, pool)
+        idx = t.slots_of(distinct)
+        mine = t.write(idx, num)
+        self._use_seq += 1
+        self._entries[checkpoint_id] = Entry(
+            tenant=tenant, pool=pool, keys=keys, distinct=distinct, created=now,
+            last_used=now, use_seq=self._use_seq, pending=True, meta=pack_meta(meta),
+            num=num, slots=idx)
+        self._pending += 1
+        self._ending.setdefault(keys[-1], set()).add(checkpoint_id)
+        return idx, mine
 
     def commit(self, checkpoint_id: str) -> None:
         """The worker copied the reservation's new pages: they become loadable."""
         with self._lock:
             entry = self._pending_entry(checkpoint_id)
-            for key in entry.distinct:
-                page = self._pages[key]
-                if page.writer == checkpoint_id:
-                    page.ready = True
-                    page.writer = None
+            self._pages.written(entry.slots, entry.num)
             entry.pending = False
+            self._pending -= 1
 
     def keep_resent_prefix(self, checkpoint_id: str, prefix_id: str) -> bool:
         """After the system's checkpoint ``checkpoint_id`` committed: keep the leading pages the
@@ -399,7 +336,8 @@ class RAMIndex:
             if found is None:
                 return False
             n, offer = found
-            self.reserve(prefix_id, entry.tenant, entry.keys[:n], entry.meta, offer=offer)
+            self.reserve(prefix_id, entry.tenant, entry.keys[:n], unpack_meta(entry.meta),
+                         offer=offer)
             self.commit(prefix_id)
             return True
 
@@ -411,9 +349,7 @@ class RAMIndex:
 
     def remove(self, checkpoint_id: str, tenant: str) -> None:
         """Drop a committed checkpoint; pages still pinned by a load are freed at ``unpin``.
-
-        Like a load, refused for a valid id of another tenant.
-        """
+        Like a load, refused for a valid id of another tenant."""
         with self._lock:
             entry = self._owned_entry(checkpoint_id, tenant)
             if entry.pending:
@@ -432,9 +368,11 @@ class RAMIndex:
             for entry in erased:
                 self._drop(entry.checkpoint_id)
             if self._tenant_pages.get(tenant):  # pinned ones are left: rare, so a scan is fine
-                for page in self._pages.values():
-                    if page.tenant == tenant:
-                        page.erased, page.ready = True, False
+                t = self._pages
+                me = t.known(tenant)
+                for s in t.slot.values():
+                    if t.tenant[s] == me:
+                        t.state[s] = ERASED  # and no longer ready
             return erased
 
     def clear(self) -> tuple[str, ...]:
@@ -447,9 +385,10 @@ class RAMIndex:
             ids = tuple(self._entries)
             self._entries.clear()
             self._pages.clear()
+            self._ending.clear()
+            self._pending = 0
             self._tenant_pages.clear()
             self._pool_pages.clear()
-            self._free = list(range(self._num_slots - 1, -1, -1))
             self._policy.cleared()
             self._policy_changes += 1
             return ids
@@ -457,7 +396,8 @@ class RAMIndex:
     def set_meta(self, checkpoint_id: str, **values: Any) -> None:
         """Attach or replace metadata on a held checkpoint (trigger, recommendation, refusal...)."""
         with self._lock:
-            self._entry(checkpoint_id).meta.update(values)
+            entry = self._entry(checkpoint_id)
+            entry.meta = pack_meta({**unpack_meta(entry.meta), **values})
 
     # ---- internals (caller holds the lock) -------------------------------------------------
 
@@ -492,8 +432,8 @@ class RAMIndex:
             created=entry.created,
             last_used=entry.last_used,
             pending=entry.pending,
-            complete=not entry.pending and all(self._pages[k].ready for k in entry.distinct),
-            meta=MappingProxyType(dict(entry.meta)),
+            complete=not entry.pending and self._pages.all_ready(entry.slots),
+            meta=MappingProxyType(unpack_meta(entry.meta)),
         )
 
     def _touch(self, checkpoint_ids: set[str]) -> None:
@@ -509,50 +449,30 @@ class RAMIndex:
             self._entries.move_to_end(cid)
 
     def _evictable(self, entry: Entry) -> bool:
-        if entry.pending:
-            return False
-        for key in entry.distinct:
-            page = self._pages[key]
-            if page.pins or page.writer is not None:
-                return False
-        return True
+        return not entry.pending and not self._pages.busy_in(entry.slots)
 
     def _plan_room(
-        self, tenant: str, pool: str, distinct: tuple[PageKey, ...], n_new: int, now: float
+        self, tenant: str, pool: str, held: np.ndarray, need: int, n_new: int, now: float
     ) -> Room:
-        """Checkpoints to evict so that the reservation fits: fair shares first (``room``)."""
-        need = len(distinct)
+        """Checkpoints to evict so that ``need`` pages fit, ``n_new`` of them new and those of
+        ``held`` (slots) held already: fair shares first (``room``)."""
         if need > self._page_capacity:
-            raise DoesNotFitError(
-                "max_bytes",
-                f"the checkpoint needs {need * self._slot_bytes} bytes; the RAM tier holds "
-                f"{self.capacity_bytes}",
-            )
+            raise DoesNotFitError("max_bytes", f"the checkpoint needs {need * self._slot_bytes} "
+                                  f"bytes; the RAM tier holds {self.capacity_bytes}")
         if self._quota_pages is not None and need > self._quota_pages:
             raise DoesNotFitError(
-                "tenant_quota_bytes",
-                f"the checkpoint needs {need * self._slot_bytes} bytes; the tenant quota is "
-                f"{self._tenant_quota_bytes}",
-            )
+                "tenant_quota_bytes", f"the checkpoint needs {need * self._slot_bytes} bytes; "
+                f"the tenant quota is {self._tenant_quota_bytes}")
         over = Over(
             entries=len(self._entries) + 1 - self._max_entries,
             pages=len(self._pages) + n_new - self._page_capacity,
-            quota=(
-                self._tenant_pages[tenant] + n_new - self._quota_pages
-                if self._quota_pages is not None
-                else 0
-            ),
+            quota=(self._tenant_pages[tenant] + n_new - self._quota_pages
+                   if self._quota_pages is not None else 0),
         )
         if over.met():
             return Room([], [])
-        return self._planner().plan(
-            tenant,
-            pool,
-            set(distinct),
-            n_new,
-            over,
-            self._policy.eviction_order(self._entries, now),
-        )
+        return self._planner().plan(tenant, pool, held, n_new, over,
+                                    self._policy.eviction_order(self._entries, now))
 
     def _planner(self) -> RoomPlanner:
         return RoomPlanner(
@@ -568,23 +488,12 @@ class RAMIndex:
         entry = self._entries.pop(checkpoint_id)
         self._policy.dropped(checkpoint_id, evicted=evicted)
         self._policy_changes += 1
-        for key in entry.distinct:
-            page = self._pages[key]
-            page.holders.discard(checkpoint_id)
-            if page.writer == checkpoint_id:
-                page.writer = None
-            self._release_if_unused(key)
+        if entry.pending:
+            self._pending -= 1
+        ending = self._ending[entry.keys[-1]]
+        ending.discard(checkpoint_id)
+        if not ending:
+            del self._ending[entry.keys[-1]]
+        self._pages.free(map(entry.distinct.__getitem__,
+                             self._pages.release(entry.slots, entry.num).tolist()))
         return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, keys=entry.keys)
-
-    def _release_if_unused(self, key: PageKey) -> None:
-        page = self._pages[key]
-        if page.holders or page.pins or page.writer is not None:
-            return
-        del self._pages[key]
-        self._free.append(page.slot)
-        self._tenant_pages[page.tenant] -= 1
-        if not self._tenant_pages[page.tenant]:
-            del self._tenant_pages[page.tenant]
-        self._pool_pages[page.pool] -= 1
-        if not self._pool_pages[page.pool]:
-            del self._pool_pages[page.pool]

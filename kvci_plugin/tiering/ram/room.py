@@ -20,42 +20,33 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from kvci_plugin.tiering.ram.pages import PageTable, Slots, tally
 from kvci_plugin.tiering.types import DoesNotFitError, PageKey
 
 DECLARED_POOL = "\0declared"
 """The pool of every declared (unverified) tenant: no valid tenant name has a NUL in it."""
 
 
-@dataclass
-class Page:
-    slot: int
-    tenant: str
-    pool: str
-    # Checkpoints referencing the page: its reference count is len(holders).
-    holders: set[str] = field(default_factory=set)
-    pins: int = 0
-    ready: bool = False
-    # Its tenant was forgotten while a load or a persist still pinned it: never found, loaded
-    # or held again, and freed at the last ``unpin``.
-    erased: bool = False
-    # The pending checkpoint whose reservation copies the bytes in; None once ready, or when that
-    # reservation was aborted while other checkpoints still reference the page (the next
-    # reservation that names the page then copies it).
-    writer: str | None = None
-
-
-@dataclass
+@dataclass(slots=True)
 class Entry:
     tenant: str
     pool: str
     keys: tuple[PageKey, ...]
+    # ``keys`` once each, in order (the same tuple when no key repeats: no second copy).
     distinct: tuple[PageKey, ...]
     created: float
     last_used: float
     # Orders touches made in the same instant; the OrderedDict holds the LRU order itself.
     use_seq: int
     pending: bool
-    meta: dict[str, Any]
+    # What ``set_meta`` attached, packed (``ram.meta``): one object, not a tree of them.
+    meta: Any
+    # The checkpoint's number: the page table names a page's writer by it.
+    num: int = 0
+    # The slots of ``distinct``, in order: a held page keeps its slot.
+    slots: Slots = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 @dataclass
@@ -88,7 +79,7 @@ class RoomPlanner:
     """One reservation's room: ``order`` is the policy's eviction order of ``entries``."""
 
     entries: Mapping[str, Entry]
-    pages: Mapping[PageKey, Page]
+    pages: PageTable
     pool_pages: Counter[str]
     capacity: int
     evictable: Callable[[Entry], bool]
@@ -101,43 +92,55 @@ class RoomPlanner:
     def _active(self, pool: str) -> set[str]:
         return {p for p, n in self.pool_pages.items() if n > 0} | {pool}
 
-    def plan(self, tenant: str, pool: str, keep: set[PageKey], n_new: int, over: Over,
+    def plan(self, tenant: str, pool: str, keep: Slots, n_new: int, over: Over,
              order: Iterable[str]) -> Room:
+        """``keep``: the slots of the reservation's pages already held (they stay)."""
         if over.met():
             return Room([], [])
+        table = self.pages
+        table.kept[keep] = True
+        released: list[Slots] = []
+        try:
+            return self._plan(tenant, pool, n_new, over, order, released)
+        finally:
+            table.kept[keep] = False
+            for idx in released:
+                table.released[idx] = 0
+
+    def _plan(self, tenant: str, pool: str, n_new: int, over: Over, order: Iterable[str],
+              released: list[Slots]) -> Room:
         share = self.share(pool)
         excess = {p: n - share for p, n in self.pool_pages.items() if p != pool and n > share}
         # Alone, a pool's share is the whole tier: the policy's order is all there is.
         asker_over = (len(self._active(pool)) > 1
                       and self.pool_pages[pool] + n_new > share)
         freed: Counter[str] = Counter()
-        released: Counter[PageKey] = Counter()
         if not excess and not asker_over:  # the common case: the policy's order, taken lazily
-            ranked = [cid for cid in self._taking(order, tenant, keep, over, released, freed)]
+            ranked = [cid for cid in self._taking(order, tenant, over, released, freed)]
             return self._checked(Room([], ranked), over)
         candidates = list(order)
         # Other pools' checkpoints past their share, until each is back within it.
         fair = list(self._taking(
             (c for c in candidates if excess.get(self.entries[c].pool, 0)
-             > freed[self.entries[c].pool]), tenant, keep, over, released, freed))
+             > freed[self.entries[c].pool]), tenant, over, released, freed))
         taken = set(fair)
         ranked = []
         if asker_over:  # past its share: its own checkpoints go before anyone else's
             ranked = list(self._taking(
                 (c for c in candidates if c not in taken and self.entries[c].pool == pool),
-                tenant, keep, over, released, freed))
+                tenant, over, released, freed))
             taken.update(ranked)
-        ranked += self._taking((c for c in candidates if c not in taken), tenant, keep, over,
+        ranked += self._taking((c for c in candidates if c not in taken), tenant, over,
                                released, freed)
         return self._checked(Room(fair, ranked), over)
 
-    def _taking(self, candidates: Iterable[str], tenant: str, keep: set[PageKey], over: Over,
-                released: Counter[PageKey], freed: Counter[str]) -> Iterator[str]:
+    def _taking(self, candidates: Iterable[str], tenant: str, over: Over,
+                released: list[Slots], freed: Counter[str]) -> Iterator[str]:
         """The candidates taken, in order, until the bounds are met."""
         for cid in candidates:
             if over.met():
                 return
-            if self._take(cid, tenant, keep, over, released, freed):
+            if self._take(cid, tenant, over, released, freed):
                 yield cid
 
     @staticmethod
@@ -150,8 +153,8 @@ class RoomPlanner:
                     "would have to go are pinned by a load or still being written")
         return room
 
-    def _take(self, cid: str, tenant: str, keep: set[PageKey], over: Over,
-              released: Counter[PageKey], freed: Counter[str]) -> bool:
+    def _take(self, cid: str, tenant: str, over: Over, released: list[Slots],
+              freed: Counter[str]) -> bool:
         entry = self.entries[cid]
         # With only the tenant's quota over, only the tenant's own checkpoints make room.
         if over.entries <= 0 and over.pages <= 0 and entry.tenant != tenant:
@@ -159,12 +162,16 @@ class RoomPlanner:
         if not self.evictable(entry):
             return False
         over.entries -= 1
-        for key in entry.distinct:
-            released[key] += 1
-            page = self.pages[key]
-            if key not in keep and released[key] == len(page.holders):
-                over.pages -= 1
-                freed[page.pool] += 1
-                if page.tenant == tenant:
-                    over.quota -= 1
+        table, idx = self.pages, entry.slots
+        # Each page counts the candidates taken that hold it: taken by all its holders, and
+        # not one the reservation keeps, it is freed.
+        counts = table.released[idx] + 1
+        table.released[idx] = counts
+        released.append(idx)
+        gone = idx[(counts == table.v_refs[idx]) & ~table.kept[idx]]
+        if gone.size:
+            over.pages -= int(gone.size)
+            for p, k in tally(table.v_pool[gone]):
+                freed[table.names[p]] += k
+            over.quota -= int((table.v_tenant[gone] == table.known(tenant)).sum())
         return True

@@ -519,7 +519,7 @@ def test_a_version_1_catalog_migrates_in_place(tmp_path: Path) -> None:
             db.execute(statement)
         db.execute("INSERT INTO schema_version (version) VALUES (1)")
     catalog = CheckpointCatalog(path)
-    assert catalog.schema_version() == len(MIGRATIONS) == 5
+    assert catalog.schema_version() == len(MIGRATIONS) == 6
     assert catalog.generation(NS) == 0
     catalog.lease(NS, [key("a")], "w", until=4e9, tenant="alice")
     assert catalog.leased(NS, [key("a")]) == {key("a")}

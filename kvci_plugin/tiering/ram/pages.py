@@ -1,0 +1,282 @@
+"""The RAM tier's page table: per page, its slot, references, pins and state, in flat arrays.
+
+A page is a key -> slot entry in one dict and a row of typed arrays indexed by its slot, not an
+object of its own: at a million pages, an object (and a set of holders) per page made every
+full garbage collection walk millions of objects on the scheduler thread, and cost ~1 KB of
+RAM per page. A dict of bytes keys and int values, and ``array`` columns, hold no reference
+the collector tracks, so it never walks them. A page's holders are a count: what the index
+needs of them is whether the last one left, never who they are.
+
+Each column is also seen as a numpy array over the same memory, so that what is done to every
+page of a prompt (a lookup, a pin, a commit, an eviction) is a few array operations instead of
+a Python loop over hundreds of pages; a single page is read and written through the ``array``.
+"""
+
+from __future__ import annotations
+
+import operator
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import compress, repeat
+
+import numpy as np
+
+from kvci_plugin.tiering.types import DoesNotFitError, PageKey, TenantMismatchError
+
+READY = 1  # copied in: loadable
+# Its tenant was forgotten while a load or a persist still pinned it: never found, loaded or held
+# again, and freed at the last ``unpin``.
+ERASED = 2
+NO_WRITER = -1
+Slots = np.ndarray  # int64 slot numbers
+
+
+class PageTable:
+    """Pages by key; their columns by slot. Slot 0 is handed out first."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self.slot: dict[PageKey, int] = {}
+        self.refs = array("q", bytes(8 * num_slots))  # checkpoints referencing the page
+        self.pins = array("q", bytes(8 * num_slots))
+        self.state = array("b", bytes(num_slots))
+        # The number of the pending checkpoint whose reservation copies the bytes in
+        # (``NO_WRITER`` once ready, or when that reservation was aborted while other
+        # checkpoints still reference the page: the next reservation naming it copies it).
+        self.writer = array("q", [NO_WRITER]) * num_slots
+        self.tenant = array("q", bytes(8 * num_slots))  # name numbers (``names``)
+        self.pool = array("q", bytes(8 * num_slots))
+        self.v_refs, self.v_pins, self.v_writer, self.v_tenant = (
+            np.frombuffer(a, np.int64) for a in (self.refs, self.pins, self.writer, self.tenant))
+        self.v_state = np.frombuffer(self.state, np.int8)
+        self.v_pool = np.frombuffer(self.pool, np.int64)
+        # Scratch of the fair-share planner (``room``), zero between plans: per page, the
+        # candidates taken that hold it, and whether the reservation keeps it.
+        self.released = np.zeros(num_slots, np.int64)
+        self.kept = np.zeros(num_slots, bool)
+        self._free = array("q", range(num_slots - 1, -1, -1))
+        # Tenant and pool names, numbered once each (a handful per tier).
+        self.names: list[str] = []
+        self._number: dict[str, int] = {}
+        # Pages pinned, and pages pinned or being written: kept as they change, so that stats
+        # and the eviction check read a count instead of walking pages.
+        self.pinned = 0
+        self.busy = 0
+        self.tenant_pages: Counter[str] = Counter()
+        self.pool_pages: Counter[str] = Counter()  # pages per fair-share pool (``room``)
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def number(self, name: str) -> int:
+        n = self._number.get(name)
+        if n is None:
+            n = self._number[name] = len(self.names)
+            self.names.append(name)
+        return n
+
+    def known(self, name: str) -> int:
+        """A name's number; one no page has for a name never seen."""
+        return self._number.get(name, -1)
+
+    def slots_of(self, keys: Sequence[PageKey]) -> Slots:
+        """The slots of held ``keys``, in order."""
+        return np.fromiter(map(self.slot.__getitem__, keys), np.int64, len(keys))
+
+    # ---- lookups and loads --------------------------------------------------------------------
+
+    def _lookup(self, keys: Sequence[PageKey], tenant: str) -> tuple[int, Slots, np.ndarray]:
+        """How many leading keys are held, their slots, and which of those are not loadable for
+        ``tenant`` (not ready, erased, or another tenant's)."""
+        found = list(map(self.slot.get, keys))
+        try:
+            held = found.index(None)
+        except ValueError:
+            held = len(found)
+        idx = np.array(found[:held], dtype=np.int64)
+        bad = (self.v_state[idx] != READY) | (self.v_tenant[idx] != self.known(tenant))
+        return held, idx, bad
+
+    def prefix(self, keys: Sequence[PageKey], tenant: str) -> int:
+        """How many leading ``keys`` are loadable for ``tenant``."""
+        held, _, bad = self._lookup(keys, tenant)
+        first = np.flatnonzero(bad)
+        return int(first[0]) if first.size else held
+
+    def pin_keys(self, keys: Sequence[PageKey], tenant: str) -> list[int] | tuple[int, bool]:
+        """Pin every page of ``keys``, their slots; or, pinning nothing, the first page that
+        cannot be loaded and whether it is another tenant's."""
+        held, idx, bad = self._lookup(keys, tenant)
+        first = np.flatnonzero(bad)
+        if first.size:
+            i = int(first[0])
+            return i, bool(self.v_tenant[idx[i]] != self.known(tenant))
+        if held < len(keys):
+            return held, False
+        slots = idx.tolist()
+        if len(set(slots)) < len(slots):  # a key twice: page by page
+            for s in slots:
+                self.pin(s)
+            return slots
+        before = self.v_pins[idx]
+        first_pin = before == 0
+        self.pinned += int(first_pin.sum())
+        self.busy += int((first_pin & (self.v_writer[idx] == NO_WRITER)).sum())
+        self.v_pins[idx] = before + 1
+        return slots
+
+    def unpin_keys(self, keys: Sequence[PageKey]) -> list[tuple[PageKey, int]] | None:
+        """Unpin every page of ``keys``; the pages now unused (to free); None, changing nothing,
+        when a page is not pinned as often as ``keys`` names it."""
+        found = list(map(self.slot.get, keys))
+        if None in found:
+            return None
+        if len(set(found)) < len(found):  # a key twice: page by page
+            counts = Counter(keys)
+            if any(self.pins[self.slot[k]] < n for k, n in counts.items()):
+                return None
+            unused = []
+            for key, n in counts.items():
+                s = self.slot[key]
+                self.unpin(s, n)
+                if self.unused(s):
+                    unused.append((key, s))
+            return unused
+        idx = np.array(found, dtype=np.int64)
+        after = self.v_pins[idx] - 1
+        if (after < 0).any():
+            return None
+        self.v_pins[idx] = after
+        last = after == 0
+        idle = last & (self.v_writer[idx] == NO_WRITER)
+        self.pinned -= int(last.sum())
+        self.busy -= int(idle.sum())
+        return [(keys[i], found[i]) for i in np.flatnonzero(idle & (self.v_refs[idx] == 0))]
+
+    # ---- stores -------------------------------------------------------------------------------
+
+    def classify(self, keys: Sequence[PageKey],
+                 tenant: str) -> tuple[list[PageKey], Slots]:
+        """The ``keys`` (distinct) not held, and the slots of those held; a held key of another
+        tenant, or one being erased, refuses the reservation."""
+        found = list(map(self.slot.get, keys))
+        absent = list(map(operator.is_, found, repeat(None)))
+        held = np.fromiter(compress(found, map(operator.not_, absent)), np.int64)
+        owner = self.v_tenant[held] != self.known(tenant)
+        bad = np.flatnonzero(owner | ((self.v_state[held] & ERASED) != 0))
+        if bad.size:
+            if owner[bad[0]]:
+                raise TenantMismatchError("a page key of the checkpoint belongs to another tenant")
+            raise DoesNotFitError(
+                "erasure", "a page of the checkpoint is still being erased (its tenant "
+                "was forgotten while a load or a persist read it)")
+        return list(compress(keys, absent)), held
+
+    def add(self, keys: Sequence[PageKey], tenant: str, pool: str) -> None:
+        """Hold new pages, one reference each (the reservation's), not ready: free slots are
+        handed out in order."""
+        n = len(keys)
+        if not n:
+            return
+        free = self._free
+        taken = free[len(free) - n:]
+        taken.reverse()
+        del free[len(free) - n:]
+        self.slot.update(zip(keys, taken))
+        idx = np.frombuffer(taken, np.int64)
+        self.v_refs[idx] = 1
+        self.v_pins[idx] = 0
+        self.v_state[idx] = 0
+        self.v_writer[idx] = NO_WRITER
+        self.v_tenant[idx] = self.number(tenant)
+        self.v_pool[idx] = self.number(pool)
+        self.tenant_pages[tenant] += n
+        self.pool_pages[pool] += n
+
+    def write(self, idx: Slots, writer: int) -> np.ndarray:
+        """A reservation's pages: those not ready with no writer are ``writer``'s to copy in;
+        which of ``idx`` it copies."""
+        take = ((self.v_state[idx] & READY) == 0) & (self.v_writer[idx] == NO_WRITER)
+        if take.any():
+            self.busy += int((take & (self.v_pins[idx] == 0)).sum())
+            self.v_writer[idx[take]] = writer
+        return self.v_writer[idx] == writer
+
+    def written(self, idx: Slots, writer: int) -> None:
+        """``writer`` copied its pages in: they are ready."""
+        mine = idx[self.v_writer[idx] == writer]
+        if mine.size:
+            self.v_state[mine] |= READY
+            self.v_writer[mine] = NO_WRITER
+            self.busy -= int((self.v_pins[mine] == 0).sum())
+
+    def release(self, idx: Slots, writer: int) -> np.ndarray:
+        """A checkpoint numbered ``writer`` left: its references go (its copies too); the
+        positions in ``idx`` of the pages now unused, to free."""
+        refs = self.v_refs[idx] - 1
+        self.v_refs[idx] = refs
+        mine = self.v_writer[idx] == writer
+        if mine.any():
+            self.busy -= int((mine & (self.v_pins[idx] == 0)).sum())
+            self.v_writer[idx[mine]] = NO_WRITER
+        return np.flatnonzero((refs == 0) & (self.v_pins[idx] == 0)
+                              & (self.v_writer[idx] == NO_WRITER))
+
+    def busy_in(self, idx: Slots) -> bool:
+        """Whether a page of ``idx`` is pinned or being written."""
+        return bool(self.busy) and bool(((self.v_pins[idx] != 0)
+                                         | (self.v_writer[idx] != NO_WRITER)).any())
+
+    def all_ready(self, idx: Slots) -> bool:
+        return bool((self.v_state[idx] & READY).all())
+
+    def free(self, keys: Iterable[PageKey]) -> None:
+        """Drop unused pages: their slots are free again, their tenants and pools hold fewer."""
+        slots = array("q", map(self.slot.pop, keys))
+        if not slots:
+            return
+        self._free.extend(slots)
+        idx = np.frombuffer(slots, np.int64)
+        for counts, column in ((self.tenant_pages, self.v_tenant), (self.pool_pages, self.v_pool)):
+            for n, k in tally(column[idx]):
+                name = self.names[n]
+                counts[name] -= k
+                if not counts[name]:
+                    del counts[name]
+
+    # ---- single pages -------------------------------------------------------------------------
+
+    def unused(self, s: int) -> bool:
+        return not (self.refs[s] or self.pins[s] or self.writer[s] != NO_WRITER)
+
+    def pin(self, s: int, n: int = 1) -> None:
+        before = self.pins[s]
+        self.pins[s] = before + n
+        if not before:
+            self.pinned += 1
+            if self.writer[s] == NO_WRITER:
+                self.busy += 1
+
+    def unpin(self, s: int, n: int = 1) -> None:
+        left = self.pins[s] - n
+        self.pins[s] = left
+        if not left:
+            self.pinned -= 1
+            if self.writer[s] == NO_WRITER:
+                self.busy -= 1
+
+    def clear(self) -> None:
+        tenant_pages, pool_pages = self.tenant_pages, self.pool_pages
+        self.__init__(self.num_slots)  # type: ignore[misc]
+        # The same counters, emptied: the fair-share planner holds them.
+        tenant_pages.clear()
+        pool_pages.clear()
+        self.tenant_pages, self.pool_pages = tenant_pages, pool_pages
+
+
+def tally(numbers: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(number, how many times) of small non-negative ``numbers`` (tenants, pools)."""
+    counts = np.bincount(numbers)
+    nonzero = np.flatnonzero(counts)
+    return zip(nonzero.tolist(), counts[nonzero].tolist())
