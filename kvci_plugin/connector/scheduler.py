@@ -94,6 +94,11 @@ class KVCIScheduler:
         self.contain = Containment(self.stats.count)
         self.resets = CacheResets(manager=self.manager, stats=self.stats,
                                   on_reset=self._reset_applied)
+        self.markers = markers
+        self._hook_parts(slot_bytes, tp_size, tenants)
+
+    def _hook_parts(self, slot_bytes: int, tp_size: int, tenants: TenantResolver) -> None:
+        """The parts vLLM's hooks and the control surface are handed to."""
         self._window = LookupWindow(self.manager.lock)
         # Erasures other nodes' forgets announce land outside a step's lookup window too.
         self.manager.erasures_between_lookups(self._window.run)
@@ -101,11 +106,6 @@ class KVCIScheduler:
         self.control = SchedulerControl(
             manager=self.manager, decider=self.decider, bar=self.bar, tenants=tenants,
             requests=self.requests, verdicts=verdicts, window=self._window, resets=self.resets)
-        self.markers = markers
-        self._hook_parts(slot_bytes, tp_size, verdicts)
-
-    def _hook_parts(self, slot_bytes: int, tp_size: int, verdicts: PublishedVerdicts) -> None:
-        """The parts vLLM's hooks are handed to."""
         self.windows = WindowStages(
             config=self.config, requests=self.requests, index=self._index, mover=self.mover,
             layout=self.layout, stats=self.stats, tp_size=tp_size)

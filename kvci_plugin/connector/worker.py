@@ -37,6 +37,7 @@ from kvci_plugin.connector.jobs import (
 from kvci_plugin.connector.layer_loads import LayerPart, LayerSource, LayerwiseLoads
 from kvci_plugin.connector.pages import page_views, slot_bytes
 from kvci_plugin.connector.tally import StatsTally
+from kvci_plugin.connector.window_copies import WindowCopies
 from kvci_plugin.ops import PageCopyStream, PendingCopy, scatter_pages
 from kvci_plugin.ops.affinity import on_any_core
 from kvci_plugin.tiering.blobs.backend import BlobBackend, BlobRoot
@@ -117,10 +118,10 @@ class KVCIWorker:
         self._staging: torch.Tensor | None = None
         self._load_errors: set[int] = set()
         self._report = WorkerReport()
-        self._window_saves: dict[str, PendingCopy] = {}  # window stage id -> its copy
         self._stats = StatsTally()
         # Failures contained in the hooks, counted in whichever stats are current.
         self.contain = Containment(lambda name: self._stats.count(name))
+        self._windows = WindowCopies(self.contain)  # running requests' window pages
         self._failed_recving: set[str] = set()  # async loads that failed before they started
         # Async loads failed as a whole: vLLM recomputes their requests from the start. With
         # several KV cache groups (a hybrid model) vLLM refuses block-level load errors, so an
@@ -426,15 +427,11 @@ class KVCIWorker:
         meta = self._meta
         if meta is None or self._pool is None or self._store_copies is None:
             return
-        pool, views = self._pool, self._views
-        self._window_stores(meta.window_stores)
+        self._windows.start(meta.window_stores, self._copy_out, self._store_copies.hold,
+                            self._report, self._timed)
         for job in meta.stores:
             try:
-                pending = self._store_copies.run(
-                    lambda job=job: [pool.store(views[g], blocks, slots)
-                                     for g, slots, blocks in by_group(job.slots, job.block_ids,
-                                                                      job.groups)],
-                    len(job.slots) * pool.slot_bytes)
+                pending = self._copy_out(job)
             except Exception as exc:  # not kept; its blocks are still freed once reported
                 self.contain.fault("storing pages", exc)
                 self._failed_saves.add(job.req_id)
@@ -454,42 +451,14 @@ class KVCIWorker:
         for pjob in meta.persists:
             self._persist(pjob)
 
-    def _window_stores(self, jobs: list[StoreJob]) -> None:
-        """Copy running requests' window pages, reached at a prefill boundary this step: their
-        blocks are theirs until the next step's scheduling frees and hands them out again, so
-        the next step's writes (issued on the current stream) wait for the copy (``hold``).
-        Never in ``_saves``: a running request's blocks are not reported finished."""
+    def _copy_out(self, job: StoreJob) -> PendingCopy:
+        """Queue the copy of ``job``'s blocks into its pool slots on the store stream."""
         assert self._pool is not None and self._store_copies is not None
         pool, views = self._pool, self._views
-        for job in jobs:
-            try:
-                pending = self._store_copies.run(
-                    lambda job=job: [pool.store(views[g], blocks, slots)
-                                     for g, slots, blocks in by_group(job.slots, job.block_ids,
-                                                                      job.groups)],
-                    len(job.slots) * pool.slot_bytes)
-                self._store_copies.hold(pending)
-            except Exception as exc:  # not kept: the scheduler drops the stage
-                self.contain.fault("storing pages", exc)
-                self._report.window_failed.append(job.checkpoint_id)
-                continue
-            self._window_saves[job.checkpoint_id] = pending
-            self._timed.append(("store", pending))
-        self._window_done()
-
-    def _window_done(self) -> None:
-        """Report the window copies that have run (on the CPU: at once)."""
-        for sid, pending in list(self._window_saves.items()):
-            try:
-                done = pending.done()
-            except Exception as exc:
-                self.contain.fault("storing pages", exc)
-                self._report.window_failed.append(sid)
-                del self._window_saves[sid]
-                continue
-            if done:
-                self._report.window_stored[sid] = 1
-                del self._window_saves[sid]
+        return self._store_copies.run(
+            lambda: [pool.store(views[g], blocks, slots)
+                     for g, slots, blocks in by_group(job.slots, job.block_ids, job.groups)],
+            len(job.slots) * pool.slot_bytes)
 
     def _persist(self, job: PersistJob) -> None:
         if self._blobs is None or self._pool is None:
@@ -593,8 +562,7 @@ class KVCIWorker:
         return errors
 
     def take_report(self) -> WorkerReport | None:
-        if self._window_saves:
-            self._window_done()
+        self._windows.finish(self._report)
         if self._report.is_empty():
             return None
         report, self._report = self._report, WorkerReport()
