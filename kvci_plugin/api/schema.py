@@ -81,10 +81,11 @@ class RecommendRequest(_Scoring):
 class CheckpointNowRequest(_Scoring):
     """Keep the KV of the session's next finished request (a finished request's blocks are
     already freed, so "now" is the end of the session's current or next turn). The tenant comes
-    from the verified `session_token`, else from `tenant`, else the default tenant. The arm holds
-    no credential: whichever request of that tenant and session finishes next spends it, so a
-    disk copy (`persist`) is gated on that request's own credential, or on yours at a later
-    `promote`."""
+    from the verified `session_token`, else from `tenant`, else the default tenant. The arm is
+    bound to your credential (a digest of it; none kept): only a request of that tenant and
+    session carrying the same credential spends it (without one, the session's next request),
+    and a disk copy (`persist`) is gated on that request's own credential, or on yours at a
+    later `promote`."""
 
     action: Literal["checkpoint_now"]
     session_id: SessionId = Field(description="the session whose next finished request is kept")

@@ -63,8 +63,7 @@ class SchedulerControl:
         """Keep the KV of this session's next finished request."""
         with self.manager.lock:
             self._decider.arm(tenant, session_id, ArmedCheckpoint(
-                trigger=trigger, persist=persist, session_token=None, delegation_tokens=(),
-                bound_to=arm_binding(session_token)))
+                trigger=trigger, persist=persist, bound_to=arm_binding(session_token)))
 
     def latest_verdict(self, tenant: str, session_id: str, *,
                        verified: bool) -> PublishedVerdict | None:

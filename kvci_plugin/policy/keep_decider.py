@@ -62,12 +62,11 @@ def session_key(tenant: str, session_id: str) -> str:
 class ArmedCheckpoint:
     """A checkpoint_now from the control surface: the session's next finished request keeps its
     KV with this trigger (a finished request's blocks are already freed, so "now" means at the end
-    of the session's current or next turn)."""
+    of the session's current or next turn). It holds no credential: the request that takes it
+    persists with its own (a later client never acts under the armer's authority)."""
 
     trigger: str
     persist: bool
-    session_token: str | None
-    delegation_tokens: tuple[str, ...]
     # ``arm_binding`` of the arming caller's session credential: only a finished request that
     # carries that same credential takes the arm (another client naming the same tenant and
     # session leaves it be). None: unbound, taken by the session's next request (an arm by a
@@ -249,8 +248,6 @@ class KeepDecider:
         persist = finished.persist or (armed is not None and armed.persist) or (
             trigger == SYSTEM and self.auto_promote and rec.tier is CheckpointTier.DISK)
         token, delegations = finished.session_token, finished.delegation_tokens
-        if armed is not None and token is None:
-            token, delegations = armed.session_token, armed.delegation_tokens
         retain_s = self._pause(finished, observation, trigger, blocks)
         return KeepPlan(
             observation=observation, recommendation=rec, trigger=trigger, armed=armed, gate=gate,

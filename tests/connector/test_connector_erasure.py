@@ -37,9 +37,10 @@ pytestmark = pytest.mark.engine
 SYNC_BOUND_S = 5.0
 """Node 2 learns of node 1's forget within ERASURE_SYNC_S (one second); the bound's margin is for
 a loaded machine."""
-PERSISTED, RETAINED, CHECKPOINTED, ON_NODE_2, IN_FLIGHT = "kept0", "kept1", "kept2", "kept3", \
-    "kept4"
-ACME = [PERSISTED, RETAINED, CHECKPOINTED, ON_NODE_2, IN_FLIGHT]
+PERSISTED, RETAINED, CHECKPOINTED, ON_NODE_2 = "kept0", "kept1", "kept2", "kept3"
+# Persists sent until the forget catches one in flight (a persist can finish between two of the
+# racer's polls): each a prompt of its own, so that each is a new write.
+IN_FLIGHT_TRIES = [f"kept{i}" for i in range(4, 12)]
 REPLY = "REPLY "
 
 
@@ -159,37 +160,45 @@ def test_a_forget_erases_everything_everywhere(nodes, tiny_model) -> None:
 
     # The forget lands while a persist of acme's is in flight on node 1.
     raced: list[Any] = []
+    done, caught = threading.Event(), threading.Event()
 
     def forget_when_in_flight() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while not done.is_set():
             if _control(url, root, {"action": "ram_stats"})["stats"]["persists_in_flight"]:
+                caught.set()
                 raced.append(_forget(url, root))
                 return
             time.sleep(0.005)
-        raced.append(None)
 
     racer = threading.Thread(target=forget_when_in_flight, name="forget")
     racer.start()
+    sent = []
     try:
-        send(llm, IN_FLIGHT, tenant="acme", session_token=token, persist=True,
-             source_ids=["doc:handbook"])
+        for name in IN_FLIGHT_TRIES:
+            sent.append(name)
+            send(llm, name, tenant="acme", session_token=token, persist=True,
+                 source_ids=["doc:handbook"])
+            racer.join(0.5)
+            if caught.is_set():  # no further try while (or after) the forget runs
+                break
     finally:
+        done.set()
         racer.join(90)
+    assert raced, f"no persist of acme's was seen in flight in {len(sent)} tries"
     (answer,) = raced
-    assert answer is not None, "no persist of acme's was ever seen in flight"
     assert answer["action"] == "forget" and answer["key_destroyed"], answer
     for _ in range(3):  # settle: the in-flight write reports, and is refused
         send(llm, "fresh0")
 
     # Nothing of acme's hits on node 1, nor (once it has learned of the forget) on node 2.
-    assert {name: _cached(llm, name) for name in ACME} == dict.fromkeys(ACME, 0)
-    assert {name: _cached(llm, name, "globex") for name in ACME} == dict.fromkeys(ACME, 0)
+    acme = [PERSISTED, RETAINED, CHECKPOINTED, ON_NODE_2, *sent]
+    assert {name: _cached(llm, name) for name in acme} == dict.fromkeys(acme, 0)
+    assert {name: _cached(llm, name, "globex") for name in acme} == dict.fromkeys(acme, 0)
     deadline = time.monotonic() + SYNC_BOUND_S
     while node2.send(ON_NODE_2, tenant="acme")["cached"] and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert {name: node2.send(name, tenant="acme")["cached"] for name in ACME} == \
-        dict.fromkeys(ACME, 0)
+    assert {name: node2.send(name, tenant="acme")["cached"] for name in acme} == \
+        dict.fromkeys(acme, 0)
     assert _acme_rows(extra["catalog_url"]) == (0, 0)
     assert _material(extra) in (None, TOMBSTONE)  # no key material opens acme's blobs
 
@@ -197,7 +206,7 @@ def test_a_forget_erases_everything_everywhere(nodes, tiny_model) -> None:
     node2.stop()
     node1.close()
     node1.llm = node1._start()
-    assert {name: _cached(node1.llm, name) for name in ACME} == dict.fromkeys(ACME, 0)
+    assert {name: _cached(node1.llm, name) for name in acme} == dict.fromkeys(acme, 0)
     assert _acme_rows(extra["catalog_url"]) == (0, 0)
     assert _material(extra) in (None, TOMBSTONE)
 

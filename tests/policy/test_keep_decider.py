@@ -121,7 +121,7 @@ def test_with_the_system_trigger_off_only_an_explicit_one_keeps() -> None:
 
 def test_an_opted_out_request_offers_nothing_and_leaves_its_sessions_armed_checkpoint() -> None:
     d, sighted = decider(DISK)
-    d.arm("acme", "run-1", ArmedCheckpoint("user", True, None, ()))
+    d.arm("acme", "run-1", ArmedCheckpoint("user", True))
     plan = d.decide(finished(session_id="run-1", opted_out=True))
     assert (plan.trigger, plan.offer, plan.armed, plan.gate, plan.persist) == (
         None,
@@ -141,21 +141,23 @@ def test_an_armed_checkpoint_is_taken_once_by_its_sessions_next_request_with_its
     None
 ):
     d, _ = decider(HELD_BACK, ram="threshold")
-    armed = ArmedCheckpoint("agent", True, "session-jwt", ("delegation-jwt",))
+    armed = ArmedCheckpoint("agent", True)
     d.arm("acme", "run-1", armed)
     assert d.decide(finished(session_id="run-2")).armed is None  # another session's
     assert (
         d.decide(FinishedRequest(tenant="other", session_id="run-1")).armed is None
     )  # another tenant's
-    plan = d.decide(finished(session_id="run-1"))
+    plan = d.decide(finished(session_id="run-1", session_token="own-jwt",
+                             delegation_tokens=("own-delegation",)))
     assert (plan.trigger, plan.armed, plan.persist) == ("agent", armed, True)
-    assert (plan.session_token, plan.delegation_tokens) == ("session-jwt", ("delegation-jwt",))
+    # The arm holds no credential: the request persists with its own.
+    assert (plan.session_token, plan.delegation_tokens) == ("own-jwt", ("own-delegation",))
     assert d.decide(finished(session_id="run-1")).trigger is None  # taken
 
 
 def test_the_requests_own_trigger_and_credentials_win_over_an_armed_one() -> None:
     d, _ = decider(HELD_BACK, ram="threshold")
-    d.arm("acme", "run-1", ArmedCheckpoint("agent", False, "armed-jwt", ("armed-delegation",)))
+    d.arm("acme", "run-1", ArmedCheckpoint("agent", False))
     plan = d.decide(finished(session_id="run-1", explicit_trigger="user", session_token="own-jwt"))
     assert (plan.trigger, plan.session_token, plan.delegation_tokens) == ("user", "own-jwt", ())
     assert plan.armed is not None  # consumed all the same
@@ -166,7 +168,7 @@ def test_an_arm_bound_to_its_caller_is_taken_only_by_that_callers_request() -> N
     arming caller's credential is left be by another client's request naming them, and taken by
     the next request that carries that credential."""
     d, _ = decider(HELD_BACK, ram="threshold")
-    armed = ArmedCheckpoint("user", False, None, (), bound_to=arm_binding("armer-jwt"))
+    armed = ArmedCheckpoint("user", False, bound_to=arm_binding("armer-jwt"))
     d.arm("acme", "run-1", armed)
     for other in (None, "mallory-jwt"):
         plan = d.decide(finished(session_id="run-1", session_token=other))
@@ -180,8 +182,8 @@ def test_an_arm_bound_to_its_caller_is_taken_only_by_that_callers_request() -> N
 
 def test_a_forget_drops_the_checkpoints_its_tenant_armed() -> None:
     d, _ = decider()
-    d.arm("acme", "a", ArmedCheckpoint("user", False, None, ()))
-    d.arm("beta", "b", ArmedCheckpoint("user", False, None, ()))
+    d.arm("acme", "a", ArmedCheckpoint("user", False))
+    d.arm("beta", "b", ArmedCheckpoint("user", False))
     d.disarm("acme")
     assert list(d.armed) == [("beta", "b")]
 
