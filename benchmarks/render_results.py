@@ -1,8 +1,9 @@
 """Regenerate ``benchmarks/results/README.md`` from the JSON reports beside it.
 
 Every figure in the README comes from a JSON report written by ``benchmarks/policy_sim.py``,
-``benchmarks/ttft.py``, ``benchmarks/replay.py`` or ``benchmarks/fault_replay.py``; nothing is typed
-by hand. JSON files of another format are skipped (and named on stderr).
+``benchmarks/ttft.py``, ``benchmarks/replay.py``, ``benchmarks/fault_replay.py``,
+``benchmarks/bench_serve.py`` or ``benchmarks/agent_replay.py``; nothing is typed by hand. JSON
+files of another format are skipped (and named on stderr).
 
     .venv/bin/python -m benchmarks.render_results [--results DIR] [--output FILE]
 """
@@ -17,8 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.agentreplay.report import SCHEMA as AGENT_REPLAY_SCHEMA
+from benchmarks.agentreplay.report import agent_replay_section, load_agent_replays
 from benchmarks.bench_scale import SCHEMA as SCALE_SCHEMA
 from benchmarks.bench_scale import load_scales, scale_section
+from benchmarks.benchserve.report import SCHEMA as BENCH_SERVE_SCHEMA
+from benchmarks.benchserve.report import bench_serve_section, load_bench_serves
 from benchmarks.faultsim.render import fault_section, load_fault_replays
 from benchmarks.faultsim.report import SCHEMA as FAULT_SCHEMA
 from benchmarks.faultsim.report import FaultReplayReport
@@ -68,7 +73,8 @@ def load_reports(
             reports.append((path, SimulationReport.model_validate(data)))
         elif kind == TTFT_SCHEMA:
             ttft.append((path, TTFTReport.model_validate(data)))
-        elif kind not in (REPLAY_SCHEMA, FAULT_SCHEMA, SCALE_SCHEMA):  # read by their own loaders
+        elif kind not in (REPLAY_SCHEMA, FAULT_SCHEMA, SCALE_SCHEMA,
+                          BENCH_SERVE_SCHEMA, AGENT_REPLAY_SCHEMA):  # read by their own loaders
             print(
                 f"render_results: skipping {path.name}: not a {SCHEMA} or {TTFT_SCHEMA} report",
                 file=sys.stderr,
@@ -81,6 +87,8 @@ def render(
     replays: Sequence[tuple[Path, ReplayReport]] = (),
     faults: Sequence[tuple[Path, FaultReplayReport]] = (),
     scales: Sequence[tuple[Path, dict[str, Any]]] = (),
+    serves: Sequence[tuple[Path, dict[str, Any]]] = (),
+    agents: Sequence[tuple[Path, dict[str, Any]]] = (),
 ) -> str:
     lines = [
         "# Benchmark results",
@@ -103,6 +111,10 @@ def render(
         lines += ["", *fault_section(path, fault)]
     for path, scale in scales:
         lines += ["", *scale_section(path, scale)]
+    for path, serve in serves:
+        lines += ["", *bench_serve_section(path, serve)]
+    for path, agent in agents:
+        lines += ["", *agent_replay_section(path, agent)]
     return "\n".join(lines) + "\n"
 
 
@@ -680,7 +692,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     output = args.output if args.output is not None else args.results / "README.md"
     output.write_text(render(*load_reports(args.results), load_replays(args.results),
-                             load_fault_replays(args.results), load_scales(args.results)),
+                             load_fault_replays(args.results), load_scales(args.results),
+                             load_bench_serves(args.results), load_agent_replays(args.results)),
                       encoding="utf-8")
     print(f"wrote {output}")
     return 0

@@ -106,12 +106,31 @@ def _render_explain(body: dict[str, Any], console: Console) -> None:
                 ("refusal", e.get("refusal")),
                 ("persist error", e.get("persist_error")),
                 ("retention expiry", e.get("retention_expiry")),
+                ("tool call", _tool_call_text(e.get("tool_call"))),
+                ("retained", _retention_text(e.get("retention"))),
             ],
         )
     )
     if e.get("recommendation"):
         _render_recommendation(e["recommendation"], console)
     _render_decision(e.get("eligibility_decision"), console)
+
+
+def _tool_call_text(word: dict[str, Any] | None) -> str | None:
+    """Whether its turn ended on a tool call: the engine's word and the one in force."""
+    if not word:
+        return None
+    return f"detected {word.get('detected')}, in force {word.get('pending')}"
+
+
+def _retention_text(given: dict[str, Any] | None) -> str | None:
+    """The retention asked for the checkpoint, by whose word, and what became of it."""
+    if not given:
+        return None
+    text = f"{given.get('status')}: {given.get('ttl_s')} s, by {given.get('by')}"
+    if given.get("asked_ttl_s") is not None:
+        text += f" (asked {given['asked_ttl_s']} s)"
+    return text + (f", priority {given['priority']}" if given.get("priority") is not None else "")
 
 
 def _render_reset(body: dict[str, Any], console: Console) -> None:

@@ -105,6 +105,23 @@ _WORDS = [
 ]
 
 
+TOOL_CALL_TOKENS = ("<tool_call>", "</tool_call>")
+# A Hermes-style template: the tools listed in a system turn, calls written as
+# <tool_call>{"name": ..., "arguments": ...}</tool_call>.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call one or more functions. "
+    "<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools> For each call, "
+    "return <tool_call>{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    "</tool_call><|im_end|>\n{% endif %}"
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{%- for call in message.tool_calls or [] %}<tool_call>{\"name\": "
+    "\"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments }}}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 @dataclass(frozen=True)
 class TinyModelSpec:
     """Shape of the generated model; the defaults start fast and fit the CPU attention kernels."""
@@ -120,6 +137,9 @@ class TinyModelSpec:
     seed: int = 0
     sliding_window: int = 0  # 0: every layer attends to the whole context
     full_attention_every: int = 0  # with a window: every n-th layer attends to all (0: none does)
+    # Tool calls: `<tool_call>` / `</tool_call>` as special tokens and a Hermes-style chat template
+    # that names them (vLLM's `hermes` tool parser reads them; kvci's marker detection finds them).
+    tool_calls: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
@@ -158,7 +178,7 @@ class TinyModelSpec:
                 f"f{self.full_attention_every}" if self.full_attention_every else "")
         return (f"llama-l{self.num_layers}-h{self.hidden_size}-a{self.num_heads}"
                 f"-kv{self.num_kv_heads}-v{self.vocab_size}-{self.dtype}-s{self.seed}{window}"
-                f"-r{RECIPE_VERSION}")
+                f"{'-tc' if self.tool_calls else ''}-r{RECIPE_VERSION}")
 
 
 def default_cache_dir() -> Path:
@@ -185,6 +205,8 @@ def _train_tokenizer(spec: TinyModelSpec, out: Path) -> int:
         show_progress=False,
     )
     tok.train_from_iterator(corpus(spec.seed), trainer=trainer)
+    if spec.tool_calls:
+        tok.add_special_tokens(list(TOOL_CALL_TOKENS))
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -192,7 +214,7 @@ def _train_tokenizer(spec: TinyModelSpec, out: Path) -> int:
         "eos_token": "</s>",
         "model_max_length": spec.max_position_embeddings,
         "clean_up_tokenization_spaces": False,
-    }, indent=2))
+    } | ({"chat_template": TOOL_CHAT_TEMPLATE} if spec.tool_calls else {}), indent=2))
     return tok.get_vocab_size()
 
 
@@ -220,6 +242,15 @@ def _weights(spec: TinyModelSpec) -> dict[str, torch.Tensor]:
     return w
 
 
+def _spec_fields(spec: TinyModelSpec) -> dict:
+    """The spec as config.json records it (``tool_calls`` only when set: the default model's files
+    stay as they were before the option existed)."""
+    fields = asdict(spec)
+    if not spec.tool_calls:
+        del fields["tool_calls"]
+    return fields
+
+
 def _config(spec: TinyModelSpec) -> dict:
     window = {} if not spec.sliding_window else {
         "sliding_window": spec.sliding_window, "layer_types": spec.layer_types}
@@ -241,7 +272,7 @@ def _config(spec: TinyModelSpec) -> dict:
         "bos_token_id": 0,
         "eos_token_id": 1,
         "torch_dtype": spec.dtype,
-        "kvci_tiny_model": asdict(spec) | {"recipe_version": RECIPE_VERSION},
+        "kvci_tiny_model": _spec_fields(spec) | {"recipe_version": RECIPE_VERSION},
     }
 
 
@@ -280,6 +311,9 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="Generate the tiny random-weight Llama model.")
     for field, default in asdict(TinyModelSpec()).items():
+        if isinstance(default, bool):
+            ap.add_argument("--" + field.replace("_", "-"), action="store_true")
+            continue
         ap.add_argument("--" + field.replace("_", "-"), type=type(default), default=default)
     ap.add_argument("--cache-dir", type=Path, default=None)
     args = vars(ap.parse_args(argv))

@@ -236,6 +236,35 @@ class PromoteResponse(BaseModel):
     decision: EligibilityDecision | None = None
 
 
+class ToolCallWord(BaseModel):
+    """Whether the turn that made a checkpoint ended on a tool call."""
+
+    model_config = _VIEW
+
+    detected: bool | None = Field(
+        None, description="the engine's word, from the output's tool-call markers (None: not "
+        "known: no markers, or structured output)")
+    pending: bool | None = Field(
+        None, description="the word in force: the client's tool_call_pending, else the engine's")
+
+
+class RetentionGiven(BaseModel):
+    """A retention asked for a checkpoint: exempt from eviction for ``ttl_s`` or until its
+    session's next request."""
+
+    model_config = _VIEW
+
+    by: Literal["client", "kv_hints", "engine"] = Field(
+        description="whose word: the client's kvci.retain, a kvci.retain action of vLLM's KV "
+        "hints, or the engine's automatic retention of a tool call's pause")
+    status: Literal["retained", "refused"]
+    ttl_s: float
+    reason: str
+    priority: int | None = Field(None, description="the KV hint's priority")
+    asked_ttl_s: float | None = Field(
+        None, description="the TTL asked, when it was trimmed to max_retain_s")
+
+
 class CheckpointExplanation(BaseModel):
     model_config = _VIEW
 
@@ -258,6 +287,10 @@ class CheckpointExplanation(BaseModel):
     refusal: str | None = Field(None, description="why the last promotion was refused")
     persist_error: str | None = None
     retention_expiry: float | None = None
+    tool_call: ToolCallWord | None = Field(
+        None, description="whether the turn that made it ended on a tool call (RAM only)")
+    retention: RetentionGiven | None = Field(
+        None, description="the retention asked for it, by whose word, and what became of it")
 
 
 class ExplainResponse(BaseModel):

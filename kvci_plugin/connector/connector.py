@@ -407,7 +407,8 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
 
     def on_new_request(self, request: Request) -> None:
         # The orchestrator's KV hints (Request.kv_hints), read as plain data and kept while the
-        # request lives; kvci acts on none yet. Reading never fails a request.
+        # request lives; what cannot be read is said on a debug line, never a failed request.
+        # kvci acts on its kvci.retain action (request_state.RequestStates.hinted_retain).
         hints = read_kv_hints(request)
         if hints is not None:
             self._kv_hints[request.request_id] = hints

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvci_plugin.connector import counters as c
+from kvci_plugin.connector.auto_retentions import AutoRetentions
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.groups import GroupLayout
 from kvci_plugin.connector.metadata import KVCIWorkerMetadata
@@ -60,6 +61,7 @@ class Keeper:
         self._windows = windows  # a sliding-window group's windows staged during prefill
         self._markers = markers  # the model's tool-call markers: the engine's word on a turn
         self.store_of: dict[str, str] = {}  # request id -> checkpoint id of its pending store
+        self.auto = AutoRetentions()  # the engine's own retentions, for their hits and expiries
 
     def finished(self, request: Any, group_block_ids: Sequence[list[int]]) -> Finish:
         """The request finished: decide, keep, teach, reply."""
@@ -108,6 +110,9 @@ class Keeper:
                          group_block_ids: Sequence[list[int]]) -> FinishedRequest:
         """What the keep decision reads of a finished request; ValueError for a bad observation."""
         p = st.params
+        explicit = p.explicit_trigger if p else None
+        if explicit is None and st.retain is not None and st.retain.word == "kv_hints":
+            explicit = (p.trigger if p else None) or "agent"  # a hint's retention keeps, as retain
         client = CheckpointObservation.from_inputs(
             p.observation if p else None, p.evidence_bundle if p else None,
             p.context_bundle if p else None)
@@ -123,7 +128,7 @@ class Keeper:
             *(len(ids) for ids in group_block_ids))
         return FinishedRequest(
             tenant=st.tenant, observation=client, session_id=p.session_id if p else None,
-            explicit_trigger=p.explicit_trigger if p else None, persist=bool(p and p.persist),
+            explicit_trigger=explicit, persist=bool(p and p.persist),
             opted_out=bool(p and p.opted_out), session_token=p.session_token if p else None,
             delegation_tokens=tuple(p.delegation_tokens) if p else (),
             context_tokens=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
@@ -134,9 +139,9 @@ class Keeper:
             # tokens.
             rebuild_s=self._load_rule.recompute_s(st.prompt_tokens),
             history=history, prompt_keys=prompt_keys, blocks=blocks,
-            tool_call=self._tool_call(request))
+            tool_call=self._tool_call(request, st))
 
-    def _tool_call(self, request: Any) -> bool | None:
+    def _tool_call(self, request: Any, st: RequestState) -> bool | None:
         """Whether the turn ended on a tool call, from its output ids (None: not known)."""
         if self._markers is None:
             return None
@@ -144,6 +149,7 @@ class Keeper:
         word = self._markers.word(request.output_token_ids, constrained=constrained)
         if word:
             self._stats.count(c.TOOL_CALLS_DETECTED)
+        st.tool_call = word
         return word
 
     def keep(self, request: Any, st: RequestState, plan: KeepPlan,
@@ -170,17 +176,21 @@ class Keeper:
             source_ids=st.params.source_ids if st.params else (), persist=plan.persist,
             session_token=plan.session_token, delegation_tokens=plan.delegation_tokens,
             offer=plan.offer, retain=st.retain or _automatic(plan), pool=st.pool,
-            erasure_epoch=st.erasure_epoch)
+            erasure_epoch=st.erasure_epoch, tool_call=_tool_call_word(st, plan))
         self.count_outcome(outcome)
-        if st.retain is None and outcome.retain is not None and outcome.retain.status == "retained":
+        if (st.retain is None and outcome.retain is not None
+                and outcome.retain.status == "retained" and outcome.checkpoint_id is not None
+                and plan.retain_s is not None):
             self._stats.count(c.RETENTIONS_AUTOMATIC)
+            self.auto.granted(outcome.checkpoint_id, st.tenant, plan.retain_session,
+                              chain[:n_full], plan.retain_s)
         if outcome.pending:
             self.store_of[request.request_id] = outcome.checkpoint_id
         return outcome
 
     def _reply(self, st: RequestState, plan: KeepPlan,
                outcome: CheckpointOutcome | None) -> dict[str, Any] | None:
-        if st.params is None:
+        if st.params is None and st.retain is None:
             return None  # nothing asked, nothing said: the advisory channel stays silent
         reply = compose_reply(st, plan, outcome, max_retain_s=self._config.max_retain_s,
                               block_size=self._requests.block_size, stats=self._stats.current)
@@ -232,9 +242,18 @@ def count_persist(stats: c.Counts, outcome: Any) -> None:
         stats.count(c.PERSIST_FAILURES)  # permitted, and not written
 
 
+def _tool_call_word(st: RequestState, plan: KeepPlan) -> dict[str, bool | None] | None:
+    """What `explain` says of the turn's end: the engine's word and the one in force (None:
+    neither the engine nor the client said anything)."""
+    pending = plan.observation.tool_call_pending
+    if st.tool_call is None and pending is None:
+        return None
+    return {"detected": st.tool_call, "pending": pending}
+
+
 def _automatic(plan: KeepPlan) -> RetainAsk | None:
     """The decider's automatic retention of a turn that ended on a tool call (a client's own
     ``kvci.retain`` replaces it): within the same bounds, refused past the tenant's share."""
     if plan.retain_s is None:
         return None
-    return RetainAsk(plan.retain_s, plan.retain_session)
+    return RetainAsk(plan.retain_s, plan.retain_session, word="engine")

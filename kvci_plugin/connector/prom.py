@@ -42,6 +42,10 @@ tier or a gate check name from a fixed set, never token text, keys, tenants or c
     vllm:kvci_ram_retained_bytes                RAM bytes exempt from eviction by retentions (gauge)
     vllm:kvci_tool_calls_detected_total         turns whose output held a tool-call marker
     vllm:kvci_retentions_automatic_total        of them, retained through the tool's pause
+    vllm:kvci_retentions_automatic_hits_total   automatic retentions the session's next request
+                                                loaded
+    vllm:kvci_retentions_automatic_expired_total  automatic retentions whose TTL ended unused
+    vllm:kvci_retentions_kv_hints_total         retentions granted on a kvci.retain KV hint
     vllm:kvci_window_stages_total               sliding windows copied during prefill (#47)
     vllm:kvci_window_stages_skipped_total       windows not copied: no room without evicting
     vllm:kvci_window_boundaries_missed_total    boundaries whose window had left vLLM's tables
@@ -149,6 +153,16 @@ _PLAIN = {
                             "Turns whose output held one of the model's tool-call markers."),
     c.RETENTIONS_AUTOMATIC: ("vllm:kvci_retentions_automatic",
                              "Tool-call turns retained through the pause for a learned TTL."),
+    c.RETENTIONS_AUTOMATIC_HITS: (
+        "vllm:kvci_retentions_automatic_hits",
+        "Automatic retentions whose checkpoint the session's next request loaded.",
+    ),
+    c.RETENTIONS_AUTOMATIC_EXPIRED: (
+        "vllm:kvci_retentions_automatic_expired",
+        "Automatic retentions whose TTL ended before the session's next request.",
+    ),
+    c.RETENTIONS_KV_HINTS: ("vllm:kvci_retentions_kv_hints",
+                            "Retentions granted on a kvci.retain action of vLLM's KV hints."),
     c.RETENTIONS_REFUSED: (
         "vllm:kvci_retentions_refused",
         "Retentions refused (over the tenant's quota, or the KV not kept).",

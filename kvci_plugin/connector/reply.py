@@ -49,11 +49,12 @@ def compose_reply(st: RequestState, plan: KeepPlan, outcome: CheckpointOutcome |
         "retain_advice": advice,
         "retain": retain_reply(st.retain, outcome, stats),
         # Whether the turn ended on a tool call (the client's word, else the engine's from its
-        # output ids; None: not known), and what was retained for the tool's pause when the
-        # client asked no retention itself.
+        # output ids; None: not known), and what was retained for the tool's pause when neither
+        # the client nor its KV hints ordered a retention.
         "tool_call": plan.observation.tool_call_pending,
-        "auto_retain": (outcome.retain.model_dump(mode="json") if st.retain is None and outcome
-                        and outcome.retain is not None else None),
+        "auto_retain": ({**outcome.retain.model_dump(mode="json"), "by": "engine"}
+                        if st.retain is None and outcome and outcome.retain is not None
+                        else None),
         "trigger": plan.trigger,
         "tier": outcome.tier if outcome else "none",
         "checkpoint_id": outcome.checkpoint_id if outcome else None,

@@ -8,6 +8,7 @@ before it, so they neither hit nor keep (``RequestState.generation``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -15,14 +16,17 @@ from typing import Any
 
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.groups import GroupLayout
-from kvci_plugin.connector.retain import retain_ask
+from kvci_plugin.connector.retain import hint_ask, retain_ask
 from kvci_plugin.ops import prefix_key_list
+from kvci_plugin.request.hints import read_kv_hints
 from kvci_plugin.request.params import KVCIRequestParams, ParamsError, parse_request_params
 from kvci_plugin.request.tenancy import TenantResolver
 from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.outcomes import RetainAsk
 from kvci_plugin.tiering.ram.room import DECLARED_POOL
 from kvci_plugin.tiering.types import PageKey
+
+logger = logging.getLogger(__name__)
 
 NULL_BLOCK_ID = 0  # vLLM's BlockPool hands out block 0 as its null block (never holds KV)
 ERASED = -1  # the generation of a request whose tenant was forgotten while it ran
@@ -64,7 +68,8 @@ class RequestState:
     lookup_learned: bool = False  # the tier policy (and the bar) learned this request's lookup
     resident: int | None = None  # the RAM run its lookup found; the bar learns it once it runs
     disk_declined: bool = False  # counted once a request, however often vLLM asks
-    retain: RetainAsk | None = None
+    retain: RetainAsk | None = None  # the client's kvci.retain, else its KV hints' order
+    tool_call: bool | None = None  # the engine's word on its turn's end, once it finished
     ends_retention: bool = False  # its session's retentions end once it is scheduled
     # The erasure epoch when its KV was computed: a forget after it refuses the keep (#46).
     erasure_epoch: int = 0
@@ -154,6 +159,8 @@ class RequestStates:
             tenant = self.tenants.resolve(params)
         except ParamsError as exc:
             error, tenant = str(exc), self.tenants.default
+        if error is None and retain is None:
+            retain = self.hinted_retain(request, params)
         key_tenant = self.key_tenant(tenant, request)
         keys = None
         if error is None and self.keyable(request):
@@ -166,6 +173,14 @@ class RequestStates:
             prompt_tokens=request.num_prompt_tokens, retain=retain,
             ends_retention=params is not None and params.session_id is not None,
             erasure_epoch=self._erasure_epoch())
+
+    def hinted_retain(self, request: Any, params: KVCIRequestParams | None) -> RetainAsk | None:
+        """The retention the request's KV hints (vLLM's ``Request.kv_hints``) order, when its
+        client ordered none; what is ignored is said on a debug line, never a failed request."""
+        ask, problems = hint_ask(read_kv_hints(request), params, self.config.max_retain_s)
+        if problems:
+            logger.debug("kvci: request %s: %s", request.request_id, "; ".join(problems))
+        return ask
 
     @staticmethod
     def key_tenant(tenant: str, request: Any) -> str:

@@ -1,15 +1,25 @@
 """The connector's side of `kvci.retain`: the bound a request may ask for, the reply it gets, and
 the figures `/metrics` shows. The retentions themselves live with the RAM tier
-(`kvci_plugin.tiering.ram.retention`)."""
+(`kvci_plugin.tiering.ram.retention`).
+
+Three words may ask one, in this order: the client's `kvci.retain` (in `kv_transfer_params`), a
+`kvci.retain` action of vLLM's KV hints (`Request.kv_hints`, `kvci_plugin.request.retain_hint`)
+and the engine's automatic retention of a turn that ended on a tool call (`KeepPlan.retain_s`).
+The first that speaks is the request's order; each is carried out the same way, within the same
+bounds (`max_retain_s`, the tenant's share of the RAM tier).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvci_plugin.connector import counters as c
 from kvci_plugin.connector.tally import StatsTally
+from kvci_plugin.request.hints import KVHints
 from kvci_plugin.request.params import KVCIRequestParams, ParamsError
+from kvci_plugin.request.retain_hint import retain_hint
 from kvci_plugin.tiering.outcomes import CheckpointOutcome, RetainAsk
-from kvci_plugin.tiering.ram.retention import RetentionStats
+from kvci_plugin.tiering.ram.retention import RetentionOutcome, RetentionStats
 
 
 def retain_ask(params: KVCIRequestParams | None, max_retain_s: float) -> RetainAsk | None:
@@ -27,17 +37,43 @@ def retain_ask(params: KVCIRequestParams | None, max_retain_s: float) -> RetainA
     return RetainAsk(ttl_s, params.session_id)
 
 
+def hint_ask(hints: KVHints | None, params: KVCIRequestParams | None,
+             max_retain_s: float) -> tuple[RetainAsk | None, tuple[str, ...]]:
+    """The retention the request's KV hints order, when its client asked none itself (the
+    client's word wins; its checkpoint "never" too), and what was ignored, for a debug line. A
+    TTL over ``max_retain_s`` is trimmed to it: a hint never fails a request."""
+    hint, problems = retain_hint(hints)
+    if hint is None:
+        return None, problems
+    ignored = (
+        "the client's own kvci.retain wins" if params is not None and params.retain is not None
+        else "the client asked checkpoint 'never'" if params is not None and params.opted_out
+        else "this engine grants no retention (max_retain_s is 0)" if max_retain_s <= 0
+        else None)
+    if ignored is not None:
+        return None, (*problems, f"kv_hints retention {hint.action_id!r} ignored: {ignored}")
+    trimmed = hint.ttl_s > max_retain_s
+    return RetainAsk(
+        min(hint.ttl_s, max_retain_s), params.session_id if params is not None else None,
+        word="kv_hints", priority=hint.priority,
+        asked_ttl_s=hint.ttl_s if trimmed else None), problems
+
+
 def retain_reply(ask: RetainAsk | None, outcome: CheckpointOutcome | None,
                  stats: StatsTally) -> dict[str, Any] | None:
-    """The reply's `retain`: retained, or refused and why (the request is served either way)."""
+    """The reply's `retain`: retained, or refused and why (the request is served either way),
+    and by whose word (`by`: client or kv_hints)."""
     if ask is None:
         return None
     if outcome is not None and outcome.retain is not None:
         stats.count(f"retentions_{outcome.retain.status}")
-        return outcome.retain.model_dump(mode="json")
+        if ask.word == "kv_hints" and outcome.retain.status == "retained":
+            stats.count(c.RETENTIONS_KV_HINTS)
+        return ask.describe(outcome.retain)
     stats.count("retentions_refused")
     reason = outcome.reason if outcome is not None else "this request's KV is not kept"
-    return {"status": "refused", "ttl_s": ask.ttl_s, "reason": f"kvci.retain refused: {reason}"}
+    return ask.describe(RetentionOutcome(status="refused", ttl_s=ask.ttl_s,
+                                         reason=f"kvci.retain refused: {reason}"))
 
 
 def report_retentions(last: RetentionStats, now: RetentionStats, stats: StatsTally) -> None:

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from kvci_plugin.connector import counters as c
 from kvci_plugin.connector.assembly import assemble
 from kvci_plugin.connector.async_loads import may_load_async
+from kvci_plugin.connector.auto_retentions import ram_loaded
 from kvci_plugin.connector.cache_reset import CacheResets
 from kvci_plugin.connector.config import KVCIConfig
 from kvci_plugin.connector.containment import Containment
@@ -235,7 +237,12 @@ class KVCIScheduler:
                 assert st.params is not None and st.params.session_id is not None
                 self.manager.release_retentions(st.tenant, st.params.session_id)
                 self.decider.arrived(st.tenant, st.params.session_id)  # the pause, learned
+                if hits := self.keeper.auto.returned(st.tenant, st.params.session_id,
+                                                     ram_loaded(st, self.block_size)):
+                    self.stats.count(c.RETENTIONS_AUTOMATIC_HITS, hits)
         self.manager.expire_retentions()
+        if expired := self.keeper.auto.expire():
+            self.stats.count(c.RETENTIONS_AUTOMATIC_EXPIRED, expired)
 
     def update_connector_output(self, output: Any) -> None:
         """The workers' report on the step: every part is taken whatever fails in another."""
@@ -294,6 +301,7 @@ class KVCIScheduler:
         self.requests.rekey(outcome.generation)
         self.mover.persists = []
         self.loads.drop_pins()  # the index that pinned them is gone; their jobs are planned
+        self.keeper.auto.clear()  # the retentions went with the index
         self.history.forget_contexts()  # the old generation's keys: no reuse, no rewrite
 
     def shutdown(self) -> None:

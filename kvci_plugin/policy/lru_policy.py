@@ -92,6 +92,9 @@ class LRUPolicy:
             self._wasted += checkpoint_id in self._unread
         self._unread.discard(checkpoint_id)
 
+    def retained(self, checkpoint_id: str) -> None:
+        return None  # a retention's pins hold it; recency is all this policy weighs
+
     def cleared(self) -> None:
         self._order.clear()
         self._by_anchor.clear()

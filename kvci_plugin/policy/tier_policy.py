@@ -60,6 +60,11 @@ class TierPolicy(Protocol):
         and its offer; None: none."""
         ...
 
+    def retained(self, checkpoint_id: str) -> None:
+        """An order holds the checkpoint (a retention): how long it stays is the order's, not
+        the policy's choice."""
+        ...
+
     def touched(self, checkpoint_ids: Sequence[str], now: float) -> None:
         """A load read these checkpoints' pages."""
         ...

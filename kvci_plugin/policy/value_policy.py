@@ -7,16 +7,19 @@ Rules, each with the anchor it comes from:
   (``ReuseHazard``, after "KVCache Cache in the Wild": reuse probability by workload class and
   idle age), and the rebuild cost is the shared ``RebuildCostEstimate`` of the context's work per
   page (``offer_rebuild_s``: not the engine's measured wall time, so that the engine and the
-  simulator weigh the same context alike). The horizon is
-  how long the tier holds what it admits now, measured: the median idle age of its latest
-  victims (the characteristic time of Che's approximation for LRU caches); a return later than
-  the tier can wait for is worth nothing to it. A class is the worthiness score's band, how
-  often the context's anchor was re-sent since (a frequency, as LFU and TinyLFU count it), and
-  what the client said of the turn's end (``tool_call_pending``: true, false, not said; below); not
-  also whether the request continued an earlier one: that split each class's evidence three ways
-  and cost hits at every budget it moved (``benchmarks.policy_sim``). The learning costs no
-  bytes: every request's anchor is remembered whether it was kept or not (S3-FIFO's and ARC's
-  ghosts), so the policy learns what its refusals would have bought.
+  simulator weigh the same context alike). The horizon is how long the tier holds what it admits
+  now, measured: the median idle age of its latest victims (the characteristic time of Che's
+  approximation for LRU caches); a return later than the tier can wait for is worth nothing to it.
+  A victim an order held (a retention: the engine's automatic one through an agent's tool call, or
+  ``kvci.retain``) is left out: its pins, not the tier, set how long it stayed, and counting it
+  stretched the horizon and cost hits at the small budgets of the agent trace
+  (``benchmarks.policy_sim``). A class is the worthiness score's band, how often the context's
+  anchor was re-sent since (a frequency, as LFU and TinyLFU count it), and what the client said of
+  the turn's end (``tool_call_pending``: true, false, not said; below); not also whether the
+  request continued an earlier one: that split each class's evidence three ways and cost hits at
+  every budget it moved (``benchmarks.policy_sim``). The learning costs no bytes: every request's
+  anchor is remembered whether it was kept or not (S3-FIFO's and ARC's ghosts), so the policy
+  learns what its refusals would have bought.
 - **What the client says is evidence.** An agent knows when its turn ends on a tool call and it
   will be back (Continuum's point: keep a tool call's context for the pause); it says so in the
   observation's ``tool_call_pending``. Its contexts form classes of their own, learned like the
@@ -127,6 +130,8 @@ class ValuePolicy:
         self._by_class: dict[PolicyClass, OrderedDict[str, None]] = {}
         self._explicit: OrderedDict[str, None] = OrderedDict()
         self._unread: set[str] = set()
+        # Checkpoints an order held (retentions): their stay says nothing of the horizon.
+        self._ordered: set[str] = set()
         self._lookups_since_refresh = 0
         self._cost_sum = 0.0
         self._cost_n = 0
@@ -187,8 +192,13 @@ class ValuePolicy:
 
     def learned(self, now: float) -> HazardCounts:
         """What the policy has learned, as counts a restarted tier can start from
-        (``ReuseHazard.from_counts``): the contexts still idle count as idle up to ``now``."""
-        return self._hazard.counts(self._live(now))
+        (``ReuseHazard.from_counts``): the contexts still idle count as idle up to ``now``. Their
+        idle ages are gathered when first read (``HazardCounts.closed``, on the saver's thread),
+        from the anchors as they are then: here, under the index's lock, only the list of them
+        is copied, not walked field by field (in the dicts' storage order: ``OrderedDict``'s own
+        walk looks every key up again, several times slower)."""
+        return self._hazard.counts(
+            _IdleAges([*dict.values(self._ghosts), *self._held.values()], now))
 
     @property
     def tracked(self) -> int:
@@ -240,8 +250,11 @@ class ValuePolicy:
         if not admit:
             self._refused += 1
             return False
-        # The index evicts them now: how long they were held sets the horizon.
+        # The index evicts them now: how long they were held sets the horizon, unless an order
+        # held them (a retention's pins, not the tier's choice, set how long they stayed).
         for cid in victims:
+            if cid in self._ordered:
+                continue
             anchor = self._held.get(self._anchor_of.get(cid))  # type: ignore[arg-type]
             if anchor is not None:
                 self._victim_ages.append(max(0.0, now - anchor.last_seen))
@@ -281,6 +294,10 @@ class ValuePolicy:
                 return pos + 1, Offer(anchor=key, rebuild_s_per_page=anchor.cost)
         return None
 
+    def retained(self, checkpoint_id: str) -> None:
+        if checkpoint_id in self._anchor_of:
+            self._ordered.add(checkpoint_id)
+
     def touched(self, checkpoint_ids: Sequence[str], now: float) -> None:
         # A hit is counted where the policy learns it: its lookup re-sent the anchor.
         return None
@@ -292,16 +309,13 @@ class ValuePolicy:
             self._displaced += 1
             self._wasted += checkpoint_id in self._unread
         self._unread.discard(checkpoint_id)
+        self._ordered.discard(checkpoint_id)
         if key is None:
             return
         anchor = self._held[key]
         anchor.cids.discard(checkpoint_id)
         if self._explicit.pop(checkpoint_id, 0) is not None:
-            members = self._by_class.get(anchor.cls)
-            if members is not None:
-                members.pop(checkpoint_id, None)
-                if not members:
-                    del self._by_class[anchor.cls]
+            self._leave_class(checkpoint_id, anchor.cls)
         if not anchor.cids:
             # Still remembered: whether it comes back is what the next decision learns from.
             self._ghosts[key] = self._held.pop(key)
@@ -315,6 +329,7 @@ class ValuePolicy:
         self._by_class.clear()
         self._explicit.clear()
         self._unread.clear()
+        self._ordered.clear()
 
     def stats(self) -> PolicyStats:
         return PolicyStats(
@@ -352,6 +367,13 @@ class ValuePolicy:
             self._cost_sum += per_page
             self._cost_n += 1
 
+    def _leave_class(self, checkpoint_id: str, cls: PolicyClass) -> None:
+        members = self._by_class.get(cls)
+        if members is not None:
+            members.pop(checkpoint_id, None)
+            if not members:
+                del self._by_class[cls]
+
     def _reclass(self, anchor: _Anchor, before: PolicyClass) -> None:
         """The anchor was just seen: its held checkpoints move to the tail of its (new) class."""
         after = anchor.cls
@@ -373,29 +395,53 @@ class ValuePolicy:
     def _refresh(self, now: float) -> None:
         self._weighed = None
         self._lookups_since_refresh = 0
-        self._hazard.refresh(self._live(now))
+        self._hazard.refresh(_idle_ages([*self._ghosts.values(), *self._held.values()], now))
 
-    def _live(self, now: float) -> dict[PolicyClass, np.ndarray]:
-        """Every remembered context's idle age so far, per class (``reuse_hazard.Live``)."""
-        anchors = [*self._ghosts.values(), *self._held.values()]
-        n = len(anchors)
-        if not n:
-            return {}
-        # ``map`` and ``attrgetter`` read the fields in C: this walks every remembered anchor
-        # (tens of thousands) while the index's lock is held.
-        bands = np.fromiter(map(_BAND, anchors), np.int64, n)
-        reuses = np.fromiter(map(_REUSES, anchors), np.int64, n)
-        said = np.fromiter(map(_SAID.__getitem__, map(_PENDING, anchors)), np.int64, n)
-        ages = np.maximum(0.0, now - np.fromiter(map(_LAST_SEEN, anchors), np.float64, n))
-        # One int per class, so the anchors are grouped by one sort.
-        keys = ((bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)) * len(
-            _SAID
-        ) + said
-        order = np.argsort(keys, kind="stable")
-        found, starts = np.unique(keys[order], return_index=True)
-        return {
-            _class_of(int(k)): part for k, part in zip(found, np.split(ages[order], starts[1:]))
-        }
+def _idle_ages(anchors: Sequence[_Anchor], now: float) -> dict[PolicyClass, np.ndarray]:
+    """Every anchor's idle age so far, per class (``reuse_hazard.Live``)."""
+    n = len(anchors)
+    if not n:
+        return {}
+    # ``map`` and ``attrgetter`` read the fields in C: the refresh walks every remembered anchor
+    # (tens of thousands) while the index's lock is held.
+    bands = np.fromiter(map(_BAND, anchors), np.int64, n)
+    reuses = np.fromiter(map(_REUSES, anchors), np.int64, n)
+    said = np.fromiter(map(_SAID.__getitem__, map(_PENDING, anchors)), np.int64, n)
+    ages = np.maximum(0.0, now - np.fromiter(map(_LAST_SEEN, anchors), np.float64, n))
+    # One int per class, so the anchors are grouped by one sort.
+    keys = ((bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)) * len(
+        _SAID
+    ) + said
+    order = np.argsort(keys, kind="stable")
+    found, starts = np.unique(keys[order], return_index=True)
+    return {
+        _class_of(int(k)): part for k, part in zip(found, np.split(ages[order], starts[1:]))
+    }
+
+
+class _IdleAges(Mapping[PolicyClass, np.ndarray]):
+    """``_idle_ages`` of a list of anchors, gathered when first read: a state save copies the
+    list under the index's lock and walks it on its own thread (an anchor the engine touches
+    meanwhile counts as it is by then: a save is a snapshot of learning, not of one instant)."""
+
+    def __init__(self, anchors: list[_Anchor], now: float) -> None:
+        self._anchors: list[_Anchor] | None = anchors
+        self._now = now
+        self._ages: dict[PolicyClass, np.ndarray] = {}
+
+    def _gathered(self) -> dict[PolicyClass, np.ndarray]:
+        if self._anchors is not None:
+            self._ages, self._anchors = _idle_ages(self._anchors, self._now), None
+        return self._ages
+
+    def __getitem__(self, cls: PolicyClass) -> np.ndarray:
+        return self._gathered()[cls]
+
+    def __iter__(self) -> Iterator[PolicyClass]:
+        return iter(self._gathered())
+
+    def __len__(self) -> int:
+        return len(self._gathered())
 
 
 def _is_remembered(chain: Sequence[Hashable], held: Mapping[Hashable, _Anchor],
@@ -412,7 +458,7 @@ def _remembered(chain: Sequence[Hashable], held: Mapping[Hashable, _Anchor],
 
 
 def _class_of(key: int) -> PolicyClass:
-    """The class ``_live`` numbered ``key``."""
+    """The class ``_idle_ages`` numbered ``key``."""
     key, said = divmod(key, len(_SAID))
     band, resent = divmod(key, COUNT_CAP + 1)
     return (band + UNSCORED_BAND, resent, _SAID_BY_CODE[said])

@@ -4,7 +4,8 @@ vLLM (0.32 on) carries a ``KvHintsEnvelope`` from ``AsyncLLM.generate(kv_hints=.
 connector on ``Request.kv_hints``: a ``protocol_version``, a ``message_id`` and a list of
 actions, each an ``action_id``, ``action_type``, ``action_version`` and a JSON ``payload`` whose
 schema is the action's. It is the emerging way orchestrators pass retention hints. kvci reads it
-here, as plain data, and acts on none of it yet: reading never fails a request — an envelope
+here, as plain data, and acts on its own retention action only (``kvci.retain``, version "1":
+``kvci_plugin.request.retain_hint``): reading never fails a request — an envelope
 absent, ``None``, of another shape or of an unknown version reads as what could be read, and
 what could not is named in ``problems``. Read duck-typed (no vLLM import): msgspec structs and
 plain dicts alike.

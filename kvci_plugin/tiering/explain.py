@@ -115,7 +115,9 @@ def describe_ram(entry: CheckpointEntry, record: KVCheckpointRecord | None,
         eligibility_decision=entry.meta.get("decision"),
         refusal=entry.meta.get("refusal"),
         persist_error=entry.meta.get("persist_error"),
-        retention_expiry=None if record is None else record.retention_expiry)
+        retention_expiry=None if record is None else record.retention_expiry,
+        # Whether the turn ended on a tool call, and what was retained, how long, by whose word.
+        tool_call=entry.meta.get("tool_call"), retention=entry.meta.get("retention"))
 
 
 def describe_disk(record: KVCheckpointRecord) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, get_args
 
 from kvci_plugin.governance import (
@@ -256,10 +256,13 @@ class TieredCheckpointManager(TenantErasure):
         retain: RetainAsk | None = None,
         pool: str | None = None,
         erasure_epoch: int | None = None,
+        tool_call: Mapping[str, bool | None] | None = None,
     ) -> CheckpointOutcome:
         """Keep `keys` in RAM now; `persist=True` also asks the gate for a durable copy;
         `retain` exempts the checkpoint from eviction for a while (RAM only). `pool` is the
         fair share its bytes count against (None: the tenant's own; see ``ram.room``).
+        `tool_call`: whether the turn ended on a tool call (the engine's word, the one in
+        force), kept for `explain` with what was retained, for how long and by whose word.
 
         `offer` is what the RAM tier's policy weighs (None: one anchored at the last key,
         explicit unless the trigger is the system's); the policy may find a system offer worth
@@ -286,6 +289,8 @@ class TieredCheckpointManager(TenantErasure):
             "refusal": None,
             "decision": None,
             "persist_error": None,
+            "tool_call": dict(tool_call) if tool_call is not None else None,
+            "retention": None,
         }
         with self.lock:
             stamp = self.erasure_epoch if erasure_epoch is None else erasure_epoch
@@ -312,6 +317,8 @@ class TieredCheckpointManager(TenantErasure):
             if retained is None and retain is not None:
                 retained = self.retentions.grant(
                     cid, tenant, keys, retain.ttl_s, retain.session, pool)
+            if retained is not None and retain is not None:
+                self.index.set_meta(cid, retention=retain.describe(retained))
             done = self._store(res, source, tenant, trigger)
             persist_outcome = None
             if persist:

@@ -61,7 +61,22 @@ class CheckpointOutcome(BaseModel):
 @dataclass(frozen=True)
 class RetainAsk:
     """An agent's retention ask: exempt from eviction for ``ttl_s`` seconds, or until the
-    ``session``'s next request (None: the TTL only)."""
+    ``session``'s next request (None: the TTL only). ``word``: whose order it is — the client's
+    ``kvci.retain``, a ``kvci.retain`` action of vLLM's KV hints, or the engine's automatic
+    retention of a tool call's pause; ``priority``: a KV hint's; ``asked_ttl_s``: the TTL asked
+    when it was trimmed to the engine's bound (None: granted as asked)."""
 
     ttl_s: float
     session: str | None
+    word: Literal["client", "kv_hints", "engine"] = "client"
+    priority: int | None = None
+    asked_ttl_s: float | None = None
+
+    def describe(self, outcome: RetentionOutcome) -> dict[str, object]:
+        """What the reply and ``explain`` say of this ask and what became of it."""
+        out: dict[str, object] = {**outcome.model_dump(mode="json"), "by": self.word}
+        if self.priority is not None:
+            out["priority"] = self.priority
+        if self.asked_ttl_s is not None:
+            out["asked_ttl_s"] = self.asked_ttl_s
+        return out

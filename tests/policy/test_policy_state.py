@@ -92,6 +92,24 @@ def test_contexts_still_idle_are_kept_as_idle_time_not_dropped() -> None:
     )
 
 
+def test_a_save_takes_the_anchors_held_when_asked_and_walks_them_when_read() -> None:
+    """The index's lock is held only to list the anchors: their idle ages are gathered when the
+    saver reads the counts (on its own thread), and a context first seen after the ask is not in
+    them."""
+    clock = Clock()
+    policy = ValuePolicy()
+    ix = taught(clock, policy)
+    asked = ix.policy_learned()
+    assert asked is not None
+    clock.now += 5.0
+    for n in range(50):  # seen after the ask: not in this save
+        ix.sight(Offer(anchor=key(5000 + n)))
+    closed = asked.closed()
+    assert sum(len(ages) for ages in asked.idle.values()) == 101  # "hot" and the 100 one-offs
+    now = ix.policy_learned().closed()
+    assert sum(now.exposure[ONE_OFF]) > sum(closed.exposure[ONE_OFF])
+
+
 def test_the_lru_baseline_has_nothing_to_keep() -> None:
     assert RAMIndex(4, 1, 10, policy=LRUPolicy()).policy_learned() is None
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kvci_plugin.policy import LRUPolicy, Offer, ValuePolicy, offer_rebuild_s
 from kvci_plugin.policy.reuse_hazard import EDGES, ReuseHazard, bucket
 from kvci_plugin.tiering.ram.index import RAMIndex
+from kvci_plugin.tiering.ram.retention import Retentions
 from kvci_plugin.tiering.types import CheckpointBusyError, DoesNotFitError, NotWorthDisplacingError
 from kvci_plugin.worthiness import CheckpointObservation, RebuildCostModel
 
@@ -197,6 +198,30 @@ def test_under_pressure_an_offer_worth_less_than_its_victim_is_refused_and_remem
     assert held(ix) == {"hot", "other"}
     assert ix.stats().policy.refused_under_pressure == 1
     assert ix.stats().policy.tracked_anchors >= 100
+
+
+def test_a_victim_a_retention_held_does_not_stretch_the_horizon() -> None:
+    """The horizon is how long the tier holds what it admits: a checkpoint that stayed because
+    a retention pinned it says nothing of that, whatever its idle age when it finally leaves."""
+    clock = Clock()
+    policy = ValuePolicy()
+    ix = index(2, policy=policy, clock=clock)
+    retentions = Retentions(ix, None, clock=clock)
+    keep(ix, "retained", chain(1))
+    retentions.grant("retained", "t", chain(1), 5000.0, "s")
+    retentions.committed()
+    keep(ix, "plain", chain(2))
+    clock.now += 5.0
+    keep(ix, "new", chain(3))  # the retained one is pinned: "plain" leaves, idle 5 s
+    assert held(ix) == {"retained", "new"}
+    clock.now += 2990.0
+    ix.observe_lookup(chain(3))  # "new" is re-sent: young again
+    clock.now += 10.0
+    retentions.release_session("t", "s")  # the retained one competes again, idle 3,000 s
+    keep(ix, "newer", chain(4))
+    assert held(ix) == {"new", "newer"}
+    assert ix.stats().policy.displaced == 2
+    assert policy._horizon() == 5.0  # counted, the retained one's 3,000 s set it
 
 
 def taught_by_the_word(clock: Clock, ix: RAMIndex, *, right: bool) -> None:

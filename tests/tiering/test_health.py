@@ -70,12 +70,13 @@ def test_a_call_that_does_not_answer_costs_the_timeout_once_then_is_skipped() ->
         t0 = time.monotonic()
         with pytest.raises(TimeoutError):
             calls.run("a frozen read", stuck.wait)
-        assert 0.2 <= time.monotonic() - t0 < 1.0
+        # The timeout, not the stuck call's forever (bounded loosely: the machine is shared).
+        assert 0.2 <= time.monotonic() - t0 < 10.0
         assert health.report().state == "degraded"
         t0 = time.monotonic()
         with pytest.raises(TierUnavailableError):
             calls.run("a lookup", lambda: ran_late.append(1))
-        assert time.monotonic() - t0 < 0.05  # not queued behind the stuck call
+        assert time.monotonic() - t0 < 0.15  # not queued behind the stuck call (0.2 s)
         # An operator's action is tried, bounded; one queued behind the stuck call never runs.
         with pytest.raises(TimeoutError):
             calls.run("a reset", lambda: ran_late.append(2), when_degraded=True)

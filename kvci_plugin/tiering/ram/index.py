@@ -312,6 +312,11 @@ class RAMIndex:
         self._ending.setdefault(keys[-1], set()).add(checkpoint_id)
         return idx, mine
 
+    def retained(self, checkpoint_id: str) -> None:
+        """An order holds the checkpoint (``Retentions``): told to the policy."""
+        with self._lock:
+            self._policy.retained(checkpoint_id)
+
     def commit(self, checkpoint_id: str) -> None:
         """The worker copied the reservation's new pages: they become loadable."""
         with self._lock:

@@ -104,6 +104,7 @@ class Retentions:
             self._pages[key] += 1
         until = self._clock() + ttl_s
         self._held[checkpoint_id] = _Retention(tenant, distinct, until, session, pool)
+        self._index.retained(checkpoint_id)
         heapq.heappush(self._ends, (until, checkpoint_id))
         self._changes += 1
         return RetentionOutcome(status="retained", ttl_s=ttl_s,
