@@ -53,6 +53,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report_files import reports_of
 from kvci_plugin.policy import Offer
 from kvci_plugin.policy.ram_policy import RAM_POLICY_NAMES, ram_policy_for
 from kvci_plugin.tiering.manager import TieredCheckpointManager
@@ -360,12 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def load_scales(results: Path) -> list[tuple[Path, dict[str, Any]]]:
     """The scale reports in ``results``, by file name."""
-    found = []
-    for path in sorted(results.glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and data.get("report_format") == SCHEMA:
-            found.append((path, data))
-    return found
+    return reports_of(results, SCHEMA)
 
 
 def scale_section(path: Path, report: dict[str, Any]) -> list[str]:

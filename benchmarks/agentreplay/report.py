@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.agentreplay.turns import Turn
+from benchmarks.report_files import reports_of
 
 SCHEMA = "kvci-agent-replay/1"
 CLASSES = ("all", "tool_return", "human_return", "first")
@@ -92,12 +93,8 @@ def comparison(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_agent_replays(results: Path) -> list[tuple[Path, dict[str, Any]]]:
-    found = []
-    for path in sorted(results.glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and data.get("report_format") == SCHEMA:
-            found.append((path, data))
-    return found
+    """The agent replay reports in ``results``, by file name."""
+    return reports_of(results, SCHEMA)
 
 
 def _num(value: float | None) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.benchserve.trace import TURN_CLASSES, TimedRow
+from benchmarks.report_files import reports_of
 
 SCHEMA = "kvci-bench-serve/1"
 # Fields of vllm bench serve's result file kept as they are.
@@ -79,12 +80,7 @@ def comparison(report: dict[str, Any]) -> dict[str, float | None]:
 
 def load_bench_serves(results: Path) -> list[tuple[Path, dict[str, Any]]]:
     """The bench_serve reports in ``results``, by file name."""
-    found = []
-    for path in sorted(results.glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and data.get("report_format") == SCHEMA:
-            found.append((path, data))
-    return found
+    return reports_of(results, SCHEMA)
 
 
 def _ms(value: float | None) -> str:
