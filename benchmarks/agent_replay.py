@@ -23,7 +23,9 @@ the other, the same requests:
 
 - ``vllm``: vLLM alone, its KV cache held to ``--engine-blocks`` (default: the slice's longest
   request and one block, as ``benchmarks/replay.py`` holds it): paused sessions do not stay;
-- ``kvci_keep_all``: the same, with kvci keeping everything (``ram_policy: "lru"``);
+- ``kvci_keep_all``: the same, with kvci keeping everything and retaining nothing
+  (``ram_policy: "lru"``, ``max_retain_s: 0``: a store-everything LRU tier, as vLLM's native
+  offloading runs);
 - ``kvci``: the same, with kvci's defaults (automatic retention of tool-call turns on);
 - ``engine_holds``: vLLM alone with a cache of every distinct block of the slice and more: the
   tool-return TTFT when the engine's own cache still holds the context.
@@ -68,7 +70,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "agentic_coding_dev.jsonl"
 ARMS = ("vllm", "kvci_keep_all", "kvci", "engine_holds")
-KEEP_ALL_EXTRA: dict[str, Any] = {"ram_policy": "lru"}
+KEEP_ALL_EXTRA: dict[str, Any] = {"ram_policy": "lru", "max_retain_s": 0.0}
 DTYPE = "float32"
 COUNTER_PREFIXES = ("vllm:kvci_",)
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:prefix_cache_queries_total",
