@@ -15,10 +15,11 @@ connector's order, on the real ``RAMIndex`` and tier policy inside the real
 
 The workload: 100 shared system prompts picked by Zipf popularity, sessions of many turns (each
 turn re-sends the whole conversation and adds a user message and a reply), several sessions
-interleaved, one tenant, a simulated clock (a request every 50 ms). The tier is first filled to
-``--fill`` times its pages through the same calls (untimed), then ``--requests`` requests are
-timed call by call. Each (size, policy) runs in a process of its own, so that its RSS and its
-garbage collector's tracked objects are its own.
+interleaved, one tenant, a simulated clock (a request every 50 ms). Each request's keys are new
+key objects, as the connector computes them anew from the request's token ids. The tier is first
+filled to ``--fill`` times its pages through the same calls (untimed), then ``--requests``
+requests are timed call by call. Each (size, policy) runs in a process of its own, so that its
+RSS and its garbage collector's tracked objects are its own.
 
 Every call is timed in the thread's CPU time (on a shared machine, wall time also counts the
 moments the thread waited for a core; the per-request wall time is reported beside it). The
@@ -101,7 +102,10 @@ class Workload:
         start = len(keys)
         keys.extend(((1 << 64) | sid << 24 | j).to_bytes(16, "big")
                      for j in range(start, start + self._rng.randint(*TURN_PAGES)))
-        chain = tuple(keys)
+        # New key objects, as the connector computes a request's keys anew from its token ids:
+        # a checkpoint never shares its key objects with another, nor with an earlier turn.
+        joined = b"".join(keys)
+        chain = tuple(joined[i:i + 16] for i in range(0, len(joined), 16))
         if left <= 1:
             self._sessions[i] = self._new()
         else:

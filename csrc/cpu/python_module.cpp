@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/block_keys.h"
+#include "key_table.h"
 #include "read_files.h"
 
 namespace {
@@ -184,5 +185,10 @@ PyMethodDef methods[] = {
 PyMODINIT_FUNC KVCI_PYINIT(TORCH_EXTENSION_NAME)(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, KVCI_STR(TORCH_EXTENSION_NAME), nullptr, 0,
                                methods};
-  return PyModule_Create(&module);
+  PyObject* m = PyModule_Create(&module);
+  if (m != nullptr && !kvci_add_key_table(m)) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }

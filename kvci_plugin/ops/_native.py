@@ -58,6 +58,13 @@ def prefix_key_bytes(
     return _C.prefix_key_bytes(token_ids, block_size, subkeys, name)
 
 
+KeyTable = _C.KeyTable
+"""``KeyTable(capacity)``: 16-byte page keys -> slots in ``[0, capacity)``, a prompt's keys per
+call (``csrc/cpu/key_table.cpp``): ``find(keys) -> bytes`` (int64 per key, -1 when not held),
+``insert(keys, slots)``, ``remove(slots)``, ``keys_at(slots)``, ``held()``, ``clear()``,
+``len()``. A key that is not 16-byte bytes raises TypeError naming its position."""
+
+
 def read_files(paths: Sequence[str], out: bytearray | memoryview) -> list[int]:
     """File ``i`` into row ``i`` of ``out`` (``len(out) // len(paths)`` bytes a row), all in one
     call that releases the GIL. Per file: its size when it fitted its row and was read (the bytes

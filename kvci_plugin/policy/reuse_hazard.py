@@ -137,7 +137,9 @@ class ReuseHazard:
         row = self._exposure.setdefault(cls, [0.0] * _BUCKETS)
         age = float(age_s)
         for j, (low, span) in enumerate(_LOW_SPANS):
-            row[j] += min(max(age - low, 0.0), span)
+            if age <= low:  # the clip adds 0.0 from here on: each sum is left as it was
+                break
+            row[j] += min(age - low, span)
         reuses = self._reuses.setdefault(cls, [0.0] * _BUCKETS)
         if reused:
             reuses[bucket(age_s)] += 1.0

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
 from typing import Any, get_args
 
 from kvci_plugin.governance import (
@@ -309,9 +310,7 @@ class TieredCheckpointManager(TenantErasure):
             except (DoesNotFitError, TenantMismatchError) as exc:
                 return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
                                          reason=f"not kept in RAM: {exc}", retain=retained)
-            # Asked at once, under the manager's lock: no reservation made through the manager
-            # can have brought an evicted page back in between.
-            evicted_pages = self.index.absent(key for e in res.evicted for key in e.keys)
+            evicted_pages = tuple(chain.from_iterable(e.freed for e in res.evicted))
             if self._loadable is not None:
                 self._loadable.removed("ram", evicted_pages)
             if retained is None and retain is not None:
@@ -509,11 +508,8 @@ class TieredCheckpointManager(TenantErasure):
         being copied in by another store, which tells it when that one commits)."""
         if self._loadable is None:
             return
-        keys = self.index.get(checkpoint_id, tenant).keys
-        held = self._loadable.held("ram")
-        self._loadable.stored(
-            "ram", [k for k in keys if k not in held and self.index.longest_prefix((k,), tenant)]
-        )
+        self._loadable.stored("ram", self.index.loadable(
+            self.index.get(checkpoint_id, tenant).keys, tenant))
 
     def _keep_resent_prefix(self, checkpoint_id: str, trigger: Trigger | None) -> None:
         """A checkpoint the system kept committed: the prefix its prompt re-sent keeps a value of

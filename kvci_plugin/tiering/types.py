@@ -155,7 +155,8 @@ class Eviction:
 
     checkpoint_id: str
     tenant: str
-    keys: tuple[PageKey, ...]
+    # Its pages that left the tier with it (a page it shared with a held checkpoint stays).
+    freed: tuple[PageKey, ...]
 
 
 @dataclass(frozen=True)

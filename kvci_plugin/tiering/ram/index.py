@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import compress, filterfalse
+from itertools import compress
 from types import MappingProxyType
 from typing import Any
 
@@ -80,7 +80,7 @@ class RAMIndex:
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         # Held checkpoints by their last key: the ones a load ending there reads whole (``pin``),
         # found without walking every checkpoint that shares the page.
-        self._ending: dict[PageKey, set[str]] = {}
+        self._ending: dict[int, set[str]] = {}  # by the slot of their last page
         self._pending = 0  # pending entries, counted as they change (``stats``)
         self._numbered = 0  # numbers checkpoints for the page table's writers
         self._tenant_pages = self._pages.tenant_pages
@@ -149,13 +149,22 @@ class RAMIndex:
         with self._lock:
             return self._pages.prefix(keys, tenant)
 
+    def loadable(self, keys: Sequence[PageKey], tenant: str) -> tuple[PageKey, ...]:
+        """Those of ``keys`` whose page is loadable for ``tenant`` (copied in, its own), in order.
+        Changes nothing."""
+        check_tenant(tenant)
+        keys = check_keys(keys)
+        with self._lock:
+            return tuple(compress(keys, self._pages.loadable(keys, tenant).tolist()))
+
     def absent(self, keys: Iterable[PageKey]) -> tuple[PageKey, ...]:
         """The distinct ``keys`` whose page the tier does not hold, in order. Changes nothing.
         After a reservation, the keys of its evicted checkpoints that are absent are the pages
         that left the tier: a page an evicted checkpoint shared with a held one stays."""
         keys = check_keys(keys)
+        distinct = tuple(dict.fromkeys(keys))
         with self._lock:
-            return tuple(filterfalse(self._pages.slot.__contains__, dict.fromkeys(keys)))
+            return tuple(compress(distinct, (self._pages.find(distinct) < 0).tolist()))
 
     def get(self, checkpoint_id: str, tenant: str) -> CheckpointEntry:
         """The checkpoint's record; a valid id of another tenant is refused."""
@@ -208,7 +217,7 @@ class RAMIndex:
             slots = self._pages.pin_keys(keys, tenant)
             if isinstance(slots, tuple):
                 i, other = slots
-                if i == len(keys) or self._pages.slot.get(keys[i]) is None:
+                if i == len(keys) or not self._pages.holds(keys[i]):
                     raise PageNotFoundError(f"page {i} of the load is not held in RAM")
                 if other:
                     raise TenantMismatchError(f"page {i} of the load belongs to another tenant")
@@ -217,7 +226,7 @@ class RAMIndex:
             # page): one that goes on past it (a later turn, another user behind the same
             # system prompt) keeps its place, or a hit on a shared prefix would keep every
             # holder's tail with it.
-            ending = self._ending.get(keys[-1]) if keys else None
+            ending = self._ending.get(slots[-1]) if slots else None
             if ending:
                 self._touch(set(ending))
             return slots
@@ -229,7 +238,7 @@ class RAMIndex:
             unused = self._pages.unpin_keys(keys)
             if unused is None:
                 raise ValueError("unpin: a page is not pinned (unpin without a matching pin)")
-            self._pages.free(key for key, _ in unused)
+            self._pages.free(unused)
 
     # ---- stores ----------------------------------------------------------------------------
 
@@ -258,9 +267,7 @@ class RAMIndex:
             raise ValueError("keys must not be empty: a checkpoint holds at least one page")
         if meta is not None and not isinstance(meta, Mapping):
             raise TypeError(f"meta must be a mapping, not {type(meta).__name__}")
-        distinct = tuple(dict.fromkeys(keys))
-        if len(distinct) == len(keys):
-            distinct = keys  # one tuple, not two alike, for the checkpoint's life
+        distinct, order = _distinct(keys)
         with self._lock:
             if checkpoint_id in self._entries:
                 raise CheckpointExistsError(f"checkpoint_id {checkpoint_id!r} is already held")
@@ -279,21 +286,21 @@ class RAMIndex:
             t.v_refs[held] += 1
             evicted = tuple(self._drop(cid, evicted=True) for cid in room.victims)
             self._evictions += len(evicted)
-            idx, mine = self._hold(checkpoint_id, tenant, pool, keys, distinct, new_keys, meta,
+            idx, mine = self._hold(checkpoint_id, tenant, pool, distinct, order, new_keys, meta,
                                    now)
             self._policy.admitted(checkpoint_id, offer, now)
             slots, new = idx.tolist(), mine.tolist()
             old = (~mine).tolist()
             return Reservation(
                 checkpoint_id=checkpoint_id, tenant=tenant,
-                slots=tuple(map(t.slot.__getitem__, keys)),
+                slots=tuple(slots if order is None else idx[order].tolist()),
                 new=tuple(zip(compress(distinct, new), compress(slots, new))),
                 reused=tuple(zip(compress(distinct, old), compress(slots, old))),
                 evicted=evicted,
             )
 
-    def _hold(self, checkpoint_id: str, tenant: str, pool: str, keys: tuple[PageKey, ...],
-              distinct: tuple[PageKey, ...], new_keys: list[PageKey],
+    def _hold(self, checkpoint_id: str, tenant: str, pool: str, distinct: tuple[PageKey, ...],
+              order: np.ndarray | None, new_keys: list[PageKey],
               meta: Mapping[str, Any] | None, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Hold the new pages and the pending entry, after the evictions; the entry's slots
         and which of them its reservation copies in."""
@@ -301,15 +308,15 @@ class RAMIndex:
         self._numbered += 1
         num = self._numbered
         t.add(new_keys, tenant, pool)
-        idx = t.slots_of(distinct)
+        idx = t.find(distinct)
         mine = t.write(idx, num)
         self._use_seq += 1
-        self._entries[checkpoint_id] = Entry(
-            tenant=tenant, pool=pool, keys=keys, distinct=distinct, created=now,
-            last_used=now, use_seq=self._use_seq, pending=True, meta=pack_meta(meta),
-            num=num, slots=idx)
+        entry = self._entries[checkpoint_id] = Entry(
+            tenant=tenant, pool=pool, created=now, last_used=now, use_seq=self._use_seq,
+            pending=True, meta=pack_meta(meta), num=num, slots=idx.astype(np.int32),
+            order=order)
         self._pending += 1
-        self._ending.setdefault(keys[-1], set()).add(checkpoint_id)
+        self._ending.setdefault(entry.last_slot, set()).add(checkpoint_id)
         return idx, mine
 
     def retained(self, checkpoint_id: str) -> None:
@@ -337,11 +344,12 @@ class RAMIndex:
                     f"checkpoint {checkpoint_id!r} is pending: commit it first")
             if len(self._entries) >= self._max_entries:
                 return False
-            found = self._policy.resent_prefix(entry.keys)
+            keys = self._keys_of(entry)
+            found = self._policy.resent_prefix(keys)
             if found is None:
                 return False
             n, offer = found
-            self.reserve(prefix_id, entry.tenant, entry.keys[:n], unpack_meta(entry.meta),
+            self.reserve(prefix_id, entry.tenant, keys[:n], unpack_meta(entry.meta),
                          offer=offer)
             self.commit(prefix_id)
             return True
@@ -374,10 +382,8 @@ class RAMIndex:
                 self._drop(entry.checkpoint_id)
             if self._tenant_pages.get(tenant):  # pinned ones are left: rare, so a scan is fine
                 t = self._pages
-                me = t.known(tenant)
-                for s in t.slot.values():
-                    if t.tenant[s] == me:
-                        t.state[s] = ERASED  # and no longer ready
+                held = np.frombuffer(t.keys.held(), np.int64)
+                t.v_state[held[t.v_tenant[held] == t.known(tenant)]] = ERASED  # not ready
             return erased
 
     def clear(self) -> tuple[str, ...]:
@@ -432,14 +438,17 @@ class RAMIndex:
         return CheckpointEntry(
             checkpoint_id=checkpoint_id,
             tenant=entry.tenant,
-            keys=entry.keys,
-            nbytes=len(entry.distinct) * self._slot_bytes,
+            keys=self._keys_of(entry),
+            nbytes=len(entry.slots) * self._slot_bytes,
             created=entry.created,
             last_used=entry.last_used,
             pending=entry.pending,
             complete=not entry.pending and self._pages.all_ready(entry.slots),
             meta=MappingProxyType(unpack_meta(entry.meta)),
         )
+
+    def _keys_of(self, entry: Entry) -> tuple[PageKey, ...]:
+        return tuple(self._pages.keys_at(entry.key_slots))
 
     def _touch(self, checkpoint_ids: set[str]) -> None:
         now = self._clock()
@@ -495,10 +504,22 @@ class RAMIndex:
         self._policy_changes += 1
         if entry.pending:
             self._pending -= 1
-        ending = self._ending[entry.keys[-1]]
+        last = entry.last_slot
+        ending = self._ending[last]
         ending.discard(checkpoint_id)
         if not ending:
-            del self._ending[entry.keys[-1]]
-        self._pages.free(map(entry.distinct.__getitem__,
-                             self._pages.release(entry.slots, entry.num).tolist()))
-        return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, keys=entry.keys)
+            del self._ending[last]
+        freed = entry.slots[self._pages.release(entry.slots, entry.num)]
+        keys = tuple(self._pages.keys_at(freed))
+        self._pages.free(freed)
+        return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, freed=keys)
+
+
+def _distinct(keys: tuple[PageKey, ...]) -> tuple[tuple[PageKey, ...], np.ndarray | None]:
+    """``keys`` once each, in order, and where each key is among them (None when no key
+    repeats: chained prefix keys never do)."""
+    if len(set(keys)) == len(keys):
+        return keys, None
+    distinct = tuple(dict.fromkeys(keys))
+    at = {key: i for i, key in enumerate(distinct)}
+    return distinct, np.fromiter(map(at.__getitem__, keys), np.int32, len(keys))

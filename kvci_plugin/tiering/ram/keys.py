@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvci_plugin.tiering.types import PAGE_KEY_BYTES, PageKey, check_page_key
+from kvci_plugin.ops._native import KeyTable
+from kvci_plugin.tiering.types import PageKey, check_page_key
 
 
 def positive_int(name: str, value: object) -> int:
@@ -15,23 +16,17 @@ def positive_int(name: str, value: object) -> int:
     return value
 
 
-# The last tuple of keys found good: a request's lookup, reservation and the policy's calls pass
-# the same prompt tuple, checked once (a tuple cannot change after its check).
-_checked: list[tuple[PageKey, ...]] = [()]
-
-
 def check_keys(keys: Iterable[object]) -> tuple[PageKey, ...]:
     if isinstance(keys, (bytes, str)):
         raise TypeError("keys must be a sequence of 16-byte page keys, not a single bytes/str")
     keys = tuple(keys)
-    if keys is _checked[0]:
-        return keys  # type: ignore[return-value]
-    # Every lookup, pin and unpin checks a prompt's keys: a pass in C when they are all plain
-    # bytes of the right length, the key-by-key check with its precise error otherwise.
-    if {*map(type, keys)} <= {bytes} and {*map(len, keys)} <= {PAGE_KEY_BYTES}:
-        _checked[0] = keys  # type: ignore[assignment]
-        return keys  # type: ignore[return-value]
-    return tuple(check_page_key(k) for k in keys)
+    # Every lookup, pin and unpin checks a prompt's keys: one native pass, then the key-by-key
+    # check for its precise error.
+    try:
+        KeyTable.check(keys)
+    except TypeError:
+        return tuple(check_page_key(k) for k in keys)
+    return keys  # type: ignore[return-value]
 
 
 def slots_in(name: str, value: object, slot_bytes: int) -> int | None:

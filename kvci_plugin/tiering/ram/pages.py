@@ -1,27 +1,29 @@
 """The RAM tier's page table: per page, its slot, references, pins and state, in flat arrays.
 
-A page is a key -> slot entry in one dict and a row of typed arrays indexed by its slot, not an
-object of its own: at a million pages, an object (and a set of holders) per page made every
-full garbage collection walk millions of objects on the scheduler thread, and cost ~1 KB of
-RAM per page. A dict of bytes keys and int values, and ``array`` columns, hold no reference
-the collector tracks, so it never walks them. A page's holders are a count: what the index
-needs of them is whether the last one left, never who they are.
+A page is a key in the native ``KeyTable`` (its 16 bytes in a column indexed by slot) and a row of
+typed arrays indexed by that slot, not an object of its own: at a million pages, an object (and
+a set of holders) per page made every full garbage collection walk millions of objects on the
+scheduler thread, and a dict of bytes keys cost ~115 bytes of RAM a page and a Python call per
+key for every lookup. The ``KeyTable`` and ``array`` columns hold no reference the collector
+tracks, so it never walks them. A page's holders are a count: what the index needs of them is
+whether the last one left, never who they are.
 
-Each column is also seen as a numpy array over the same memory, so that what is done to every
-page of a prompt (a lookup, a pin, a commit, an eviction) is a few array operations instead of
-a Python loop over hundreds of pages; a single page is read and written through the ``array``.
+A prompt's keys are found in one native call; each column is also seen as a numpy array over the
+same memory, so that what is done to every page of a prompt (a lookup, a pin, a commit, an
+eviction) is a few array operations instead of a Python loop over hundreds of pages; a single
+page is read and written through the ``array``.
 """
 
 from __future__ import annotations
 
-import operator
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from itertools import compress, repeat
+from collections.abc import Iterator, Sequence
+from itertools import compress
 
 import numpy as np
 
+from kvci_plugin.ops._native import KeyTable
 from kvci_plugin.tiering.types import DoesNotFitError, PageKey, TenantMismatchError
 
 READY = 1  # copied in: loadable
@@ -37,7 +39,7 @@ class PageTable:
 
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
-        self.slot: dict[PageKey, int] = {}
+        self.keys = KeyTable(num_slots)
         self.refs = array("q", bytes(8 * num_slots))  # checkpoints referencing the page
         self.pins = array("q", bytes(8 * num_slots))
         self.state = array("b", bytes(num_slots))
@@ -67,7 +69,7 @@ class PageTable:
         self.pool_pages: Counter[str] = Counter()  # pages per fair-share pool (``room``)
 
     def __len__(self) -> int:
-        return len(self.slot)
+        return len(self.keys)
 
     def number(self, name: str) -> int:
         n = self._number.get(name)
@@ -80,23 +82,36 @@ class PageTable:
         """A name's number; one no page has for a name never seen."""
         return self._number.get(name, -1)
 
-    def slots_of(self, keys: Sequence[PageKey]) -> Slots:
-        """The slots of held ``keys``, in order."""
-        return np.fromiter(map(self.slot.__getitem__, keys), np.int64, len(keys))
+    def find(self, keys: Sequence[PageKey]) -> Slots:
+        """The slot of each key (checked: ``keys.check_keys``), -1 for one not held."""
+        return np.frombuffer(self.keys.find(keys), np.int64)
+
+    def holds(self, key: PageKey) -> bool:
+        return bool(self.find((key,))[0] >= 0)
+
+    def keys_at(self, idx: Slots) -> list[PageKey]:
+        """The keys of held pages, by their slots."""
+        return self.keys.keys_at(np.ascontiguousarray(idx, np.int64))
 
     # ---- lookups and loads --------------------------------------------------------------------
 
     def _lookup(self, keys: Sequence[PageKey], tenant: str) -> tuple[int, Slots, np.ndarray]:
         """How many leading keys are held, their slots, and which of those are not loadable for
         ``tenant`` (not ready, erased, or another tenant's)."""
-        found = list(map(self.slot.get, keys))
-        try:
-            held = found.index(None)
-        except ValueError:
-            held = len(found)
-        idx = np.array(found[:held], dtype=np.int64)
+        found = self.find(keys)
+        absent = np.flatnonzero(found < 0)
+        held = int(absent[0]) if absent.size else len(found)
+        idx = found[:held]
         bad = (self.v_state[idx] != READY) | (self.v_tenant[idx] != self.known(tenant))
         return held, idx, bad
+
+    def loadable(self, keys: Sequence[PageKey], tenant: str) -> np.ndarray:
+        """Per key, whether its page is held, ready and ``tenant``'s."""
+        found = self.find(keys)
+        ok = found >= 0
+        idx = found[ok]
+        ok[ok] = (self.v_state[idx] == READY) & (self.v_tenant[idx] == self.known(tenant))
+        return ok
 
     def prefix(self, keys: Sequence[PageKey], tenant: str) -> int:
         """How many leading ``keys`` are loadable for ``tenant``."""
@@ -115,7 +130,7 @@ class PageTable:
         if held < len(keys):
             return held, False
         slots = idx.tolist()
-        if len(set(slots)) < len(slots):  # a key twice: page by page
+        if repeats(idx):  # a key twice: page by page
             for s in slots:
                 self.pin(s)
             return slots
@@ -126,24 +141,22 @@ class PageTable:
         self.v_pins[idx] = before + 1
         return slots
 
-    def unpin_keys(self, keys: Sequence[PageKey]) -> list[tuple[PageKey, int]] | None:
-        """Unpin every page of ``keys``; the pages now unused (to free); None, changing nothing,
-        when a page is not pinned as often as ``keys`` names it."""
-        found = list(map(self.slot.get, keys))
-        if None in found:
+    def unpin_keys(self, keys: Sequence[PageKey]) -> Slots | None:
+        """Unpin every page of ``keys``; the slots of the pages now unused (to free); None,
+        changing nothing, when a page is not pinned as often as ``keys`` names it."""
+        idx = self.find(keys)
+        if (idx < 0).any():
             return None
-        if len(set(found)) < len(found):  # a key twice: page by page
-            counts = Counter(keys)
-            if any(self.pins[self.slot[k]] < n for k, n in counts.items()):
+        if repeats(idx):  # a key twice: page by page
+            counts = Counter(idx.tolist())
+            if any(self.pins[s] < n for s, n in counts.items()):
                 return None
             unused = []
-            for key, n in counts.items():
-                s = self.slot[key]
+            for s, n in counts.items():
                 self.unpin(s, n)
                 if self.unused(s):
-                    unused.append((key, s))
-            return unused
-        idx = np.array(found, dtype=np.int64)
+                    unused.append(s)
+            return np.array(unused, np.int64)
         after = self.v_pins[idx] - 1
         if (after < 0).any():
             return None
@@ -152,7 +165,7 @@ class PageTable:
         idle = last & (self.v_writer[idx] == NO_WRITER)
         self.pinned -= int(last.sum())
         self.busy -= int(idle.sum())
-        return [(keys[i], found[i]) for i in np.flatnonzero(idle & (self.v_refs[idx] == 0))]
+        return idx[idle & (self.v_refs[idx] == 0)]
 
     # ---- stores -------------------------------------------------------------------------------
 
@@ -160,9 +173,9 @@ class PageTable:
                  tenant: str) -> tuple[list[PageKey], Slots]:
         """The ``keys`` (distinct) not held, and the slots of those held; a held key of another
         tenant, or one being erased, refuses the reservation."""
-        found = list(map(self.slot.get, keys))
-        absent = list(map(operator.is_, found, repeat(None)))
-        held = np.fromiter(compress(found, map(operator.not_, absent)), np.int64)
+        found = self.find(keys)
+        absent = found < 0
+        held = found[~absent]
         owner = self.v_tenant[held] != self.known(tenant)
         bad = np.flatnonzero(owner | ((self.v_state[held] & ERASED) != 0))
         if bad.size:
@@ -171,7 +184,7 @@ class PageTable:
             raise DoesNotFitError(
                 "erasure", "a page of the checkpoint is still being erased (its tenant "
                 "was forgotten while a load or a persist read it)")
-        return list(compress(keys, absent)), held
+        return list(compress(keys, absent.tolist())), held
 
     def add(self, keys: Sequence[PageKey], tenant: str, pool: str) -> None:
         """Hold new pages, one reference each (the reservation's), not ready: free slots are
@@ -182,8 +195,8 @@ class PageTable:
         free = self._free
         taken = free[len(free) - n:]
         taken.reverse()
+        self.keys.insert(keys, taken)
         del free[len(free) - n:]
-        self.slot.update(zip(keys, taken))
         idx = np.frombuffer(taken, np.int64)
         self.v_refs[idx] = 1
         self.v_pins[idx] = 0
@@ -231,13 +244,13 @@ class PageTable:
     def all_ready(self, idx: Slots) -> bool:
         return bool((self.v_state[idx] & READY).all())
 
-    def free(self, keys: Iterable[PageKey]) -> None:
-        """Drop unused pages: their slots are free again, their tenants and pools hold fewer."""
-        slots = array("q", map(self.slot.pop, keys))
-        if not slots:
+    def free(self, idx: Slots) -> None:
+        """Drop unused pages (their slots): free again, their tenants and pools hold fewer."""
+        if not idx.size:
             return
-        self._free.extend(slots)
-        idx = np.frombuffer(slots, np.int64)
+        idx = np.ascontiguousarray(idx, np.int64)
+        self.keys.remove(idx)
+        self._free.frombytes(idx.tobytes())
         for counts, column in ((self.tenant_pages, self.v_tenant), (self.pool_pages, self.v_pool)):
             for n, k in tally(column[idx]):
                 name = self.names[n]
@@ -273,6 +286,13 @@ class PageTable:
         tenant_pages.clear()
         pool_pages.clear()
         self.tenant_pages, self.pool_pages = tenant_pages, pool_pages
+
+
+def repeats(idx: Slots) -> bool:
+    """Whether a slot appears twice in ``idx`` (a prompt naming a key twice: chained prefix keys
+    never do, but the index takes any keys)."""
+    s = np.sort(idx)
+    return bool((s[1:] == s[:-1]).any())
 
 
 def tally(numbers: np.ndarray) -> Iterator[tuple[int, int]]:

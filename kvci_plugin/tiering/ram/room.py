@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kvci_plugin.tiering.ram.pages import PageTable, Slots, tally
-from kvci_plugin.tiering.types import DoesNotFitError, PageKey
+from kvci_plugin.tiering.types import DoesNotFitError
 
 DECLARED_POOL = "\0declared"
 """The pool of every declared (unverified) tenant: no valid tenant name has a NUL in it."""
@@ -31,11 +31,12 @@ DECLARED_POOL = "\0declared"
 
 @dataclass(slots=True)
 class Entry:
+    """A held checkpoint. Its keys are not kept here: its pages' slots name them in the page
+    table (``PageTable.keys_at``), so that a checkpoint costs 4 bytes a page, not a key object
+    and a reference (the connector computes each request's keys anew: they are never shared)."""
+
     tenant: str
     pool: str
-    keys: tuple[PageKey, ...]
-    # ``keys`` once each, in order (the same tuple when no key repeats: no second copy).
-    distinct: tuple[PageKey, ...]
     created: float
     last_used: float
     # Orders touches made in the same instant; the OrderedDict holds the LRU order itself.
@@ -45,8 +46,21 @@ class Entry:
     meta: Any
     # The checkpoint's number: the page table names a page's writer by it.
     num: int = 0
-    # The slots of ``distinct``, in order: a held page keeps its slot.
-    slots: Slots = field(default_factory=lambda: np.zeros(0, np.int64))
+    # The slots of its distinct pages, in the order of their first key: a held page keeps its
+    # slot (int32: a tier has under 2^31 slots).
+    slots: Slots = field(default_factory=lambda: np.zeros(0, np.int32))
+    # Where each key's page is in ``slots``, when a key repeats; None when none does (chained
+    # prefix keys never do).
+    order: np.ndarray | None = None
+
+    @property
+    def key_slots(self) -> Slots:
+        """The slot of each of its keys, in order."""
+        return self.slots if self.order is None else self.slots[self.order]
+
+    @property
+    def last_slot(self) -> int:
+        return int(self.key_slots[-1])
 
 
 @dataclass

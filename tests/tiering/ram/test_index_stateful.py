@@ -163,13 +163,21 @@ class IndexModel:
             self.seen["does_not_fit"] += 1
             return
         assert not foreign_held
+        evicted_keys: set[bytes] = set()
         for ev in res.evicted:
             entry = self.entries.pop(ev.checkpoint_id)
             self.order.remove(ev.checkpoint_id)
-            assert (ev.tenant, ev.keys) == (entry.tenant, entry.keys)
+            assert ev.tenant == entry.tenant
             assert not entry.pending
             assert not any(self.pins[k] or k in self.writer for k in entry.keys)
+            evicted_keys.update(entry.keys)
             self.seen["evicted"] += 1
+        # The pages that left: those of the evicted no remaining checkpoint (nor the new one)
+        # holds, each named once.
+        freed = [k for ev in res.evicted for k in ev.freed]
+        still = {k for e in self.entries.values() for k in e.keys} | set(keys)
+        assert len(freed) == len(set(freed))
+        assert set(freed) == evicted_keys - still
         expected_new = {
             k
             for k in keys

@@ -1,0 +1,356 @@
+// KeyTable(capacity): which slot of the RAM tier holds each 16-byte page key.
+//
+// The RAM index asks this for every page of a prompt on vLLM's scheduler thread, several times a
+// request (its lookup, a load's pin and unpin, a store's reservation). A Python dict of bytes
+// keys costs a key object (~64 bytes) and a dict entry per page, every lookup a Python call per
+// key, and at a million pages ~115 bytes of RAM a page. Here a prompt's keys are checked and
+// looked up in one call (an open-addressing table, linear probing, at most half full), and a page
+// costs its 16 key bytes in a column indexed by slot plus two 8-byte buckets.
+//
+//   check(keys) -> int           (static) how many keys, each checked as find checks them
+//   find(keys) -> bytes          int64 per key: its slot, or -1 when no slot holds it
+//   insert(keys, slots)          hold each key at its slot (an int64 buffer); all or nothing
+//   remove(slots)                drop the keys held at these slots; all or nothing
+//   keys_at(slots) -> list       the keys held at these slots
+//   held() -> bytes              int64: every slot holding a key, in ascending order
+//   clear(), len()
+//
+// `keys` is any sequence of bytes objects of exactly 16 bytes; anything else raises TypeError
+// naming its position (the index turns it into its own precise error).
+#include "key_table.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <vector>
+
+namespace {
+
+constexpr Py_ssize_t kKeyBytes = 16;
+constexpr int64_t kMaxCapacity = (int64_t(1) << 31) - 1;
+
+struct Key {
+  uint64_t lo, hi;
+  bool operator==(const Key& o) const { return lo == o.lo && hi == o.hi; }
+};
+
+uint64_t hash_of(const Key& k) {
+  // Production keys are SipHash outputs, but tests and benchmarks use structured ones: mix.
+  uint64_t h = k.lo ^ (k.hi * 0x9E3779B97F4A7C15ULL);
+  h ^= h >> 30;
+  h *= 0xBF58476D1CE4E5B9ULL;
+  h ^= h >> 27;
+  h *= 0x94D049BB133111EBULL;
+  h ^= h >> 31;
+  return h;
+}
+
+// A bucket: 0 when empty, else (the key's hash tag << 32) | (slot + 1). The tag spares a read of
+// the key column for every bucket a probe passes.
+struct Table {
+  std::vector<uint64_t> buckets;
+  std::vector<Key> keys;      // by slot
+  std::vector<uint8_t> used;  // by slot
+  uint64_t mask = 0;
+  Py_ssize_t size = 0;
+
+  explicit Table(int64_t capacity) : keys(size_t(capacity)), used(size_t(capacity), 0) {
+    uint64_t n = 8;
+    while (n < uint64_t(capacity) * 2) n <<= 1;
+    buckets.assign(n, 0);
+    mask = n - 1;
+  }
+
+  static uint64_t tag_of(uint64_t h) { return h >> 32; }
+
+  // The bucket holding `k`, or the empty bucket where it would go.
+  uint64_t probe(const Key& k, uint64_t h, bool* found) const {
+    const uint64_t tag = tag_of(h);
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+      const uint64_t b = buckets[i];
+      if (b == 0) {
+        *found = false;
+        return i;
+      }
+      if ((b >> 32) == tag && keys[size_t((b & 0xFFFFFFFFULL) - 1)] == k) {
+        *found = true;
+        return i;
+      }
+    }
+  }
+
+  int64_t find(const Key& k) const {
+    bool found;
+    const uint64_t i = probe(k, hash_of(k), &found);
+    return found ? int64_t(buckets[i] & 0xFFFFFFFFULL) - 1 : -1;
+  }
+
+  void insert(const Key& k, int64_t slot) {
+    const uint64_t h = hash_of(k);
+    bool found;
+    const uint64_t i = probe(k, h, &found);
+    buckets[i] = (tag_of(h) << 32) | uint64_t(slot + 1);
+    keys[size_t(slot)] = k;
+    used[size_t(slot)] = 1;
+    ++size;
+  }
+
+  void remove(int64_t slot) {
+    const Key& k = keys[size_t(slot)];
+    bool found;
+    uint64_t i = probe(k, hash_of(k), &found);
+    // Backward-shift deletion: no tombstones, so probes stay short however many keys came and
+    // went.
+    for (uint64_t j = (i + 1) & mask; buckets[j] != 0; j = (j + 1) & mask) {
+      const uint64_t home = hash_of(keys[size_t((buckets[j] & 0xFFFFFFFFULL) - 1)]) & mask;
+      // The entry at j may move to i unless its home lies cyclically in (i, j].
+      const bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+      if (!stays) {
+        buckets[i] = buckets[j];
+        i = j;
+      }
+    }
+    buckets[i] = 0;
+    used[size_t(slot)] = 0;
+    --size;
+  }
+};
+
+struct KeyTableObject {
+  PyObject_HEAD
+  Table* table;
+};
+
+// Each key of `sequence` into dst; false with TypeError naming the first bad position.
+bool read_keys(PyObject* sequence, std::vector<Key>& dst) {
+  PyObject* items = PySequence_Fast(sequence, "keys must be a sequence of 16-byte bytes");
+  if (items == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  PyObject** item = PySequence_Fast_ITEMS(items);
+  dst.resize(size_t(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!PyBytes_Check(item[i]) || PyBytes_GET_SIZE(item[i]) != kKeyBytes) {
+      PyErr_Format(PyExc_TypeError, "keys[%zd] is not a 16-byte bytes object", i);
+      Py_DECREF(items);
+      return false;
+    }
+    std::memcpy(&dst[size_t(i)], PyBytes_AS_STRING(item[i]), kKeyBytes);
+  }
+  Py_DECREF(items);
+  return true;
+}
+
+// The int64 slots of a C-contiguous buffer, each checked in [0, capacity).
+bool read_slots(PyObject* obj, const Table& t, std::vector<int64_t>& dst) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return false;
+  const bool int64 = view.itemsize == 8 && view.format != nullptr &&
+                     (std::strcmp(view.format, "q") == 0 || std::strcmp(view.format, "l") == 0 ||
+                      std::strcmp(view.format, "<q") == 0 || std::strcmp(view.format, "<l") == 0 ||
+                      std::strcmp(view.format, "=q") == 0);
+  if (!int64) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_TypeError, "slots must be a C-contiguous int64 buffer");
+    return false;
+  }
+  const Py_ssize_t n = view.len / 8;
+  dst.resize(size_t(n));
+  std::memcpy(dst.data(), view.buf, size_t(view.len));
+  PyBuffer_Release(&view);
+  const int64_t capacity = int64_t(t.used.size());
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (dst[size_t(i)] < 0 || dst[size_t(i)] >= capacity) {
+      PyErr_Format(PyExc_ValueError, "slots[%zd] = %lld is outside [0, %lld)", i,
+                   (long long)dst[size_t(i)], (long long)capacity);
+      return false;
+    }
+  }
+  return true;
+}
+
+PyObject* int64_bytes(const std::vector<int64_t>& values) {
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values.data()),
+                                   Py_ssize_t(values.size() * 8));
+}
+
+PyObject* kt_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"capacity", nullptr};
+  long long capacity = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "L", const_cast<char**>(names), &capacity)) {
+    return nullptr;
+  }
+  if (capacity < 1 || capacity > kMaxCapacity) {
+    PyErr_Format(PyExc_ValueError, "capacity must be in [1, %lld], not %lld",
+                 (long long)kMaxCapacity, capacity);
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<KeyTableObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->table = new (std::nothrow) Table(capacity);
+  if (self->table == nullptr) {
+    Py_DECREF(self);
+    return PyErr_NoMemory();
+  }
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void kt_dealloc(PyObject* obj) {
+  delete reinterpret_cast<KeyTableObject*>(obj)->table;
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+Table& table_of(PyObject* self) { return *reinterpret_cast<KeyTableObject*>(self)->table; }
+
+PyObject* kt_find(PyObject* self, PyObject* keys) {
+  std::vector<Key> ks;
+  if (!read_keys(keys, ks)) return nullptr;
+  const Table& t = table_of(self);
+  std::vector<int64_t> out(ks.size());
+  for (size_t i = 0; i < ks.size(); ++i) out[i] = t.find(ks[i]);
+  return int64_bytes(out);
+}
+
+PyObject* kt_check(PyObject*, PyObject* keys) {
+  std::vector<Key> ks;
+  if (!read_keys(keys, ks)) return nullptr;
+  return PyLong_FromSize_t(ks.size());
+}
+
+PyObject* kt_insert(PyObject* self, PyObject* args) {
+  PyObject *keys, *slots_obj;
+  if (!PyArg_ParseTuple(args, "OO", &keys, &slots_obj)) return nullptr;
+  Table& t = table_of(self);
+  std::vector<Key> ks;
+  std::vector<int64_t> slots;
+  if (!read_keys(keys, ks) || !read_slots(slots_obj, t, slots)) return nullptr;
+  if (ks.size() != slots.size()) {
+    PyErr_Format(PyExc_ValueError, "%zu keys but %zu slots", ks.size(), slots.size());
+    return nullptr;
+  }
+  // Checked whole before any change: a refused insert changes nothing.
+  for (size_t i = 0; i < ks.size(); ++i) {
+    if (t.used[size_t(slots[i])]) {
+      PyErr_Format(PyExc_ValueError, "slot %lld already holds a key", (long long)slots[i]);
+      return nullptr;
+    }
+    if (t.find(ks[i]) >= 0) {
+      PyErr_Format(PyExc_ValueError, "keys[%zu] is held already", i);
+      return nullptr;
+    }
+  }
+  size_t done = 0;
+  for (; done < ks.size(); ++done) {
+    if (t.used[size_t(slots[done])] || t.find(ks[done]) >= 0) break;  // repeated within the call
+    t.insert(ks[done], slots[done]);
+  }
+  if (done < ks.size()) {
+    for (size_t i = 0; i < done; ++i) t.remove(slots[i]);
+    PyErr_Format(PyExc_ValueError, "keys[%zu] or its slot %lld repeats an earlier one", done,
+                 (long long)slots[done]);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* kt_remove(PyObject* self, PyObject* slots_obj) {
+  Table& t = table_of(self);
+  std::vector<int64_t> slots;
+  if (!read_slots(slots_obj, t, slots)) return nullptr;
+  for (int64_t s : slots) {
+    if (!t.used[size_t(s)]) {
+      PyErr_Format(PyExc_ValueError, "slot %lld holds no key", (long long)s);
+      return nullptr;
+    }
+  }
+  size_t done = 0;
+  for (; done < slots.size(); ++done) {
+    if (!t.used[size_t(slots[done])]) break;  // repeated within the call
+    t.remove(slots[done]);
+  }
+  if (done < slots.size()) {
+    PyErr_Format(PyExc_ValueError, "slot %lld is named twice (its key was removed once)",
+                 (long long)slots[done]);
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* kt_keys_at(PyObject* self, PyObject* slots_obj) {
+  const Table& t = table_of(self);
+  std::vector<int64_t> slots;
+  if (!read_slots(slots_obj, t, slots)) return nullptr;
+  PyObject* out = PyList_New(Py_ssize_t(slots.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!t.used[size_t(slots[i])]) {
+      Py_DECREF(out);
+      PyErr_Format(PyExc_ValueError, "slot %lld holds no key", (long long)slots[i]);
+      return nullptr;
+    }
+    PyObject* key = PyBytes_FromStringAndSize(
+        reinterpret_cast<const char*>(&t.keys[size_t(slots[i])]), kKeyBytes);
+    if (key == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, Py_ssize_t(i), key);
+  }
+  return out;
+}
+
+PyObject* kt_held(PyObject* self, PyObject*) {
+  const Table& t = table_of(self);
+  std::vector<int64_t> out;
+  out.reserve(size_t(t.size));
+  for (size_t s = 0; s < t.used.size(); ++s) {
+    if (t.used[s]) out.push_back(int64_t(s));
+  }
+  return int64_bytes(out);
+}
+
+PyObject* kt_clear(PyObject* self, PyObject*) {
+  Table& t = table_of(self);
+  std::fill(t.buckets.begin(), t.buckets.end(), 0);
+  std::fill(t.used.begin(), t.used.end(), 0);
+  t.size = 0;
+  Py_RETURN_NONE;
+}
+
+Py_ssize_t kt_len(PyObject* self) { return table_of(self).size; }
+
+PyMethodDef kt_methods[] = {
+    {"find", kt_find, METH_O, "find(keys) -> bytes: int64 per key, its slot or -1"},
+    {"check", kt_check, METH_O | METH_STATIC,
+     "check(keys) -> int: how many keys, each a 16-byte bytes object (else TypeError)"},
+    {"insert", kt_insert, METH_VARARGS, "insert(keys, slots): hold each key at its slot"},
+    {"remove", kt_remove, METH_O, "remove(slots): drop the keys held at these slots"},
+    {"keys_at", kt_keys_at, METH_O, "keys_at(slots) -> list[bytes]: the keys at these slots"},
+    {"held", kt_held, METH_NOARGS, "held() -> bytes: int64, every slot holding a key"},
+    {"clear", kt_clear, METH_NOARGS, "clear(): hold no key"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PySequenceMethods kt_as_sequence = {kt_len};
+
+PyTypeObject KeyTableType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+}  // namespace
+
+bool kvci_add_key_table(PyObject* module) {
+  KeyTableType.tp_name = "kvci_plugin._C.KeyTable";
+  KeyTableType.tp_basicsize = sizeof(KeyTableObject);
+  KeyTableType.tp_flags = Py_TPFLAGS_DEFAULT;
+  KeyTableType.tp_doc = "KeyTable(capacity): 16-byte page keys -> slots in [0, capacity)";
+  KeyTableType.tp_new = kt_new;
+  KeyTableType.tp_dealloc = kt_dealloc;
+  KeyTableType.tp_methods = kt_methods;
+  KeyTableType.tp_as_sequence = &kt_as_sequence;
+  if (PyType_Ready(&KeyTableType) < 0) return false;
+  Py_INCREF(&KeyTableType);
+  if (PyModule_AddObject(module, "KeyTable", reinterpret_cast<PyObject*>(&KeyTableType)) < 0) {
+    Py_DECREF(&KeyTableType);
+    return false;
+  }
+  return true;
+}
