@@ -191,7 +191,7 @@ class KVCITier:
             self._outcomes["kept_resent_prefix"] += 1
         self._outcomes["kept"] += 1
         tally.admitted_requests += 1
-        tally.ram_blocks_written += len(reservation.new)
+        tally.ram_blocks_written += len(reservation.new_keys)
         return True
 
     def _retain(self, cid: str, keys: list[bytes], plan: KeepPlan) -> None:

@@ -25,10 +25,10 @@ class ConnectorMover:
 
     def store(self, reservation: Reservation, source: Any) -> bool:
         req_id, page_of = source  # page key -> (block id, KV cache group)
-        pages = [page_of[key] for key, _ in reservation.new]
+        pages = [page_of[key] for key in reservation.new_keys]
         self.stores.append(StoreJob(
             req_id=req_id, checkpoint_id=reservation.checkpoint_id,
-            slots=[slot for _, slot in reservation.new], block_ids=[b for b, _ in pages],
+            slots=list(reservation.new_slots), block_ids=[b for b, _ in pages],
             groups=[g for _, g in pages]))
         return False
 

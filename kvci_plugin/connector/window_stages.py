@@ -177,16 +177,17 @@ class WindowStages:
             return
         w.pages.update((p, pages[p][0]) for p in order)
         w.stages.append(sid)
-        stage = self._stages[sid] = _Stage(req_id, st.tenant, len(res.new))
+        stage = self._stages[sid] = _Stage(req_id, st.tenant, len(res.new_keys))
         self.held_pages += stage.new_pages
         self._stats.count(c.WINDOW_STAGES)
-        if not res.new:
+        if not res.new_keys:
             self._committed(sid, stage)  # every page was held already: nothing to copy
             return
         where = {pages[p][0]: (pages[p][1], p[1]) for p in order}
         self._mover.window_stores.append(StoreJob(
-            req_id=req_id, checkpoint_id=sid, slots=[s for _, s in res.new],
-            block_ids=[where[k][0] for k, _ in res.new], groups=[where[k][1] for k, _ in res.new]))
+            req_id=req_id, checkpoint_id=sid, slots=list(res.new_slots),
+            block_ids=[where[k][0] for k in res.new_keys],
+            groups=[where[k][1] for k in res.new_keys]))
 
     # ---- the workers' report ------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ as the anchor changes; the refresh and the save read the columns whole.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -63,11 +63,12 @@ class AnchorTable:
     def clear(self) -> None:
         self.__init__(len(self._used))  # type: ignore[misc]
 
-    def columns(self) -> IdleColumns:
-        """The used rows' fields, copied: what ``idle_ages`` reads later, elsewhere."""
-        used = self._used[: self._next]
-        return IdleColumns(self._band[: self._next][used], self._reuses[: self._next][used],
-                           self._said[: self._next][used], self._last_seen[: self._next][used])
+    def idle(self, now: float) -> IdleAges:
+        """Every anchor's idle age at ``now``, per class (``reuse_hazard.Live``), from a copy of
+        the columns: grouped when first read (a state save reads it on its own thread)."""
+        n, used = self._next, self._used[: self._next]
+        return IdleAges(self._band[:n][used], self._reuses[:n][used], self._said[:n][used],
+                        self._last_seen[:n][used], now)
 
     def _grow(self) -> None:
         n = 2 * len(self._used)
@@ -78,27 +79,40 @@ class AnchorTable:
             setattr(self, name, new)
 
 
-class IdleColumns:
-    """Some anchors' fields (copies), and their idle ages so far per class."""
+class IdleAges(Mapping[PolicyClass, np.ndarray]):
+    """Idle ages so far per class, of anchors' fields copied (``AnchorTable.idle``)."""
 
     def __init__(self, band: np.ndarray, reuses: np.ndarray, said: np.ndarray,
-                 last_seen: np.ndarray) -> None:
-        self.band, self.reuses, self.said, self.last_seen = band, reuses, said, last_seen
+                 last_seen: np.ndarray, now: float) -> None:
+        self._columns: tuple[np.ndarray, ...] | None = (band, reuses, said, last_seen)
+        self._now = now
+        self._ages: dict[PolicyClass, np.ndarray] = {}
 
-    def idle_ages(self, now: float) -> dict[Hashable, np.ndarray]:
-        """Each anchor's idle age at ``now``, per class (``reuse_hazard.Live``)."""
-        if not self.band.size:
-            return {}
-        ages = np.maximum(0.0, now - self.last_seen)
-        # One small int per class: the anchors are grouped by a count of each, not a sort.
-        keys = (((self.band - UNSCORED_BAND) * (COUNT_CAP + 1)
-                 + np.minimum(self.reuses, COUNT_CAP)) * len(SAID) + self.said)
-        return {_class_of(int(k)): ages[keys == k]
-                for k in np.flatnonzero(np.bincount(keys)).tolist()}
+    def _grouped(self) -> dict[PolicyClass, np.ndarray]:
+        if self._columns is not None:
+            band, reuses, said, last_seen = self._columns
+            self._columns = None
+            if band.size:
+                ages = np.maximum(0.0, self._now - last_seen)
+                # One small int per class: grouped by a count of each, not a sort.
+                keys = (((band - UNSCORED_BAND) * (COUNT_CAP + 1)
+                         + np.minimum(reuses, COUNT_CAP)) * len(SAID) + said)
+                self._ages = {_class_of(k): ages[keys == k]
+                              for k in np.flatnonzero(np.bincount(keys)).tolist()}
+        return self._ages
+
+    def __getitem__(self, cls: PolicyClass) -> np.ndarray:
+        return self._grouped()[cls]
+
+    def __iter__(self) -> Iterator[PolicyClass]:
+        return iter(self._grouped())
+
+    def __len__(self) -> int:
+        return len(self._grouped())
 
 
 def _class_of(key: int) -> PolicyClass:
-    """The class ``idle_ages`` numbered ``key``."""
+    """The class ``IdleAges`` numbered ``key``."""
     key, said = divmod(key, len(SAID))
     band, resent = divmod(key, COUNT_CAP + 1)
     return (band + UNSCORED_BAND, resent, _SAID_BY_CODE[said])

@@ -30,9 +30,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
+from kvci_plugin.policy.anchor_table import PolicyClass
 from kvci_plugin.policy.offer import COUNT_CAP, SCORE_BANDS, UNSCORED_BAND
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
-from kvci_plugin.policy.value_policy import PolicyClass
 
 logger = logging.getLogger(__name__)
 

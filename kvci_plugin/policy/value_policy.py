@@ -60,16 +60,14 @@ Rules, each with the anchor it comes from:
 from __future__ import annotations
 
 import heapq
-import operator
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
-import numpy as np
-
-from kvci_plugin.policy.offer import COUNT_CAP, UNSCORED_BAND, Offer
+from kvci_plugin.policy.anchor_table import AnchorTable, PolicyClass
+from kvci_plugin.policy.offer import COUNT_CAP, Offer
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
 from kvci_plugin.policy.tier_policy import PolicyStats
 
@@ -77,19 +75,14 @@ from kvci_plugin.policy.tier_policy import PolicyStats
 # and with the learning it keeps, a tier sees past its own capacity (ARC keeps ghosts of its size).
 DEFAULT_MAX_GHOSTS = 65536
 # Rates are recomputed after this many lookups, or after an eighth of the tracked anchors' count
-# of them when that is more: the refresh walks every tracked anchor, so its cost per lookup stays
-# bounded.
+# of them when that is more: the refresh reads every tracked anchor's row (``AnchorTable``), so
+# its cost per lookup stays bounded.
 REFRESH_LOOKUPS = 64
 # Victim ages the holding horizon is the median of.
 HORIZON_SAMPLES = 64
-# What a client may say of a turn's end (``Offer.pending``), each numbered for the bulk refresh.
-_SAID = {None: 0, True: 1, False: 2}
-_SAID_BY_CODE = tuple(_SAID)
-_BAND, _REUSES, _PENDING, _LAST_SEEN = map(
-    operator.attrgetter, ("band", "reuses", "pending", "last_seen"))
 
-# A class: the score's band, the re-sends (capped), what the client said of the turn's end.
-PolicyClass = tuple[int, int, bool | None]
+
+_NO_CIDS: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -99,7 +92,10 @@ class _Anchor:
     last_seen: float
     cost: float | None
     reuses: int = 0
-    cids: set[str] = field(default_factory=set)
+    # Its held checkpoints; a ghost shares one empty frozenset (tens of thousands of ghosts, a
+    # set each, were as many objects for every full garbage collection to walk).
+    cids: set[str] | frozenset[str] = _NO_CIDS
+    row: int = -1  # in the policy's ``AnchorTable``
 
     @classmethod
     def of(cls, offer: Offer, now: float) -> _Anchor:
@@ -125,6 +121,9 @@ class ValuePolicy:
         # Anchors with no checkpoint held, least recently seen first; and those with one.
         self._ghosts: OrderedDict[Hashable, _Anchor] = OrderedDict()
         self._held: dict[Hashable, _Anchor] = {}
+        self._table = AnchorTable()  # their fields the refresh reads, in columns
+        # Both together: a prompt's keys are looked up once (held: those with checkpoints).
+        self._remembered: dict[Hashable, _Anchor] = {}
         self._anchor_of: dict[str, Hashable] = {}
         # Held non-explicit checkpoints per class, least recently seen first; explicit ones apart.
         self._by_class: dict[PolicyClass, OrderedDict[str, None]] = {}
@@ -148,18 +147,17 @@ class ValuePolicy:
 
     def observe_lookup(self, chain: Sequence[Hashable], now: float) -> None:
         self._weighed = None
-        for key in _remembered(chain, self._held, self._ghosts):
-            anchor = self._held.get(key)
-            if anchor is None:
-                anchor = self._ghosts.get(key)
-                if anchor is None:
-                    continue
+        remembered = self._remembered
+        for key in compress(chain, map(remembered.__contains__, chain)):
+            anchor = remembered[key]
+            if not anchor.cids:  # a ghost: the least recently seen are forgotten first
                 self._ghosts.move_to_end(key)
             self._unread.difference_update(anchor.cids)  # held and re-sent: this lookup hits it
             self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=True)
             before = anchor.cls
             anchor.reuses += 1
             anchor.last_seen = now
+            self._table.put(anchor.row, anchor.band, anchor.reuses, anchor.pending, now)
             self._reclass(anchor, before)
         self._lookups_since_refresh += 1
         if self._lookups_since_refresh >= max(REFRESH_LOOKUPS, self.tracked // 8):
@@ -176,11 +174,13 @@ class ValuePolicy:
             return
         anchor = self._ghosts.get(offer.anchor)
         if anchor is None:
-            self._ghosts[offer.anchor] = _Anchor.of(offer, now)
+            self._ghosts[offer.anchor] = self._remember(offer.anchor, offer, now)
             self._forget_overflow(now)
         else:
             # The same context finished again (a repeat): its class follows the latest word on it.
             anchor.band, anchor.pending = offer.band, offer.pending
+            self._table.put(anchor.row, anchor.band, anchor.reuses, anchor.pending,
+                            anchor.last_seen)
             anchor.cost = (
                 offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
             )
@@ -194,11 +194,9 @@ class ValuePolicy:
         """What the policy has learned, as counts a restarted tier can start from
         (``ReuseHazard.from_counts``): the contexts still idle count as idle up to ``now``. Their
         idle ages are gathered when first read (``HazardCounts.closed``, on the saver's thread),
-        from the anchors as they are then: here, under the index's lock, only the list of them
-        is copied, not walked field by field (in the dicts' storage order: ``OrderedDict``'s own
-        walk looks every key up again, several times slower)."""
-        return self._hazard.counts(
-            _IdleAges([*dict.values(self._ghosts), *self._held.values()], now))
+        from a copy of the anchors' columns made here (``AnchorTable.idle``), under the index's
+        lock."""
+        return self._hazard.counts(self._table.idle(now))
 
     @property
     def tracked(self) -> int:
@@ -240,7 +238,7 @@ class ValuePolicy:
         elif any(cid in self._explicit for cid in victims):
             admit = False
         else:
-            anchor = self._held.get(offer.anchor) or self._ghosts.get(offer.anchor)
+            anchor = self._remembered.get(offer.anchor)
             cls = anchor.cls if anchor is not None else (offer.band, 0, offer.pending)
             worth = self._worth(cls, 0.0) * self._cost(offer.rebuild_s_per_page)
             weighed = self._weighed[1] if self._weighed and self._weighed[0] == now else {}
@@ -268,9 +266,12 @@ class ValuePolicy:
         if anchor is None:
             anchor = self._ghosts.pop(offer.anchor, None)
             if anchor is None:
-                anchor = _Anchor.of(offer, now)
+                anchor = self._remember(offer.anchor, offer, now)
             self._held[offer.anchor] = anchor
-        anchor.cids.add(checkpoint_id)
+        if anchor.cids:
+            anchor.cids.add(checkpoint_id)  # type: ignore[union-attr]
+        else:
+            anchor.cids = {checkpoint_id}
         self._anchor_of[checkpoint_id] = offer.anchor
         self._unread.add(checkpoint_id)
         self._admitted += 1
@@ -284,13 +285,14 @@ class ValuePolicy:
         """The context before the chain's last key that a lookup re-sent most deeply, when it
         holds no checkpoint: its pages are kept as one of its own, weighed by its class."""
         before_last = chain[:-1]
-        for pos in reversed(list(compress(range(len(before_last)), _is_remembered(
-                before_last, self._held, self._ghosts)))):
+        remembered = self._remembered
+        for pos in reversed(list(compress(range(len(before_last)),
+                                          map(remembered.__contains__, before_last)))):
             key = chain[pos]
-            if key in self._held:
+            anchor = remembered[key]
+            if anchor.cids:
                 return None  # that context is kept: its checkpoint already holds the prefix
-            anchor = self._ghosts.get(key)
-            if anchor is not None and anchor.reuses:
+            if anchor.reuses:
                 return pos + 1, Offer(anchor=key, rebuild_s_per_page=anchor.cost)
         return None
 
@@ -313,17 +315,20 @@ class ValuePolicy:
         if key is None:
             return
         anchor = self._held[key]
-        anchor.cids.discard(checkpoint_id)
+        anchor.cids.discard(checkpoint_id)  # type: ignore[union-attr]
         if self._explicit.pop(checkpoint_id, 0) is not None:
             self._leave_class(checkpoint_id, anchor.cls)
         if not anchor.cids:
             # Still remembered: whether it comes back is what the next decision learns from.
+            anchor.cids = _NO_CIDS
             self._ghosts[key] = self._held.pop(key)
 
     def cleared(self) -> None:
         self._weighed = None
         # What was learned about the workload stays; the anchors (keys of the old generation) go.
         self._ghosts.clear()
+        self._table.clear()
+        self._remembered.clear()
         self._held.clear()
         self._anchor_of.clear()
         self._by_class.clear()
@@ -389,76 +394,19 @@ class ValuePolicy:
 
     def _forget_overflow(self, now: float) -> None:
         while len(self._ghosts) > self._max_ghosts:
-            _, anchor = self._ghosts.popitem(last=False)
+            key, anchor = self._ghosts.popitem(last=False)
+            del self._remembered[key]
+            self._table.drop(anchor.row)
             self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=False)
 
     def _refresh(self, now: float) -> None:
         self._weighed = None
         self._lookups_since_refresh = 0
-        self._hazard.refresh(_idle_ages([*self._ghosts.values(), *self._held.values()], now))
+        self._hazard.refresh(self._table.idle(now))
 
-def _idle_ages(anchors: Sequence[_Anchor], now: float) -> dict[PolicyClass, np.ndarray]:
-    """Every anchor's idle age so far, per class (``reuse_hazard.Live``)."""
-    n = len(anchors)
-    if not n:
-        return {}
-    # ``map`` and ``attrgetter`` read the fields in C: the refresh walks every remembered anchor
-    # (tens of thousands) while the index's lock is held.
-    bands = np.fromiter(map(_BAND, anchors), np.int64, n)
-    reuses = np.fromiter(map(_REUSES, anchors), np.int64, n)
-    said = np.fromiter(map(_SAID.__getitem__, map(_PENDING, anchors)), np.int64, n)
-    ages = np.maximum(0.0, now - np.fromiter(map(_LAST_SEEN, anchors), np.float64, n))
-    # One int per class, so the anchors are grouped by one sort.
-    keys = ((bands - UNSCORED_BAND) * (COUNT_CAP + 1) + np.minimum(reuses, COUNT_CAP)) * len(
-        _SAID
-    ) + said
-    order = np.argsort(keys, kind="stable")
-    found, starts = np.unique(keys[order], return_index=True)
-    return {
-        _class_of(int(k)): part for k, part in zip(found, np.split(ages[order], starts[1:]))
-    }
-
-
-class _IdleAges(Mapping[PolicyClass, np.ndarray]):
-    """``_idle_ages`` of a list of anchors, gathered when first read: a state save copies the
-    list under the index's lock and walks it on its own thread (an anchor the engine touches
-    meanwhile counts as it is by then: a save is a snapshot of learning, not of one instant)."""
-
-    def __init__(self, anchors: list[_Anchor], now: float) -> None:
-        self._anchors: list[_Anchor] | None = anchors
-        self._now = now
-        self._ages: dict[PolicyClass, np.ndarray] = {}
-
-    def _gathered(self) -> dict[PolicyClass, np.ndarray]:
-        if self._anchors is not None:
-            self._ages, self._anchors = _idle_ages(self._anchors, self._now), None
-        return self._ages
-
-    def __getitem__(self, cls: PolicyClass) -> np.ndarray:
-        return self._gathered()[cls]
-
-    def __iter__(self) -> Iterator[PolicyClass]:
-        return iter(self._gathered())
-
-    def __len__(self) -> int:
-        return len(self._gathered())
-
-
-def _is_remembered(chain: Sequence[Hashable], held: Mapping[Hashable, _Anchor],
-                   ghosts: Mapping[Hashable, _Anchor]) -> Iterator[bool]:
-    """Per key of ``chain``, whether it is a remembered anchor (held or not); the walk runs in
-    C (``map``), not key by key in Python: a prompt of hundreds of pages names a handful."""
-    return map(operator.or_, map(held.__contains__, chain), map(ghosts.__contains__, chain))
-
-
-def _remembered(chain: Sequence[Hashable], held: Mapping[Hashable, _Anchor],
-                ghosts: Mapping[Hashable, _Anchor]) -> Iterator[Hashable]:
-    """The keys of ``chain`` that are remembered anchors, in order."""
-    return compress(chain, _is_remembered(chain, held, ghosts))
-
-
-def _class_of(key: int) -> PolicyClass:
-    """The class ``_idle_ages`` numbered ``key``."""
-    key, said = divmod(key, len(_SAID))
-    band, resent = divmod(key, COUNT_CAP + 1)
-    return (band + UNSCORED_BAND, resent, _SAID_BY_CODE[said])
+    def _remember(self, key: Hashable, offer: Offer, now: float) -> _Anchor:
+        """A new anchor, its row in the table written."""
+        anchor = self._remembered[key] = _Anchor.of(offer, now)
+        anchor.row = self._table.add()
+        self._table.put(anchor.row, anchor.band, 0, anchor.pending, now)
+        return anchor

@@ -326,7 +326,7 @@ class TieredCheckpointManager(TenantErasure):
                     delegation_tokens=delegation_tokens)
         return CheckpointOutcome(
             checkpoint_id=cid, tier="ram", pending=not done, reason="kept in RAM",
-            new_pages=len(res.new), reused_pages=len(res.reused),
+            new_pages=len(res.new_keys), reused_pages=len(res.reused_keys),
             evicted=tuple(e.checkpoint_id for e in res.evicted), evicted_pages=evicted_pages,
             persist=persist_outcome, retain=retained)
 
@@ -347,7 +347,7 @@ class TieredCheckpointManager(TenantErasure):
         (False: the mover reports it later, ``on_stored``)."""
         cid = res.checkpoint_id
         done = True
-        if res.new:
+        if res.new_keys:
             try:
                 done = self.mover.store(res, source)
             except BaseException:
@@ -360,7 +360,7 @@ class TieredCheckpointManager(TenantErasure):
             self.retentions.committed()
             self._tell_ram_stored(cid, tenant)
             self._keep_resent_prefix(cid, trigger)
-            if res.new:
+            if res.new_keys:
                 self._persists.start_ready()
         else:
             self._copying[cid] = (tenant, trigger)

@@ -163,16 +163,20 @@ class Eviction:
 class Reservation:
     """What the worker must do to store a checkpoint.
 
-    ``slots`` lines up with the reserved keys. ``new`` lists the (key, slot) pairs whose bytes
-    the worker must copy before ``commit``; ``reused`` lists pages already held (deduplicated).
-    ``evicted`` lists the checkpoints dropped to make room.
+    ``slots`` lines up with the reserved keys. ``new_keys`` and ``new_slots`` (aligned) are the
+    pages whose bytes the worker must copy before ``commit``; ``reused_keys`` and
+    ``reused_slots`` the pages already held (each deduplicated). ``evicted`` lists the
+    checkpoints dropped to make room. Columns, not a (key, slot) pair a page: a store of hundreds
+    of pages made as many tuples for the garbage collector to count.
     """
 
     checkpoint_id: str
     tenant: str
     slots: tuple[int, ...]
-    new: tuple[tuple[PageKey, int], ...]
-    reused: tuple[tuple[PageKey, int], ...]
+    new_keys: tuple[PageKey, ...]
+    new_slots: tuple[int, ...]
+    reused_keys: tuple[PageKey, ...]
+    reused_slots: tuple[int, ...]
     evicted: tuple[Eviction, ...]
 
 

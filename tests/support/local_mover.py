@@ -33,9 +33,9 @@ class LocalPageMover:
 
     def store(self, reservation: Reservation, source: PageSource) -> bool:
         """Copy the reservation's new pages from ``source`` into their slots."""
-        if not reservation.new:
+        if not reservation.new_keys:
             return True
-        slots = [slot for _, slot in reservation.new]
+        slots = list(reservation.new_slots)
         self.pool.write_many(slots, self._new_pages(reservation, source))
         return True
 
@@ -63,11 +63,12 @@ class LocalPageMover:
             row_of: dict[int, int] = {}
             for row, slot in enumerate(reservation.slots):
                 row_of.setdefault(slot, row)
-            rows = torch.as_tensor([row_of[slot] for _, slot in reservation.new], dtype=torch.int64)
+            rows = torch.as_tensor([row_of[slot] for slot in reservation.new_slots],
+                                   dtype=torch.int64)
             return source.index_select(0, rows.to(source.device))
         if isinstance(source, Mapping):
             pages = []
-            for key, _ in reservation.new:
+            for key in reservation.new_keys:
                 page = source.get(key)
                 if page is None:
                     raise ValueError(f"source has no page for key {key.hex()}")

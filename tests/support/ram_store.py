@@ -85,14 +85,13 @@ class RAMCheckpointStore:
             checkpoint_id = uuid.uuid4().hex
         reservation = self._index.reserve(checkpoint_id, tenant, keys, meta)
         try:
-            if reservation.new:
+            if reservation.new_keys:
                 row_of = {}
                 for row, key in enumerate(keys):
                     row_of.setdefault(key, row)
-                rows = torch.as_tensor([row_of[k] for k, _ in reservation.new], dtype=torch.int64)
-                self._pool.write_many(
-                    [slot for _, slot in reservation.new], pages.index_select(0, rows)
-                )
+                rows = torch.as_tensor([row_of[k] for k in reservation.new_keys],
+                                       dtype=torch.int64)
+                self._pool.write_many(list(reservation.new_slots), pages.index_select(0, rows))
         except BaseException:
             self._index.abort(checkpoint_id)
             raise

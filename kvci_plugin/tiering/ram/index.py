@@ -294,9 +294,9 @@ class RAMIndex:
             return Reservation(
                 checkpoint_id=checkpoint_id, tenant=tenant,
                 slots=tuple(slots if order is None else idx[order].tolist()),
-                new=tuple(zip(compress(distinct, new), compress(slots, new))),
-                reused=tuple(zip(compress(distinct, old), compress(slots, old))),
-                evicted=evicted,
+                new_keys=tuple(compress(distinct, new)), new_slots=tuple(compress(slots, new)),
+                reused_keys=tuple(compress(distinct, old)),
+                reused_slots=tuple(compress(slots, old)), evicted=evicted,
             )
 
     def _hold(self, checkpoint_id: str, tenant: str, pool: str, distinct: tuple[PageKey, ...],

@@ -37,13 +37,15 @@ def ids(index: RAMIndex, tenant: str | None = None) -> list[str]:
 def test_shared_page_is_held_once_and_freed_with_its_last_reference() -> None:
     index = RAMIndex(num_slots=8, slot_bytes=SLOT, max_entries=8)
     first = index.reserve("a", "t", keys(1, 2, 3))
-    assert [k for k, _ in first.new] == keys(1, 2, 3)
-    assert first.reused == ()
+    assert list(first.new_keys) == keys(1, 2, 3)
+    assert first.reused_keys == first.reused_slots == ()
     index.commit("a")
 
     second = index.reserve("b", "t", keys(1, 2, 4))
-    assert [k for k, _ in second.new] == keys(4)
-    assert dict(second.reused) == {key(1): first.slots[0], key(2): first.slots[1]}
+    assert list(second.new_keys) == keys(4)
+    assert second.new_slots == second.slots[2:]
+    assert dict(zip(second.reused_keys, second.reused_slots)) == {
+        key(1): first.slots[0], key(2): first.slots[1]}
     assert second.slots[:2] == first.slots[:2]
     assert second.slots[2] not in first.slots
     index.commit("b")
@@ -70,7 +72,7 @@ def test_all_pages_deduplicated_is_a_checkpoint_with_nothing_to_copy() -> None:
     index = RAMIndex(num_slots=4, slot_bytes=SLOT, max_entries=4)
     stored(index, "a", "t", keys(1, 2))
     again = index.reserve("b", "t", keys(1, 2))
-    assert again.new == ()
+    assert again.new_keys == again.new_slots == ()
     index.commit("b")
     assert index.get("b", "t").complete
     assert index.stats().pages == 2
@@ -80,7 +82,7 @@ def test_a_key_repeated_within_a_checkpoint_takes_one_slot() -> None:
     index = RAMIndex(num_slots=4, slot_bytes=SLOT, max_entries=4)
     res = index.reserve("a", "t", keys(1, 2, 1))
     assert res.slots[0] == res.slots[2]
-    assert len(res.new) == 2
+    assert len(res.new_keys) == len(res.new_slots) == 2
     index.commit("a")
     assert index.stats().pages == 2
     index.remove("a", "t")
@@ -143,7 +145,7 @@ def test_evicting_a_checkpoint_keeps_pages_the_new_one_reuses() -> None:
     res = index.reserve("c", "t", keys(1, 2, 4))
     # "a" goes (least recently used) but its pages are reused, so "b" must go too.
     assert [e.checkpoint_id for e in res.evicted] == ["a", "b"]
-    assert dict(res.reused).keys() == {key(1), key(2)}
+    assert set(res.reused_keys) == {key(1), key(2)}
     index.commit("c")
     assert index.longest_prefix(keys(1, 2, 4), "t") == 3
 
@@ -270,8 +272,8 @@ def test_a_page_whose_writer_aborted_is_copied_by_the_next_reservation() -> None
     index = RAMIndex(num_slots=4, slot_bytes=SLOT, max_entries=4)
     first = index.reserve("a", "t", keys(1, 2))
     second = index.reserve("b", "t", keys(1, 3))
-    assert dict(second.reused) == {key(1): first.slots[0]}
-    assert [k for k, _ in second.new] == keys(3)
+    assert dict(zip(second.reused_keys, second.reused_slots)) == {key(1): first.slots[0]}
+    assert list(second.new_keys) == keys(3)
     index.commit("b")
     assert not index.get("b", "t").complete
 
@@ -279,7 +281,7 @@ def test_a_page_whose_writer_aborted_is_copied_by_the_next_reservation() -> None
     assert index.stats().pages == 2  # page 1 is still referenced by "b"
     assert index.longest_prefix(keys(1, 3), "t") == 0
     third = index.reserve("c", "t", keys(1))
-    assert third.new == ((key(1), first.slots[0]),)
+    assert (third.new_keys, third.new_slots) == ((key(1),), (first.slots[0],))
     index.commit("c")
     assert index.get("b", "t").complete
     assert index.longest_prefix(keys(1, 3), "t") == 2

@@ -183,15 +183,18 @@ class IndexModel:
             for k in keys
             if k not in self.slot_of or (k not in self.ready and k not in self.writer)
         }
-        assert {k for k, _ in res.new} == expected_new
-        assert {k for k, _ in res.reused} == set(keys) - expected_new
+        assert set(res.new_keys) == expected_new
+        assert set(res.reused_keys) == set(keys) - expected_new
+        slot_of = dict(zip(keys, res.slots))
+        assert [slot_of[k] for k in res.new_keys] == list(res.new_slots)
+        assert [slot_of[k] for k in res.reused_keys] == list(res.reused_slots)
         self.entries[cid] = ModelEntry(tenant, tuple(keys), pending=True)
         self.order.append(cid)
         self.forget_unheld()
         for k, slot in zip(keys, res.slots):
             assert self.slot_of.setdefault(k, slot) == slot
             assert self.tenant_of.setdefault(k, tenant) == tenant
-        for k, _ in res.new:
+        for k in res.new_keys:
             self.writer[k] = cid
         self.seen["reserved"] += 1
 
