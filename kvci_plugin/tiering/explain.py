@@ -38,9 +38,10 @@ class Tombstones:
         under way must never become loadable."""
         return checkpoint_id in self._fenced or checkpoint_id in self._forgotten
 
-    def fence(self, entries: Iterable[CheckpointEntry], when: float, generation: int) -> None:
-        for entry in entries:
-            self._fenced[entry.checkpoint_id] = (entry.tenant, when, generation)
+    def fence(self, held: Iterable[tuple[str, str]], when: float, generation: int) -> None:
+        """A reset dropped ``held`` (checkpoint id, tenant)."""
+        for checkpoint_id, tenant in held:
+            self._fenced[checkpoint_id] = (tenant, when, generation)
         _trim(self._fenced)
 
     def forget(self, entries: Iterable[CheckpointEntry], tenant: str, when: float) -> None:
@@ -76,9 +77,7 @@ def ram_entry(index: RAMIndex, checkpoint_id: str, tenant: str | None) -> Checkp
             return index.get(checkpoint_id, tenant)
         except CheckpointNotFoundError:
             return None
-    # Only explain without a tenant (operator tools) gets here: RAMIndex looks ids up by
-    # tenant, so this scans.
-    return next((e for e in index.entries() if e.checkpoint_id == checkpoint_id), None)
+    return index.find(checkpoint_id)  # operator tools: by id, whatever its tenant
 
 
 def durable_record(disk: KVCheckpointStore | None, checkpoint_id: str, tenant: str | None,

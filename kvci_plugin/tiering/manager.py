@@ -443,8 +443,7 @@ class TieredCheckpointManager(TenantErasure):
         generation for every node sharing its catalog. Keys move to the next generation."""
         with self.lock:
             now = self._clock()
-            ram = self.index.entries()
-            self.index.clear()
+            ram = self.index.clear()
             self.retentions.clear()
             self._copying.clear()
             if self._loadable is not None:

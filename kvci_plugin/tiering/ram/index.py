@@ -386,14 +386,15 @@ class RAMIndex:
                 t.v_state[held[t.v_tenant[held] == t.known(tenant)]] = ERASED  # not ready
             return erased
 
-    def clear(self) -> tuple[str, ...]:
-        """Forget every checkpoint, pending or pinned ones too (a cache reset); returns their ids.
+    def clear(self) -> tuple[tuple[str, str], ...]:
+        """Forget every checkpoint, pending or pinned ones too (a cache reset); returns their ids
+        and tenants.
 
         The caller makes sure nothing still loads from or copies into a slot when a new store
         may take it: the connector's copies run in step order, so a slot freed now is written
         again only after the jobs already sent."""
         with self._lock:
-            ids = tuple(self._entries)
+            ids = tuple((cid, entry.tenant) for cid, entry in self._entries.items())
             self._entries.clear()
             self._pages.clear()
             self._ending.clear()
