@@ -14,7 +14,7 @@ a trace of many users behind shared prompts (``benchmarks/policy_sim``, Mooncake
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kvci_plugin.policy.offer import Offer
@@ -56,7 +56,8 @@ class LRUPolicy:
             if cid not in self._order:
                 yield cid
 
-    def admits(self, offer: Offer, victims: Sequence[str], now: float) -> bool:
+    def admits(self, offer: Offer, victims: Sequence[str], now: float,
+               displaced: Collection[str] | None = None) -> bool:
         return True
 
     def admitted(self, checkpoint_id: str, offer: Offer, now: float) -> None:
@@ -91,6 +92,17 @@ class LRUPolicy:
             self._displaced += 1
             self._wasted += checkpoint_id in self._unread
         self._unread.discard(checkpoint_id)
+
+    def trimmed(self, checkpoint_id: str, anchor: Hashable) -> None:
+        old = self._anchor_of.get(checkpoint_id)
+        if old is None:
+            return
+        held = self._by_anchor[old]
+        held.discard(checkpoint_id)
+        if not held:
+            del self._by_anchor[old]
+        self._anchor_of[checkpoint_id] = anchor
+        self._by_anchor.setdefault(anchor, set()).add(checkpoint_id)
 
     def retained(self, checkpoint_id: str) -> None:
         return None  # a retention's pins hold it; recency is all this policy weighs

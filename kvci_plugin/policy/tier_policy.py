@@ -8,7 +8,7 @@ policy needs no lock of its own.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,8 +48,10 @@ class TierPolicy(Protocol):
         """Every held checkpoint id, first to leave first; ``entries`` is the index's LRU order."""
         ...
 
-    def admits(self, offer: Offer, victims: Sequence[str], now: float) -> bool:
-        """Whether ``offer`` is worth evicting ``victims`` (empty: there is room)."""
+    def admits(self, offer: Offer, victims: Sequence[str], now: float,
+               displaced: Collection[str] | None = None) -> bool:
+        """Whether ``offer`` is worth evicting ``victims`` (empty: there is room);
+        ``displaced``: those of them whose pages leave with them (None: all)."""
         ...
 
     def admitted(self, checkpoint_id: str, offer: Offer, now: float) -> None: ...
@@ -58,6 +60,11 @@ class TierPolicy(Protocol):
         """For a checkpoint of ``chain`` just kept by the system: how many leading keys the
         index also keeps as a checkpoint of their own (their pages are already held: no copy),
         and its offer; None: none."""
+        ...
+
+    def trimmed(self, checkpoint_id: str, anchor: Hashable) -> None:
+        """The index freed the checkpoint's tail for room: it holds the context up to ``anchor``
+        now (a shorter prefix of its own), and stays where it was in the order of leaving."""
         ...
 
     def retained(self, checkpoint_id: str) -> None:

@@ -327,7 +327,9 @@ class TieredCheckpointManager(TenantErasure):
         return CheckpointOutcome(
             checkpoint_id=cid, tier="ram", pending=not done, reason="kept in RAM",
             new_pages=len(res.new_keys), reused_pages=len(res.reused_keys),
-            evicted=tuple(e.checkpoint_id for e in res.evicted), evicted_pages=evicted_pages,
+            evicted=tuple(e.checkpoint_id for e in res.evicted if not e.trimmed),
+            trimmed=tuple(e.checkpoint_id for e in res.evicted if e.trimmed),
+            evicted_pages=evicted_pages,
             persist=persist_outcome, retain=retained)
 
     def _retention_refused(self, tenant: str, keys: Sequence[PageKey], retain: RetainAsk | None,

@@ -51,6 +51,8 @@ class CheckpointOutcome(BaseModel):
     new_pages: int = 0
     reused_pages: int = 0
     evicted: tuple[str, ...] = ()
+    # Checkpoints that gave up only their tails for room (they hold their heads on).
+    trimmed: tuple[str, ...] = ()
     # The pages that left the RAM tier with those evictions (a page an evicted checkpoint shared
     # with a held one stays): what an admission policy learns "evicted before any hit" from.
     evicted_pages: tuple[PageKey, ...] = ()

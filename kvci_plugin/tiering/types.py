@@ -157,6 +157,9 @@ class Eviction:
     tenant: str
     # Its pages that left the tier with it (a page it shared with a held checkpoint stays).
     freed: tuple[PageKey, ...]
+    # Only its tail left: the checkpoint holds its head on (``RAMIndex`` trims a last victim
+    # that would free more pages than wanted).
+    trimmed: bool = False
 
 
 @dataclass(frozen=True)

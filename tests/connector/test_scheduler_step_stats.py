@@ -44,10 +44,10 @@ def test_unread_evictions_are_reported_once_when_they_happen() -> None:
     s.take_stats()
     keep(s, "a", key(1), key(2))
     assert s.take_stats() is None  # kept, nothing evicted yet
-    keep(s, "b", key(3))  # the tier holds two pages: "a" leaves, never read
+    keep(s, "b", key(3), key(4))  # the tier holds two pages: "a" leaves, never read
     assert s.take_stats().reduce()["ram_evicted_unread"] == 1
     assert s.take_stats() is None
-    keep(s, "c", key(4), key(5))  # "b" leaves unread too
+    keep(s, "c", key(5), key(6))  # "b" leaves unread too
     assert s.take_stats().reduce()["ram_evicted_unread"] == 1
 
 

@@ -224,6 +224,97 @@ def test_a_victim_a_retention_held_does_not_stretch_the_horizon() -> None:
     assert policy._horizon() == 5.0  # counted, the retained one's 3,000 s set it
 
 
+def test_a_trimmed_checkpoint_keeps_its_context_and_leaves_first() -> None:
+    """Its head is weighed as the context it was kept for, not as the page room ran out at: a
+    lookup passing that page is no return of it; a re-send of its context is."""
+    clock = Clock()
+    ix = index(5, clock=clock)
+    keep(ix, "a", chain(1, 2, 3))
+    clock.now += 100.0
+    keep(ix, "b", chain(9))
+    clock.now += 1.0
+    keep(ix, "c", chain(7))
+    clock.now += 1.0
+    res = ix.reserve("d", "t", chain(8), offer=Offer(anchor=key(8)))  # one page wanted
+    ix.commit("d")
+    assert [(e.checkpoint_id, e.trimmed) for e in res.evicted] == [("a", True)]
+    assert ix.get("a", "t").keys == tuple(chain(1, 2)) and held(ix) == {"a", "b", "c", "d"}
+    clock.now += 1.0
+    res = ix.reserve("e", "t", chain(6), offer=Offer(anchor=key(6)))  # still the least valuable
+    ix.commit("e")
+    assert [(e.checkpoint_id, e.trimmed) for e in res.evicted] == [("a", True)]
+    ix.observe_lookup(chain(1, 5))  # passes its last page: not its context, no return of it
+    clock.now += 1.0
+    res = ix.reserve("f", "t", chain(4), offer=Offer(anchor=key(4)))
+    assert [(e.checkpoint_id, e.trimmed) for e in res.evicted] == [("a", False)]
+    ix.commit("f")
+    keep(ix, "g", chain(1, 2, 3))
+    clock.now += 100.0
+    keep(ix, "h", chain(11))
+    keep(ix, "i", chain(12))
+    res = ix.reserve("j", "t", chain(13), offer=Offer(anchor=key(13)))
+    ix.commit("j")
+    assert [(e.checkpoint_id, e.trimmed) for e in res.evicted] == [("g", True)]
+    # Its context re-sent, it is young again: another leaves instead.
+    ix.observe_lookup(chain(1, 2, 3))
+    clock.now += 1.0
+    res = ix.reserve("k", "t", chain(14), offer=Offer(anchor=key(14)))
+    assert "g" not in {e.checkpoint_id for e in res.evicted}
+    assert ix.get("g", "t").keys == tuple(chain(1, 2))
+
+
+def test_the_head_of_a_checkpoint_already_leaving_vetoes_no_offer() -> None:
+    """Admitting an offer over a checkpoint lets it go: evicted whole its pages were free for the
+    next offers, so the head a trim left them is no ground to refuse one."""
+    clock = Clock()
+    policy = ValuePolicy()
+    ix = index(4, policy=policy, clock=clock)
+    learned(clock, ix)  # "hot" (2 pages) is re-sent every 10 s; one-offs never are
+    keep(ix, "hot2", chain(20, 21))
+    for _ in range(3):
+        clock.now += 10.0
+        ix.observe_lookup(chain(20, 21))
+    clock.now += 10.0
+    ix.observe_lookup(chain(1, 2))
+    explicit = ix.reserve("x", "t", chain(30), offer=Offer(anchor=key(30), explicit=True))
+    ix.commit("x")
+    assert [(e.checkpoint_id, e.trimmed) for e in explicit.evicted] == [("hot2", True)]
+    assert policy.admits(Offer(anchor=key(61)), ["hot2"], clock.now)  # its head: room
+    with pytest.raises(NotWorthDisplacingError):  # a whole checkpoint of value is not
+        ix.reserve("oneoff", "t", chain(60, 61), offer=Offer(anchor=key(61)))
+    ix.observe_lookup(chain(20, 21))  # its context came back: it is held on its value again
+    assert not policy.admits(Offer(anchor=key(61)), ["hot2"], clock.now)
+
+
+def test_a_victim_whose_pages_stay_vetoes_no_offer() -> None:
+    """A victim every page of which stays (the offer reuses it, or it leaves with a later
+    victim) is not what the offer displaces: only victims whose pages leave are weighed."""
+    clock = Clock()
+    policy = ValuePolicy()
+    ix = index(3, policy=policy, clock=clock)
+    learned(clock, ix)
+    assert not policy.admits(Offer(anchor=key(61)), ["hot"], clock.now)
+    assert policy.admits(Offer(anchor=key(61)), ["hot"], clock.now, displaced=())
+    assert not policy.admits(Offer(anchor=key(61)), ["hot"], clock.now, displaced={"hot"})
+
+
+def test_a_checkpoint_trimmed_piece_by_piece_counts_once_in_the_horizon() -> None:
+    """The horizon is the idle age of checkpoints as they leave: one a trim leaves piece by
+    piece counts when it begins to, not again at each piece."""
+    clock = Clock()
+    policy = ValuePolicy()
+    ix = index(4, policy=policy, clock=clock)
+    keep(ix, "a", chain(1, 2, 3))
+    clock.now += 10.0
+    keep(ix, "b", chain(4))
+    for n in range(2):
+        clock.now += 100.0
+        res = ix.reserve(f"n{n}", "t", chain(10 + n), offer=Offer(anchor=key(10 + n)))
+        ix.commit(f"n{n}")
+        assert [(e.checkpoint_id, e.trimmed) for e in res.evicted] == [("a", True)]
+    assert list(policy._victim_ages) == [110.0]
+
+
 def taught_by_the_word(clock: Clock, ix: RAMIndex, *, right: bool) -> None:
     """Contexts whose client said a tool call is pending, and contexts said nothing of; when the
     word is ``right`` the first come back 10 s later and the others never, else the reverse."""
@@ -423,10 +514,11 @@ def test_invariants_against_a_reference_model(ops, pages) -> None:
                 assert held(ix) == committed | {f"{cid}p"}, (
                     "a re-sent prefix displaced a checkpoint"
                 )
-        gone = {e.checkpoint_id for e in res.evicted}
-        if gone & explicit:
+        left = {e.checkpoint_id for e in res.evicted}  # whole, or only their tails (trimmed)
+        gone = {e.checkpoint_id for e in res.evicted if not e.trimmed}
+        if left & explicit:
             # Only when every non-explicit checkpoint left (or is the newcomer's own pages) too.
-            assert not (before - gone - explicit), "an explicit checkpoint left before another"
+            assert not (before - left - explicit), "an explicit checkpoint left before another"
         explicit -= gone
         if offer.explicit:
             explicit.add(cid)

@@ -59,10 +59,10 @@ def test_a_failed_copy_tells_nothing_and_an_eviction_tells_removed(watched) -> N
     first, first_keys, _ = world.checkpoint("first", n=8)
     mover.finish_store(world.manager, first)
     rec.take()
-    # 16 slots: 10 more pages evict the first checkpoint (least recently used).
+    # 16 slots: 10 more pages take two of the first checkpoint's (least recently used): its tail.
     second, second_keys, outcome = world.checkpoint("second", n=10)
-    assert first in outcome.evicted
-    assert rec.take() == [("removed", "ram", tuple(first_keys))]
+    assert outcome.trimmed == (first,) and outcome.evicted == ()
+    assert rec.take() == [("removed", "ram", tuple(first_keys[6:]))]
     mover.finish_store(world.manager, second)
     assert rec.take() == [("stored", "ram", tuple(second_keys))]
 

@@ -323,10 +323,15 @@ def test_an_outcome_names_the_pages_its_evictions_freed(world: World) -> None:
     assert third.evicted == (first.checkpoint_id,)
     assert third.evicted_pages == tuple(a[4:])
     assert world.manager.index.longest_prefix(b, TENANT) == 6  # a lookup, not a load: no touch
-    # "b" goes next and takes the pages it shared with "a" along with its own.
+    # "b" is next; one page is wanted, so only its last page leaves and its head stays loadable.
     fourth = keep(keys_for("d", 1))
-    assert fourth.evicted == (second.checkpoint_id,)
-    assert fourth.evicted_pages == tuple(b)
+    assert (fourth.evicted, fourth.trimmed) == ((), (second.checkpoint_id,))
+    assert fourth.evicted_pages == (b[-1],)
+    assert world.manager.index.longest_prefix(b, TENANT) == 5
+    # Then it leaves whole, with the pages it shared with "a".
+    fifth = keep(keys_for("e", 5))
+    assert fifth.evicted == (second.checkpoint_id,)
+    assert fifth.evicted_pages == tuple(b[:5])
     assert world.manager.index.absent(a + b) == tuple(dict.fromkeys(a + b))
 
 
@@ -672,7 +677,7 @@ def test_a_persist_waits_for_its_ram_copy_and_pins_until_written(queued: World) 
     for i in range(4):
         filler, _, fill = queued.checkpoint(f"fill{i}", n=4)
         mover.finish_store(manager, filler)
-        evicted += fill.evicted
+        evicted += fill.evicted + fill.trimmed
     assert evicted and cid not in evicted
     assert manager.explain(cid, TENANT)["tier"] == "ram"
 

@@ -278,14 +278,20 @@ class RAMIndex:
             offer = offer if offer is not None else Offer(anchor=keys[-1])
             self._policy_changes += 1
             # What fair shares take needs no weighing: only the policy's own choice can be vetoed.
-            if not self._policy.admits(offer, room.ranked, now):
+            if not self._policy.admits(
+                    offer, room.ranked, now,
+                    set(room.ranked).difference(room.idle) if room.idle else None):
                 raise NotWorthDisplacingError(
                     "the checkpoint is worth less than the checkpoints it would evict")
             t = self._pages
             # Hold the reused pages first so that evicting their other holders keeps them.
             t.v_refs[held] += 1
-            evicted = tuple(self._drop(cid, evicted=True) for cid in room.victims)
+            trim = room.trim
+            evicted = tuple(self._drop(cid, evicted=True) for cid in room.victims
+                            if trim is None or cid != trim[0])
             self._evictions += len(evicted)
+            if trim is not None:
+                evicted += (self._trim(*trim),)
             idx, mine = self._hold(checkpoint_id, tenant, pool, distinct, order, new_keys, meta,
                                    now)
             self._policy.admitted(checkpoint_id, offer, now)
@@ -498,6 +504,24 @@ class RAMIndex:
         """A pool's fair share of the tier now (split among the pools holding pages and it)."""
         with self._lock:
             return self._planner().share(pool) * self._slot_bytes
+
+    def _trim(self, checkpoint_id: str, keep: int) -> Eviction:
+        """Free the checkpoint's pages past its first ``keep`` for room: it holds the prefix on.
+        (Only a checkpoint whose keys do not repeat is trimmed: its slots are its keys'.)"""
+        entry, t = self._entries[checkpoint_id], self._pages
+        tail = entry.slots[keep:]
+        freed = tail[t.release(tail, entry.num)]
+        keys = tuple(t.keys_at(freed))
+        t.free(freed)
+        ending = self._ending[entry.last_slot]
+        ending.discard(checkpoint_id)
+        if not ending:
+            del self._ending[entry.last_slot]
+        entry.slots = entry.slots[:keep].copy()
+        self._ending.setdefault(entry.last_slot, set()).add(checkpoint_id)
+        self._policy.trimmed(checkpoint_id, t.keys_at(entry.slots[-1:])[0])
+        self._policy_changes += 1
+        return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, freed=keys, trimmed=True)
 
     def _drop(self, checkpoint_id: str, *, evicted: bool = False) -> Eviction:
         entry = self._entries.pop(checkpoint_id)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,12 @@ class Room:
 
     fair: list[str]
     ranked: list[str]
+    # The last victim, when it frees more pages than the bounds want: (its id, how many of its
+    # leading pages it keeps); only its tail leaves.
+    trim: tuple[str, int] | None = None
+    # Victims taking which frees no page: each page of theirs stays (the reservation reuses it,
+    # or a checkpoint that stays holds it) or leaves with a later victim, its last holder.
+    idle: frozenset[str] = frozenset()
 
     @property
     def victims(self) -> list[str]:
@@ -97,6 +103,10 @@ class RoomPlanner:
     pool_pages: Counter[str]
     capacity: int
     evictable: Callable[[Entry], bool]
+    # The last candidate taken for pages alone: its id and the positions of the pages it frees.
+    _last: tuple[str, np.ndarray] | None = None
+    # The candidates taken that freed no page (``Room.idle``).
+    _idle: list[str] = field(default_factory=list)
 
     def share(self, pool: str) -> int:
         """The pages a pool's fair share is now: the tier split among the pools holding pages
@@ -114,8 +124,10 @@ class RoomPlanner:
         table = self.pages
         table.kept[keep] = True
         released: list[Slots] = []
+        self._idle = []
         try:
-            return self._plan(tenant, pool, n_new, over, order, released)
+            room = self._trimmed(self._plan(tenant, pool, n_new, over, order, released), over)
+            return replace(room, idle=frozenset(self._idle)) if self._idle else room
         finally:
             table.kept[keep] = False
             for idx in released:
@@ -157,6 +169,20 @@ class RoomPlanner:
             if self._take(cid, tenant, over, released, freed):
                 yield cid
 
+    def _trimmed(self, room: Room, over: Over) -> Room:
+        """``room``, its last victim trimmed when it frees more pages than wanted: it keeps its
+        leading pages up to the spare count of those it would free, as a block-level LRU keeps
+        a prompt's head and drops its tail (evicting it whole left pages unused until the next
+        reservation, ~3 % of the tier on the agent trace at a tenth of its working set, and cost
+        hits a block LRU kept)."""
+        if self._last is None or over.pages >= 0:
+            return room
+        cid, gone = self._last
+        spare = -over.pages
+        if len(gone) <= spare or self.entries[cid].order is not None:
+            return room  # it frees only spare pages, or repeats a key: it leaves whole
+        return Room(room.fair, room.ranked, trim=(cid, int(gone[spare])))
+
     @staticmethod
     def _checked(room: Room, over: Over) -> Room:
         for bound, left in (("max_entries", over.entries), ("max_bytes", over.pages),
@@ -175,6 +201,7 @@ class RoomPlanner:
             return False
         if not self.evictable(entry):
             return False
+        pages_only = over.entries <= 0 and over.quota <= 0
         over.entries -= 1
         table, idx = self.pages, entry.slots
         # Each page counts the candidates taken that hold it: taken by all its holders, and
@@ -182,7 +209,11 @@ class RoomPlanner:
         counts = table.released[idx] + 1
         table.released[idx] = counts
         released.append(idx)
-        gone = idx[(counts == table.v_refs[idx]) & ~table.kept[idx]]
+        frees = np.flatnonzero((counts == table.v_refs[idx]) & ~table.kept[idx])
+        self._last = (cid, frees) if pages_only else None
+        gone = idx[frees]
+        if not gone.size:
+            self._idle.append(cid)
         if gone.size:
             over.pages -= int(gone.size)
             for p, k in tally(table.v_pool[gone]):

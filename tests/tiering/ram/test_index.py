@@ -134,8 +134,39 @@ def test_the_byte_bound_evicts_only_as_much_as_needed() -> None:
     assert [e.checkpoint_id for e in res.evicted] == ["a"]
     index.commit("c")
     res = index.reserve("d", "t", keys(7, 8, 9))
-    assert [e.checkpoint_id for e in res.evicted] == ["b", "c"]
-    assert index.stats().bytes_used == 3 * SLOT
+    # "b" leaves; "c" frees one page more than wanted, so only its tail leaves.
+    assert [(e.checkpoint_id, e.freed, e.trimmed) for e in res.evicted] == [
+        ("b", tuple(keys(3, 4)), False), ("c", tuple(keys(6)), True)]
+    assert index.stats().bytes_used == 4 * SLOT
+    assert index.stats().evictions == 2  # "a" and "b": a trimmed checkpoint is still held
+    index.commit("d")
+    assert index.get("c", "t").keys == tuple(keys(5))
+    assert index.longest_prefix(keys(5, 6), "t") == 1
+
+
+def test_a_trimmed_checkpoint_frees_only_its_own_tail_and_keeps_what_others_share() -> None:
+    index = RAMIndex(num_slots=6, slot_bytes=SLOT, max_entries=10)
+    stored(index, "a", "t", keys(1, 2, 3, 4))
+    stored(index, "b", "t", keys(1, 2, 5))  # shares the head of "a"
+    stored(index, "x", "t", keys(9))
+    res = index.reserve("c", "t", keys(7))  # one page wanted: "a" (least recent) frees 3, 4
+    (gone,) = res.evicted
+    assert (gone.checkpoint_id, gone.freed, gone.trimmed) == ("a", tuple(keys(4)), True)
+    assert index.absent(keys(1, 2, 3, 4)) == tuple(keys(4))
+    index.commit("c")
+    assert index.get("a", "t").keys == tuple(keys(1, 2, 3))
+    assert index.longest_prefix(keys(1, 2, 3, 4), "t") == 3
+    assert index.longest_prefix(keys(1, 2, 5), "t") == 3  # "b" untouched
+    # It keeps its place, first to leave; freeing exactly the page wanted (1 and 2 are "b"'s
+    # too), it leaves whole.
+    (gone,) = index.reserve("d", "t", keys(8)).evicted
+    assert (gone.checkpoint_id, gone.freed, gone.trimmed) == ("a", tuple(keys(3)), False)
+    assert "a" not in ids(index)
+    index.commit("d")
+    # Two wanted: "b" frees three, so it keeps its head.
+    (gone,) = index.reserve("e", "t", keys(10, 11)).evicted
+    assert (gone.checkpoint_id, gone.freed, gone.trimmed) == ("b", tuple(keys(2, 5)), True)
+    assert index.get("b", "t").keys == tuple(keys(1))
 
 
 def test_evicting_a_checkpoint_keeps_pages_the_new_one_reuses() -> None:

@@ -165,6 +165,17 @@ class IndexModel:
         assert not foreign_held
         evicted_keys: set[bytes] = set()
         for ev in res.evicted:
+            if ev.trimmed:  # only its tail left, to free no more pages than wanted
+                entry = self.entries[ev.checkpoint_id]
+                keep = len(self.index.get(ev.checkpoint_id, entry.tenant).keys)
+                assert ev.tenant == entry.tenant and 0 < keep < len(entry.keys)
+                assert not entry.pending
+                tail = entry.keys[keep:]
+                assert not any(self.pins[k] or k in self.writer for k in tail)
+                evicted_keys.update(tail)
+                entry.keys = entry.keys[:keep]
+                self.seen["trimmed"] += 1
+                continue
             entry = self.entries.pop(ev.checkpoint_id)
             self.order.remove(ev.checkpoint_id)
             assert ev.tenant == entry.tenant
@@ -331,6 +342,7 @@ def test_bounds_hold_over_10000_random_operations() -> None:
     # The run must have reached the interesting cases, or it proves little.
     for case in (
         "evicted",
+        "trimmed",
         "does_not_fit",
         "tenant_refused",
         "aborted",
