@@ -151,6 +151,7 @@ class ValuePolicy:
         self._cost_n = 0
         # Idle ages of the latest victims: how long the tier can hold what it admits now.
         self._victim_ages: deque[float] = deque(maxlen=HORIZON_SAMPLES)
+        self._horizon_s: float | None = None  # ``_horizon`` until a victim age comes in
         self._admitted = self._admitted_explicit = self._displaced = 0
         self._refused = self._wasted = 0
         # The values ``eviction_order`` weighed at ``now``, for ``admits`` to read back instead
@@ -281,6 +282,7 @@ class ValuePolicy:
             anchor = self._held.get(self._anchor_of.get(cid))  # type: ignore[arg-type]
             if anchor is not None:
                 self._victim_ages.append(max(0.0, now - anchor.last_seen))
+                self._horizon_s = None
         return True
 
     # ---- what the index did ------------------------------------------------------------------
@@ -391,9 +393,11 @@ class ValuePolicy:
         """How long the tier holds what it admits now: the median idle age of its latest victims
         (Che's characteristic time of an LRU cache, measured); before any eviction, the longest
         idle age the hazard tells apart."""
-        if not self._victim_ages:
-            return EDGES[-1]
-        return max(sorted(self._victim_ages)[len(self._victim_ages) // 2], EDGES[1])
+        if self._horizon_s is None:  # kept: every value an eviction weighs reads it
+            ages = self._victim_ages
+            self._horizon_s = (max(sorted(ages)[len(ages) // 2], EDGES[1]) if ages
+                               else EDGES[-1])
+        return self._horizon_s
 
     def _cost(self, per_page: float | None) -> float:
         if per_page is not None:
