@@ -8,7 +8,9 @@
 // costs its 16 key bytes in a column indexed by slot plus two 8-byte buckets.
 //
 //   check(keys) -> int           (static) how many keys, each checked as find checks them
+//   distinct(keys) -> bool       (static) whether no key repeats, each checked
 //   find(keys) -> bytes          int64 per key: its slot, or -1 when no slot holds it
+//   grow(capacity)               hold slots up to a larger capacity, the keys kept
 //   insert(keys, slots)          hold each key at its slot (an int64 buffer); all or nothing
 //   remove(slots)                drop the keys held at these slots; all or nothing
 //   keys_at(slots) -> list       the keys held at these slots
@@ -17,15 +19,55 @@
 //
 // `keys` is any sequence of bytes objects of exactly 16 bytes; anything else raises TypeError
 // naming its position (the index turns it into its own precise error).
+//
+// A request's calls find the same prompt several times (its lookup, its load's pin and unpin,
+// its store), or a leading part of it: find remembers its last answer with the key objects it
+// was given (references held, so an address is never another key's) and answers a call whose
+// keys are the same objects, or a leading run of them, from it while no key came or went.
 #include "key_table.h"
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
 
 namespace {
+
+// At a million pages the buckets and the key column are 16 MiB each, and a prompt's keys land
+// all over them: with 4 KiB pages nearly every probe also misses the TLB (a two-level page walk
+// under a hypervisor). Large columns ask the kernel for 2 MiB pages where it grants them on
+// request (transparent huge pages in "madvise" mode); where it does not, nothing changes.
+constexpr size_t kHugePage = size_t(2) << 20;
+
+template <typename T>
+struct HugePages {
+  using value_type = T;
+  HugePages() = default;
+  template <typename U>
+  HugePages(const HugePages<U>&) {}
+
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kHugePage) {
+      if (void* p = std::malloc(bytes)) return static_cast<T*>(p);
+      throw std::bad_alloc();
+    }
+    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = std::aligned_alloc(kHugePage, rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    madvise(p, rounded, MADV_HUGEPAGE);  // advice only: its failure changes nothing
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const HugePages<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const HugePages<U>&) const { return false; }
+};
 
 constexpr Py_ssize_t kKeyBytes = 16;
 constexpr int64_t kMaxCapacity = (int64_t(1) << 31) - 1;
@@ -49,17 +91,38 @@ uint64_t hash_of(const Key& k) {
 // A bucket: 0 when empty, else (the key's hash tag << 32) | (slot + 1). The tag spares a read of
 // the key column for every bucket a probe passes.
 struct Table {
-  std::vector<uint64_t> buckets;
-  std::vector<Key> keys;      // by slot
+  std::vector<uint64_t, HugePages<uint64_t>> buckets;
+  uint64_t version = 0;  // moves with every insert, remove, clear and grow
+  std::vector<Key, HugePages<Key>> keys;  // by slot
   std::vector<uint8_t> used;  // by slot
   uint64_t mask = 0;
   Py_ssize_t size = 0;
 
   explicit Table(int64_t capacity) : keys(size_t(capacity)), used(size_t(capacity), 0) {
+    size_buckets(capacity);
+  }
+
+  void size_buckets(int64_t capacity) {
     uint64_t n = 8;
     while (n < uint64_t(capacity) * 2) n <<= 1;
     buckets.assign(n, 0);
     mask = n - 1;
+  }
+
+  // Slots up to `capacity` (not below the present one), every key kept at its slot.
+  void grow(int64_t capacity) {
+    keys.resize(size_t(capacity));
+    used.resize(size_t(capacity), 0);
+    size_buckets(capacity);
+    const Py_ssize_t held = size;
+    for (size_t s = 0; s < used.size(); ++s) {
+      if (used[s]) {
+        --size;  // insert counts it again
+        insert(keys[s], int64_t(s));
+      }
+    }
+    size = held;
+    ++version;
   }
 
   static uint64_t tag_of(uint64_t h) { return h >> 32; }
@@ -80,10 +143,30 @@ struct Table {
     }
   }
 
-  int64_t find(const Key& k) const {
+  int64_t find(const Key& k) const { return find_hashed(k, hash_of(k)); }
+
+  int64_t find_hashed(const Key& k, uint64_t h) const {
     bool found;
-    const uint64_t i = probe(k, hash_of(k), &found);
+    const uint64_t i = probe(k, h, &found);
     return found ? int64_t(buckets[i] & 0xFFFFFFFFULL) - 1 : -1;
+  }
+
+  // Each key's slot or -1. At a million pages a probe's bucket and key are cache misses, one
+  // after the other for each key: the buckets of every key are fetched first, then the keys
+  // their first buckets name, then the probes run on what is cached.
+  void find_all(const std::vector<Key>& ks, std::vector<int64_t>& out) const {
+    const size_t n = ks.size();
+    std::vector<uint64_t> hs(n);
+    for (size_t i = 0; i < n; ++i) {
+      hs[i] = hash_of(ks[i]);
+      __builtin_prefetch(&buckets[hs[i] & mask]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t b = buckets[hs[i] & mask];
+      if (b != 0) __builtin_prefetch(&keys[size_t((b & 0xFFFFFFFFULL) - 1)]);
+    }
+    out.resize(n);
+    for (size_t i = 0; i < n; ++i) out[i] = find_hashed(ks[i], hs[i]);
   }
 
   void insert(const Key& k, int64_t slot) {
@@ -94,6 +177,7 @@ struct Table {
     keys[size_t(slot)] = k;
     used[size_t(slot)] = 1;
     ++size;
+    ++version;
   }
 
   void remove(int64_t slot) {
@@ -114,31 +198,66 @@ struct Table {
     buckets[i] = 0;
     used[size_t(slot)] = 0;
     --size;
+    ++version;
+  }
+};
+
+// find's last answer: the key objects it was given (strong references) and their slots.
+struct Memo {
+  std::vector<PyObject*> items;
+  std::vector<int64_t> slots;
+  uint64_t version = 0;
+
+  void forget() {
+    for (PyObject* o : items) Py_DECREF(o);
+    items.clear();
+    slots.clear();
+  }
+
+  // The slots of `n` keys that are the remembered objects' leading run, or nullptr.
+  const int64_t* answer(PyObject** item, Py_ssize_t n, uint64_t now) const {
+    if (version != now || n == 0 || size_t(n) > items.size()) return nullptr;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (item[i] != items[size_t(i)]) return nullptr;
+    }
+    return slots.data();
+  }
+
+  void keep(PyObject** item, Py_ssize_t n, std::vector<int64_t>&& found, uint64_t now) {
+    forget();
+    items.assign(item, item + n);
+    for (PyObject* o : items) Py_INCREF(o);
+    slots = std::move(found);
+    version = now;
   }
 };
 
 struct KeyTableObject {
   PyObject_HEAD
   Table* table;
+  Memo* memo;
 };
+
+// Each of n key objects into dst; false with TypeError naming the first bad position.
+bool read_items(PyObject** item, Py_ssize_t n, std::vector<Key>& dst) {
+  dst.resize(size_t(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!PyBytes_Check(item[i]) || PyBytes_GET_SIZE(item[i]) != kKeyBytes) {
+      PyErr_Format(PyExc_TypeError, "keys[%zd] is not a 16-byte bytes object", i);
+      return false;
+    }
+    std::memcpy(&dst[size_t(i)], PyBytes_AS_STRING(item[i]), kKeyBytes);
+  }
+  return true;
+}
 
 // Each key of `sequence` into dst; false with TypeError naming the first bad position.
 bool read_keys(PyObject* sequence, std::vector<Key>& dst) {
   PyObject* items = PySequence_Fast(sequence, "keys must be a sequence of 16-byte bytes");
   if (items == nullptr) return false;
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
-  PyObject** item = PySequence_Fast_ITEMS(items);
-  dst.resize(size_t(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!PyBytes_Check(item[i]) || PyBytes_GET_SIZE(item[i]) != kKeyBytes) {
-      PyErr_Format(PyExc_TypeError, "keys[%zd] is not a 16-byte bytes object", i);
-      Py_DECREF(items);
-      return false;
-    }
-    std::memcpy(&dst[size_t(i)], PyBytes_AS_STRING(item[i]), kKeyBytes);
-  }
+  const bool ok = read_items(PySequence_Fast_ITEMS(items), PySequence_Fast_GET_SIZE(items), dst);
   Py_DECREF(items);
-  return true;
+  return ok;
 }
 
 // The int64 slots of a C-contiguous buffer, each checked in [0, capacity).
@@ -188,7 +307,8 @@ PyObject* kt_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   auto* self = reinterpret_cast<KeyTableObject*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
   self->table = new (std::nothrow) Table(capacity);
-  if (self->table == nullptr) {
+  self->memo = new (std::nothrow) Memo();
+  if (self->table == nullptr || self->memo == nullptr) {
     Py_DECREF(self);
     return PyErr_NoMemory();
   }
@@ -196,25 +316,80 @@ PyObject* kt_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
 }
 
 void kt_dealloc(PyObject* obj) {
-  delete reinterpret_cast<KeyTableObject*>(obj)->table;
+  auto* self = reinterpret_cast<KeyTableObject*>(obj);
+  if (self->memo != nullptr) self->memo->forget();
+  delete self->memo;
+  delete self->table;
   Py_TYPE(obj)->tp_free(obj);
 }
 
 Table& table_of(PyObject* self) { return *reinterpret_cast<KeyTableObject*>(self)->table; }
 
 PyObject* kt_find(PyObject* self, PyObject* keys) {
-  std::vector<Key> ks;
-  if (!read_keys(keys, ks)) return nullptr;
+  PyObject* items = PySequence_Fast(keys, "keys must be a sequence of 16-byte bytes");
+  if (items == nullptr) return nullptr;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  PyObject** item = PySequence_Fast_ITEMS(items);
   const Table& t = table_of(self);
-  std::vector<int64_t> out(ks.size());
-  for (size_t i = 0; i < ks.size(); ++i) out[i] = t.find(ks[i]);
-  return int64_bytes(out);
+  Memo& memo = *reinterpret_cast<KeyTableObject*>(self)->memo;
+  if (const int64_t* known = memo.answer(item, n, t.version)) {
+    Py_DECREF(items);
+    return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(known), n * 8);
+  }
+  std::vector<Key> ks;
+  if (!read_items(item, n, ks)) {
+    Py_DECREF(items);
+    return nullptr;
+  }
+  std::vector<int64_t> out;
+  t.find_all(ks, out);
+  PyObject* answer = int64_bytes(out);
+  if (answer != nullptr && n > 0) memo.keep(item, n, std::move(out), t.version);
+  Py_DECREF(items);
+  return answer;
+}
+
+PyObject* kt_grow(PyObject* self, PyObject* arg) {
+  const long long capacity = PyLong_AsLongLong(arg);
+  if (capacity == -1 && PyErr_Occurred()) return nullptr;
+  Table& t = table_of(self);
+  if (capacity < (long long)t.used.size() || capacity > kMaxCapacity) {
+    PyErr_Format(PyExc_ValueError, "capacity must be in [%lld, %lld], not %lld",
+                 (long long)t.used.size(), (long long)kMaxCapacity, capacity);
+    return nullptr;
+  }
+  try {
+    t.grow(capacity);
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
+  Py_RETURN_NONE;
 }
 
 PyObject* kt_check(PyObject*, PyObject* keys) {
   std::vector<Key> ks;
   if (!read_keys(keys, ks)) return nullptr;
   return PyLong_FromSize_t(ks.size());
+}
+
+PyObject* kt_distinct(PyObject*, PyObject* keys) {
+  std::vector<Key> ks;
+  if (!read_keys(keys, ks)) return nullptr;
+  // A set of positions, open addressing: a store's keys are checked for a repeat in one pass
+  // (a Python set hashed every key object anew: each request's keys are new objects).
+  size_t n = 8;
+  while (n < ks.size() * 2) n <<= 1;
+  std::vector<uint32_t> seen(n, 0);  // position + 1
+  for (size_t i = 0; i < ks.size(); ++i) {
+    for (size_t j = hash_of(ks[i]) & (n - 1);; j = (j + 1) & (n - 1)) {
+      if (seen[j] == 0) {
+        seen[j] = uint32_t(i + 1);
+        break;
+      }
+      if (ks[seen[j] - 1] == ks[i]) Py_RETURN_FALSE;
+    }
+  }
+  Py_RETURN_TRUE;
 }
 
 PyObject* kt_insert(PyObject* self, PyObject* args) {
@@ -314,6 +489,8 @@ PyObject* kt_clear(PyObject* self, PyObject*) {
   std::fill(t.buckets.begin(), t.buckets.end(), 0);
   std::fill(t.used.begin(), t.used.end(), 0);
   t.size = 0;
+  ++t.version;
+  reinterpret_cast<KeyTableObject*>(self)->memo->forget();
   Py_RETURN_NONE;
 }
 
@@ -321,6 +498,9 @@ Py_ssize_t kt_len(PyObject* self) { return table_of(self).size; }
 
 PyMethodDef kt_methods[] = {
     {"find", kt_find, METH_O, "find(keys) -> bytes: int64 per key, its slot or -1"},
+    {"grow", kt_grow, METH_O, "grow(capacity): slots up to a larger capacity, the keys kept"},
+    {"distinct", kt_distinct, METH_O | METH_STATIC,
+     "distinct(keys) -> bool: whether no key repeats (each checked as check checks it)"},
     {"check", kt_check, METH_O | METH_STATIC,
      "check(keys) -> int: how many keys, each a 16-byte bytes object (else TypeError)"},
     {"insert", kt_insert, METH_VARARGS, "insert(keys, slots): hold each key at its slot"},

@@ -6,14 +6,20 @@ the engine step for tens of milliseconds at a million-page tier, and a policy-st
 every anchor under the index's lock. Here each anchor has a row of four numpy columns (its
 score band, re-sends, what the client said of the turn's end, when it was last seen), written
 as the anchor changes; the refresh and the save read the columns whole.
+
+Every lookup asks which of a prompt's hundreds of keys are remembered anchors: a page-key anchor's
+row is also held in a native ``KeyTable``, so a prompt is probed in one call instead of a dict
+probe per key (each key a new object whose hash is computed anew, in a dict of ~10^5 anchors).
+An anchor that is not a page key (a window stage's) is never in a prompt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from kvci_plugin.ops._native import KeyTable
 from kvci_plugin.policy.offer import COUNT_CAP, UNSCORED_BAND
 
 # What a client may say of a turn's end (``Offer.pending``), numbered.
@@ -31,14 +37,16 @@ class AnchorTable:
         self._said = np.zeros(capacity, np.int64)
         self._last_seen = np.zeros(capacity, np.float64)
         self._used = np.zeros(capacity, bool)
+        self._keys = KeyTable(capacity)  # page-key anchors -> their rows
+        self._keyed = np.zeros(capacity, bool)  # rows held in ``_keys``
         self._free: list[int] = []
         self._next = 0  # rows below it were handed out once
 
     def __len__(self) -> int:
         return self._next - len(self._free)
 
-    def add(self) -> int:
-        """A row for a new anchor (``put`` its fields)."""
+    def add(self, key: Hashable) -> int:
+        """A row for a new anchor (``put`` its fields); the anchor is not remembered yet."""
         if self._free:
             row = self._free.pop()
         else:
@@ -47,7 +55,17 @@ class AnchorTable:
             row = self._next
             self._next += 1
         self._used[row] = True
+        try:
+            self._keys.insert((key,), np.array([row], np.int64))
+        except TypeError:  # not a page key (a window stage's anchor): never in a prompt
+            pass
+        else:
+            self._keyed[row] = True
         return row
+
+    def remembered_in(self, chain: Sequence[Hashable]) -> list[int]:
+        """The positions of ``chain``'s keys (page keys) that are remembered anchors."""
+        return np.flatnonzero(np.frombuffer(self._keys.find(chain), np.int64) >= 0).tolist()
 
     def put(self, row: int, band: int, reuses: int, pending: bool | None,
             last_seen: float) -> None:
@@ -58,6 +76,9 @@ class AnchorTable:
 
     def drop(self, row: int) -> None:
         self._used[row] = False
+        if self._keyed[row]:
+            self._keys.remove(np.array([row], np.int64))
+            self._keyed[row] = False
         self._free.append(row)
 
     def clear(self) -> None:
@@ -72,7 +93,8 @@ class AnchorTable:
 
     def _grow(self) -> None:
         n = 2 * len(self._used)
-        for name in ("_band", "_reuses", "_said", "_last_seen", "_used"):
+        self._keys.grow(n)
+        for name in ("_band", "_reuses", "_said", "_last_seen", "_used", "_keyed"):
             old = getattr(self, name)
             new = np.zeros(n, old.dtype)
             new[: len(old)] = old

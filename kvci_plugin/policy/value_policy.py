@@ -75,7 +75,6 @@ import heapq
 from collections import OrderedDict, deque
 from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
 from typing import Any
 
 from kvci_plugin.policy.anchor_table import AnchorTable, PolicyClass
@@ -164,7 +163,8 @@ class ValuePolicy:
     def observe_lookup(self, chain: Sequence[Hashable], now: float) -> None:
         self._weighed = None
         remembered = self._remembered
-        for key in compress(chain, map(remembered.__contains__, chain)):
+        for i in self._table.remembered_in(chain):
+            key = chain[i]
             anchor = remembered[key]
             if not anchor.cids:  # a ghost: the least recently seen are forgotten first
                 self._ghosts.move_to_end(key)
@@ -311,10 +311,8 @@ class ValuePolicy:
     def resent_prefix(self, chain: Sequence[Hashable]) -> tuple[int, Offer] | None:
         """The context before the chain's last key that a lookup re-sent most deeply, when it
         holds no checkpoint: its pages are kept as one of its own, weighed by its class."""
-        before_last = chain[:-1]
         remembered = self._remembered
-        for pos in reversed(list(compress(range(len(before_last)),
-                                          map(remembered.__contains__, before_last)))):
+        for pos in reversed(self._table.remembered_in(chain[:-1])):
             key = chain[pos]
             anchor = remembered[key]
             if anchor.cids:
@@ -447,6 +445,6 @@ class ValuePolicy:
     def _remember(self, key: Hashable, offer: Offer, now: float) -> _Anchor:
         """A new anchor, its row in the table written."""
         anchor = self._remembered[key] = _Anchor.of(offer, now)
-        anchor.row = self._table.add()
+        anchor.row = self._table.add(key)
         self._table.put(anchor.row, anchor.band, 0, anchor.pending, now)
         return anchor

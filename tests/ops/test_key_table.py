@@ -94,20 +94,59 @@ def test_keys_sharing_their_hash_bucket_survive_removals_in_any_order() -> None:
     assert set(found(table, [keys[i] for i in gone])) == {-1}
 
 
+def test_a_repeated_find_answers_what_the_table_holds_now() -> None:
+    """find remembers its last answer for the same key objects: never past a change of the
+    table, nor for a list changed in place since."""
+    table = KeyTable(8)
+    keys = [os.urandom(16) for _ in range(4)]
+    table.insert(keys[:3], slots(0, 1, 2))
+    chain = tuple(keys)
+    assert found(table, chain) == [0, 1, 2, -1]
+    assert found(table, chain[:2]) == [0, 1]  # a leading run of the same objects
+    table.remove(slots(1))
+    assert found(table, chain[:2]) == [0, -1]
+    table.insert([keys[3]], slots(7))
+    assert found(table, chain) == [0, -1, 2, 7]
+    same_bytes = [bytes(k) for k in (keys[2], keys[0])]  # equal keys, other objects
+    assert found(table, same_bytes) == [2, 0]
+    listed = list(chain)
+    assert found(table, listed) == [0, -1, 2, 7]
+    listed[0] = keys[2]
+    assert found(table, listed) == [2, -1, 2, 7]
+    table.clear()
+    assert found(table, listed) == [-1, -1, -1, -1]
+
+
+def test_a_table_grows_with_its_keys_kept() -> None:
+    table = KeyTable(2)
+    a, b, c = (os.urandom(16) for _ in range(3))
+    table.insert([a, b], slots(1, 0))
+    with pytest.raises(ValueError, match="outside"):
+        table.insert([c], slots(40))
+    with pytest.raises(ValueError, match=r"capacity must be in \[2,"):
+        table.grow(1)
+    table.grow(64)
+    table.insert([c], slots(40))
+    assert found(table, [a, b, c]) == [1, 0, 40] and len(table) == 3
+    assert np.frombuffer(table.held(), np.int64).tolist() == [0, 1, 40]
+
+
 class KeyTableMachine(RuleBasedStateMachine):
     """Random inserts, removals and finds agree with a dict."""
 
     def __init__(self) -> None:
         super().__init__()
         self.table = KeyTable(CAPACITY)
+        self.capacity = CAPACITY
         self.model: dict[bytes, int] = {}
+        self.last: list[bytes] = []  # the keys of the last find
         # A few distinct key bytes, so that keys come back after removal.
         self.pool = [bytes([i]) * 16 for i in range(CAPACITY + 16)]
 
     @rule(n=st.integers(1, 8), data=st.data())
     def insert(self, n: int, data: st.DataObject) -> None:
         keys = data.draw(st.lists(st.sampled_from(self.pool), min_size=n, max_size=n))
-        at = data.draw(st.lists(st.integers(0, CAPACITY - 1), min_size=n, max_size=n))
+        at = data.draw(st.lists(st.integers(0, self.capacity - 1), min_size=n, max_size=n))
         used = set(self.model.values())
         ok = (len(set(keys)) == n and len(set(at)) == n
               and not any(k in self.model for k in keys) and not used.intersection(at))
@@ -129,6 +168,18 @@ class KeyTableMachine(RuleBasedStateMachine):
     def find(self, data: st.DataObject) -> None:
         keys = data.draw(st.lists(st.sampled_from(self.pool), max_size=20))
         assert found(self.table, keys) == [self.model.get(k, -1) for k in keys]
+        self.last = keys
+
+    @rule(data=st.data())
+    def find_again(self, data: st.DataObject) -> None:
+        """The last find's keys, or a leading run of them (a request's later calls)."""
+        keys = self.last[:data.draw(st.integers(0, len(self.last)))]
+        assert found(self.table, keys) == [self.model.get(k, -1) for k in keys]
+
+    @rule(more=st.integers(0, 40))
+    def grow(self, more: int) -> None:
+        self.capacity += more
+        self.table.grow(self.capacity)
 
     @invariant()
     def agrees(self) -> None:
@@ -141,3 +192,13 @@ class KeyTableMachine(RuleBasedStateMachine):
 
 TestKeyTableMachine = KeyTableMachine.TestCase
 TestKeyTableMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def test_distinct_says_whether_a_key_repeats() -> None:
+    keys = [i.to_bytes(16, "big") for i in range(600)]
+    assert KeyTable.distinct(keys) and KeyTable.distinct([])
+    again = keys[582][:8] + keys[582][8:]  # equal bytes, another object
+    assert not KeyTable.distinct(keys + [again])
+    assert not KeyTable.distinct([keys[3], keys[3]])
+    with pytest.raises(TypeError, match=r"keys\[1\]"):
+        KeyTable.distinct([keys[0], b"short"])

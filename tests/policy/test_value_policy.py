@@ -138,11 +138,11 @@ def test_the_policy_counts_every_remembered_context_idle_in_its_own_class(events
     for n, score, pending, wait, resend in events:
         now += wait
         if resend and n in ref:
-            policy.observe_lookup([n], now)
+            policy.observe_lookup([key(n)], now)
             ref[n][2] += 1
             ref[n][3] = now
         else:
-            offer = Offer(anchor=n, score=score, pending=pending)
+            offer = Offer(anchor=key(n), score=score, pending=pending)
             policy.sighted(offer, now)
             if n in ref:
                 ref[n][:2] = [offer.band, pending]

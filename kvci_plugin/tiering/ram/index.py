@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from kvci_plugin.ops._native import KeyTable
 from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
 from kvci_plugin.tiering.ram.keys import check_keys, positive_int, slots_in
 from kvci_plugin.tiering.ram.meta import pack_meta, unpack_meta
@@ -271,7 +272,7 @@ class RAMIndex:
         with self._lock:
             if checkpoint_id in self._entries:
                 raise CheckpointExistsError(f"checkpoint_id {checkpoint_id!r} is already held")
-            new_keys, held = self._pages.classify(distinct, tenant)
+            new_keys, held, found = self._pages.classify(distinct, tenant)
             now = self._clock()
             pool = tenant if pool is None else pool
             room = self._plan_room(tenant, pool, held, len(distinct), len(new_keys), now)
@@ -292,7 +293,7 @@ class RAMIndex:
             self._evictions += len(evicted)
             if trim is not None:
                 evicted += (self._trim(*trim),)
-            idx, mine = self._hold(checkpoint_id, tenant, pool, distinct, order, new_keys, meta,
+            idx, mine = self._hold(checkpoint_id, tenant, pool, found, order, new_keys, meta,
                                    now)
             self._policy.admitted(checkpoint_id, offer, now)
             slots, new = idx.tolist(), mine.tolist()
@@ -305,16 +306,17 @@ class RAMIndex:
                 reused_slots=tuple(compress(slots, old)), evicted=evicted,
             )
 
-    def _hold(self, checkpoint_id: str, tenant: str, pool: str, distinct: tuple[PageKey, ...],
+    def _hold(self, checkpoint_id: str, tenant: str, pool: str, found: np.ndarray,
               order: np.ndarray | None, new_keys: list[PageKey],
               meta: Mapping[str, Any] | None, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Hold the new pages and the pending entry, after the evictions; the entry's slots
-        and which of them its reservation copies in."""
+        and which of them its reservation copies in. ``found``: each distinct key's slot
+        before (-1: new; the held ones were referenced before the evictions, so they stay)."""
         t = self._pages
         self._numbered += 1
         num = self._numbered
-        t.add(new_keys, tenant, pool)
-        idx = t.find(distinct)
+        idx = found.copy()
+        idx[found < 0] = t.add(new_keys, tenant, pool)
         mine = t.write(idx, num)
         self._use_seq += 1
         entry = self._entries[checkpoint_id] = Entry(
@@ -543,7 +545,7 @@ class RAMIndex:
 def _distinct(keys: tuple[PageKey, ...]) -> tuple[tuple[PageKey, ...], np.ndarray | None]:
     """``keys`` once each, in order, and where each key is among them (None when no key
     repeats: chained prefix keys never do)."""
-    if len(set(keys)) == len(keys):
+    if KeyTable.distinct(keys):
         return keys, None
     distinct = tuple(dict.fromkeys(keys))
     at = {key: i for i, key in enumerate(distinct)}

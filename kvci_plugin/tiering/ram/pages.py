@@ -4,14 +4,13 @@ A page is a key in the native ``KeyTable`` (its 16 bytes in a column indexed by 
 typed arrays indexed by that slot, not an object of its own: at a million pages, an object (and
 a set of holders) per page made every full garbage collection walk millions of objects on the
 scheduler thread, and a dict of bytes keys cost ~115 bytes of RAM a page and a Python call per
-key for every lookup. The ``KeyTable`` and ``array`` columns hold no reference the collector
+key for every lookup. The ``KeyTable`` and the numpy columns hold no reference the collector
 tracks, so it never walks them. A page's holders are a count: what the index needs of them is
 whether the last one left, never who they are.
 
-A prompt's keys are found in one native call; each column is also seen as a numpy array over the
-same memory, so that what is done to every page of a prompt (a lookup, a pin, a commit, an
-eviction) is a few array operations instead of a Python loop over hundreds of pages; a single
-page is read and written through the ``array``.
+A prompt's keys are found in one native call, and what is done to every page of a prompt (a
+lookup, a pin, a commit, an eviction) is a few array operations instead of a Python loop over
+hundreds of pages; a single page is read and written through a memoryview of its column.
 """
 
 from __future__ import annotations
@@ -40,19 +39,21 @@ class PageTable:
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
         self.keys = KeyTable(num_slots)
-        self.refs = array("q", bytes(8 * num_slots))  # checkpoints referencing the page
-        self.pins = array("q", bytes(8 * num_slots))
-        self.state = array("b", bytes(num_slots))
+        # Allocated by numpy, which asks the kernel for 2 MiB pages for large arrays: a prompt's
+        # pages are read all over columns of megabytes, and with 4 KiB pages each read also
+        # missed the TLB. A single page is read and written through a memoryview of the same
+        # memory (a numpy scalar access costs several times more).
+        self.v_refs = np.zeros(num_slots, np.int64)  # checkpoints referencing the page
+        self.v_pins = np.zeros(num_slots, np.int64)
+        self.v_state = np.zeros(num_slots, np.int8)
         # The number of the pending checkpoint whose reservation copies the bytes in
         # (``NO_WRITER`` once ready, or when that reservation was aborted while other
         # checkpoints still reference the page: the next reservation naming it copies it).
-        self.writer = array("q", [NO_WRITER]) * num_slots
-        self.tenant = array("q", bytes(8 * num_slots))  # name numbers (``names``)
-        self.pool = array("q", bytes(8 * num_slots))
-        self.v_refs, self.v_pins, self.v_writer, self.v_tenant = (
-            np.frombuffer(a, np.int64) for a in (self.refs, self.pins, self.writer, self.tenant))
-        self.v_state = np.frombuffer(self.state, np.int8)
-        self.v_pool = np.frombuffer(self.pool, np.int64)
+        self.v_writer = np.full(num_slots, NO_WRITER, np.int64)
+        self.v_tenant = np.zeros(num_slots, np.int64)  # name numbers (``names``)
+        self.v_pool = np.zeros(num_slots, np.int64)
+        self.refs, self.pins, self.state, self.writer = (
+            memoryview(a) for a in (self.v_refs, self.v_pins, self.v_state, self.v_writer))
         # Scratch of the fair-share planner (``room``), zero between plans: per page, the
         # candidates taken that hold it, and whether the reservation keeps it.
         self.released = np.zeros(num_slots, np.int64)
@@ -170,9 +171,10 @@ class PageTable:
     # ---- stores -------------------------------------------------------------------------------
 
     def classify(self, keys: Sequence[PageKey],
-                 tenant: str) -> tuple[list[PageKey], Slots]:
-        """The ``keys`` (distinct) not held, and the slots of those held; a held key of another
-        tenant, or one being erased, refuses the reservation."""
+                 tenant: str) -> tuple[list[PageKey], Slots, Slots]:
+        """The ``keys`` (distinct) not held, the slots of those held, and each key's slot (-1:
+        not held); a held key of another tenant, or one being erased, refuses the
+        reservation."""
         found = self.find(keys)
         absent = found < 0
         held = found[~absent]
@@ -184,14 +186,14 @@ class PageTable:
             raise DoesNotFitError(
                 "erasure", "a page of the checkpoint is still being erased (its tenant "
                 "was forgotten while a load or a persist read it)")
-        return list(compress(keys, absent.tolist())), held
+        return list(compress(keys, absent.tolist())), held, found
 
-    def add(self, keys: Sequence[PageKey], tenant: str, pool: str) -> None:
+    def add(self, keys: Sequence[PageKey], tenant: str, pool: str) -> Slots:
         """Hold new pages, one reference each (the reservation's), not ready: free slots are
-        handed out in order."""
+        handed out in order; their slots, in the order of ``keys``."""
         n = len(keys)
         if not n:
-            return
+            return np.zeros(0, np.int64)
         free = self._free
         taken = free[len(free) - n:]
         taken.reverse()
@@ -206,6 +208,7 @@ class PageTable:
         self.v_pool[idx] = self.number(pool)
         self.tenant_pages[tenant] += n
         self.pool_pages[pool] += n
+        return idx
 
     def write(self, idx: Slots, writer: int) -> np.ndarray:
         """A reservation's pages: those not ready with no writer are ``writer``'s to copy in;
@@ -252,8 +255,10 @@ class PageTable:
         self.keys.remove(idx)
         self._free.frombytes(idx.tobytes())
         for counts, column in ((self.tenant_pages, self.v_tenant), (self.pool_pages, self.v_pool)):
-            for n, k in tally(column[idx]):
-                name = self.names[n]
+            # One name holding pages holds every page: nothing to count (the common case).
+            freed = (((next(iter(counts)), idx.size),) if len(counts) == 1
+                     else ((self.names[n], k) for n, k in tally(column[idx])))
+            for name, k in freed:
                 counts[name] -= k
                 if not counts[name]:
                     del counts[name]

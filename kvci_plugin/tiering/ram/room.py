@@ -140,10 +140,10 @@ class RoomPlanner:
         # Alone, a pool's share is the whole tier: the policy's order is all there is.
         asker_over = (len(self._active(pool)) > 1
                       and self.pool_pages[pool] + n_new > share)
-        freed: Counter[str] = Counter()
         if not excess and not asker_over:  # the common case: the policy's order, taken lazily
-            ranked = [cid for cid in self._taking(order, tenant, over, released, freed)]
+            ranked = [cid for cid in self._taking(order, tenant, over, released, None)]
             return self._checked(Room([], ranked), over)
+        freed: Counter[str] = Counter()
         candidates = list(order)
         # Other pools' checkpoints past their share, until each is back within it.
         fair = list(self._taking(
@@ -161,8 +161,9 @@ class RoomPlanner:
         return self._checked(Room(fair, ranked), over)
 
     def _taking(self, candidates: Iterable[str], tenant: str, over: Over,
-                released: list[Slots], freed: Counter[str]) -> Iterator[str]:
-        """The candidates taken, in order, until the bounds are met."""
+                released: list[Slots], freed: Counter[str] | None) -> Iterator[str]:
+        """The candidates taken, in order, until the bounds are met; ``freed`` counts the pages
+        each pool gives up (None: no fair share is weighed)."""
         for cid in candidates:
             if over.met():
                 return
@@ -194,7 +195,7 @@ class RoomPlanner:
         return room
 
     def _take(self, cid: str, tenant: str, over: Over, released: list[Slots],
-              freed: Counter[str]) -> bool:
+              freed: Counter[str] | None) -> bool:
         entry = self.entries[cid]
         # With only the tenant's quota over, only the tenant's own checkpoints make room.
         if over.entries <= 0 and over.pages <= 0 and entry.tenant != tenant:
@@ -216,7 +217,9 @@ class RoomPlanner:
             self._idle.append(cid)
         if gone.size:
             over.pages -= int(gone.size)
-            for p, k in tally(table.v_pool[gone]):
-                freed[table.names[p]] += k
-            over.quota -= int((table.v_tenant[gone] == table.known(tenant)).sum())
+            if freed is not None:
+                for p, k in tally(table.v_pool[gone]):
+                    freed[table.names[p]] += k
+            if over.quota > 0:  # met, it stays met: nothing to count
+                over.quota -= int((table.v_tenant[gone] == table.known(tenant)).sum())
         return True

@@ -1,0 +1,56 @@
+"""AnchorTable: which of a prompt's keys are remembered anchors, probed in one call."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvci_plugin.policy.anchor_table import AnchorTable
+
+
+def key(n: int) -> bytes:
+    return n.to_bytes(16, "big")
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 40)), max_size=120),
+       probe=st.lists(st.integers(0, 40), max_size=30))
+def test_a_prompt_finds_the_anchors_remembered_now(ops, probe) -> None:
+    """Anchors added and dropped in any order, past the table's first capacity: a probe finds
+    exactly the positions whose key is remembered, as a dict of them says."""
+    table = AnchorTable(capacity=4)
+    rows: dict[bytes, int] = {}
+    for add, n in ops:
+        if add and key(n) not in rows:
+            rows[key(n)] = table.add(key(n))
+        elif not add and key(n) in rows:
+            table.drop(rows.pop(key(n)))
+    chain = tuple(key(n) for n in probe)
+    assert table.remembered_in(chain) == [i for i, k in enumerate(chain) if k in rows]
+    assert len(table) == len(rows)
+
+
+def test_an_anchor_that_is_not_a_page_key_is_remembered_but_never_in_a_prompt() -> None:
+    table = AnchorTable(capacity=2)
+    stage = table.add(("kvci", "window stage"))
+    short = table.add(b"a")
+    page = table.add(key(7))
+    assert len({stage, short, page}) == 3
+    assert table.remembered_in((key(1), key(7))) == [1]
+    table.drop(stage)
+    table.drop(page)
+    assert table.remembered_in((key(7),)) == []
+    again = table.add(key(9))  # a dropped row comes back with its new key only
+    assert table.remembered_in((key(7), key(9))) == [1] and again in (stage, page)
+
+
+def test_many_anchors_grow_the_table_and_stay_found() -> None:
+    table = AnchorTable(capacity=8)
+    keys = [key(n) for n in range(5000)]
+    for k in keys:
+        table.add(k)
+    sample = random.Random(3).sample(range(5000), 300)
+    chain = tuple(keys[i] for i in sample) + (key(10**6),)
+    assert table.remembered_in(chain) == list(range(300))
