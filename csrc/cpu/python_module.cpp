@@ -2,8 +2,9 @@
 // torch.ops.kvci operators; it also offers pack_token_ids, a fast path from a Python sequence of
 // ints to the key format's canonical int32 token ids (Python-level conversion costs about
 // 20 ns per id, more than keying them); prefix_key_bytes, a prompt's keys from such a sequence
-// straight to the 16-byte keys the tiers use; and read_files (read_files.cpp), which reads a
-// batch of files without the GIL.
+// straight to the 16-byte keys the tiers use; read_files (read_files.cpp), which reads a
+// batch of files without the GIL; the RAM tier's KeyTable (key_table.cpp) and its per-page
+// column kernels (page_columns.cpp).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -13,6 +14,7 @@
 
 #include "cpu/block_keys.h"
 #include "key_table.h"
+#include "page_columns.h"
 #include "read_files.h"
 
 namespace {
@@ -186,7 +188,7 @@ PyMODINIT_FUNC KVCI_PYINIT(TORCH_EXTENSION_NAME)(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, KVCI_STR(TORCH_EXTENSION_NAME), nullptr, 0,
                                methods};
   PyObject* m = PyModule_Create(&module);
-  if (m != nullptr && !kvci_add_key_table(m)) {
+  if (m != nullptr && (!kvci_add_key_table(m) || !kvci_add_page_columns(m))) {
     Py_DECREF(m);
     return nullptr;
   }

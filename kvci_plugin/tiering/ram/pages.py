@@ -22,7 +22,13 @@ from itertools import compress
 
 import numpy as np
 
-from kvci_plugin.ops._native import KeyTable
+from kvci_plugin.ops._native import (
+    KeyTable,
+    loadable_run,
+    pin_pages,
+    release_pages,
+    unpin_pages,
+)
 from kvci_plugin.tiering.types import DoesNotFitError, PageKey, TenantMismatchError
 
 READY = 1  # copied in: loadable
@@ -96,16 +102,6 @@ class PageTable:
 
     # ---- lookups and loads --------------------------------------------------------------------
 
-    def _lookup(self, keys: Sequence[PageKey], tenant: str) -> tuple[int, Slots, np.ndarray]:
-        """How many leading keys are held, their slots, and which of those are not loadable for
-        ``tenant`` (not ready, erased, or another tenant's)."""
-        found = self.find(keys)
-        absent = np.flatnonzero(found < 0)
-        held = int(absent[0]) if absent.size else len(found)
-        idx = found[:held]
-        bad = (self.v_state[idx] != READY) | (self.v_tenant[idx] != self.known(tenant))
-        return held, idx, bad
-
     def loadable(self, keys: Sequence[PageKey], tenant: str) -> np.ndarray:
         """Per key, whether its page is held, ready and ``tenant``'s."""
         found = self.find(keys)
@@ -116,57 +112,35 @@ class PageTable:
 
     def prefix(self, keys: Sequence[PageKey], tenant: str) -> int:
         """How many leading ``keys`` are loadable for ``tenant``."""
-        held, _, bad = self._lookup(keys, tenant)
-        first = np.flatnonzero(bad)
-        return int(first[0]) if first.size else held
+        return loadable_run(self.find(keys), self.v_state, READY, self.v_tenant,
+                            self.known(tenant))
 
     def pin_keys(self, keys: Sequence[PageKey], tenant: str) -> list[int] | tuple[int, bool]:
         """Pin every page of ``keys``, their slots; or, pinning nothing, the first page that
         cannot be loaded and whether it is another tenant's."""
-        held, idx, bad = self._lookup(keys, tenant)
-        first = np.flatnonzero(bad)
-        if first.size:
-            i = int(first[0])
-            return i, bool(self.v_tenant[idx[i]] != self.known(tenant))
-        if held < len(keys):
-            return held, False
-        slots = idx.tolist()
-        if repeats(idx):  # a key twice: page by page
-            for s in slots:
-                self.pin(s)
-            return slots
-        before = self.v_pins[idx]
-        first_pin = before == 0
-        self.pinned += int(first_pin.sum())
-        self.busy += int((first_pin & (self.v_writer[idx] == NO_WRITER)).sum())
-        self.v_pins[idx] = before + 1
-        return slots
+        found = self.find(keys)
+        run = loadable_run(found, self.v_state, READY, self.v_tenant, self.known(tenant))
+        if run < len(found):
+            s = int(found[run])
+            return run, s >= 0 and int(self.v_tenant[s]) != self.known(tenant)
+        first, busy = pin_pages(found, self.v_pins, self.v_writer, NO_WRITER)
+        self.pinned += first
+        self.busy += busy
+        return found.tolist()
 
     def unpin_keys(self, keys: Sequence[PageKey]) -> Slots | None:
         """Unpin every page of ``keys``; the slots of the pages now unused (to free); None,
-        changing nothing, when a page is not pinned as often as ``keys`` names it."""
+        changing nothing, when a page is not held or not pinned as often as ``keys`` names it."""
         idx = self.find(keys)
         if (idx < 0).any():
             return None
-        if repeats(idx):  # a key twice: page by page
-            counts = Counter(idx.tolist())
-            if any(self.pins[s] < n for s, n in counts.items()):
-                return None
-            unused = []
-            for s, n in counts.items():
-                self.unpin(s, n)
-                if self.unused(s):
-                    unused.append(s)
-            return np.array(unused, np.int64)
-        after = self.v_pins[idx] - 1
-        if (after < 0).any():
+        done = unpin_pages(idx, self.v_pins, self.v_writer, self.v_refs, NO_WRITER)
+        if done is None:
             return None
-        self.v_pins[idx] = after
-        last = after == 0
-        idle = last & (self.v_writer[idx] == NO_WRITER)
-        self.pinned -= int(last.sum())
-        self.busy -= int(idle.sum())
-        return idx[idle & (self.v_refs[idx] == 0)]
+        unused, last, busy = done
+        self.pinned -= last
+        self.busy -= busy
+        return np.frombuffer(unused, np.int64)
 
     # ---- stores -------------------------------------------------------------------------------
 
@@ -230,14 +204,10 @@ class PageTable:
     def release(self, idx: Slots, writer: int) -> np.ndarray:
         """A checkpoint numbered ``writer`` left: its references go (its copies too); the
         positions in ``idx`` of the pages now unused, to free."""
-        refs = self.v_refs[idx] - 1
-        self.v_refs[idx] = refs
-        mine = self.v_writer[idx] == writer
-        if mine.any():
-            self.busy -= int((mine & (self.v_pins[idx] == 0)).sum())
-            self.v_writer[idx[mine]] = NO_WRITER
-        return np.flatnonzero((refs == 0) & (self.v_pins[idx] == 0)
-                              & (self.v_writer[idx] == NO_WRITER))
+        unused, idle = release_pages(idx, self.v_refs, self.v_pins, self.v_writer, writer,
+                                     NO_WRITER)
+        self.busy -= idle
+        return np.frombuffer(unused, np.int64)
 
     def busy_in(self, idx: Slots) -> bool:
         """Whether a page of ``idx`` is pinned or being written."""
@@ -263,27 +233,6 @@ class PageTable:
                 if not counts[name]:
                     del counts[name]
 
-    # ---- single pages -------------------------------------------------------------------------
-
-    def unused(self, s: int) -> bool:
-        return not (self.refs[s] or self.pins[s] or self.writer[s] != NO_WRITER)
-
-    def pin(self, s: int, n: int = 1) -> None:
-        before = self.pins[s]
-        self.pins[s] = before + n
-        if not before:
-            self.pinned += 1
-            if self.writer[s] == NO_WRITER:
-                self.busy += 1
-
-    def unpin(self, s: int, n: int = 1) -> None:
-        left = self.pins[s] - n
-        self.pins[s] = left
-        if not left:
-            self.pinned -= 1
-            if self.writer[s] == NO_WRITER:
-                self.busy -= 1
-
     def clear(self) -> None:
         tenant_pages, pool_pages = self.tenant_pages, self.pool_pages
         self.__init__(self.num_slots)  # type: ignore[misc]
@@ -291,13 +240,6 @@ class PageTable:
         tenant_pages.clear()
         pool_pages.clear()
         self.tenant_pages, self.pool_pages = tenant_pages, pool_pages
-
-
-def repeats(idx: Slots) -> bool:
-    """Whether a slot appears twice in ``idx`` (a prompt naming a key twice: chained prefix keys
-    never do, but the index takes any keys)."""
-    s = np.sort(idx)
-    return bool((s[1:] == s[:-1]).any())
 
 
 def tally(numbers: np.ndarray) -> Iterator[tuple[int, int]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from kvci_plugin.ops._native import take_pages
 from kvci_plugin.tiering.ram.pages import PageTable, Slots, tally
 from kvci_plugin.tiering.types import DoesNotFitError
 
@@ -207,10 +208,9 @@ class RoomPlanner:
         table, idx = self.pages, entry.slots
         # Each page counts the candidates taken that hold it: taken by all its holders, and
         # not one the reservation keeps, it is freed.
-        counts = table.released[idx] + 1
-        table.released[idx] = counts
+        frees = np.frombuffer(take_pages(idx, table.released, table.v_refs, table.kept),
+                              np.int64)
         released.append(idx)
-        frees = np.flatnonzero((counts == table.v_refs[idx]) & ~table.kept[idx])
         self._last = (cid, frees) if pages_only else None
         gone = idx[frees]
         if not gone.size:

@@ -85,8 +85,15 @@ def test_a_key_repeated_within_a_checkpoint_takes_one_slot() -> None:
     assert len(res.new_keys) == len(res.new_slots) == 2
     index.commit("a")
     assert index.stats().pages == 2
+    # A load naming the key twice pins its page twice; the page stays pinned until both go.
+    assert index.pin(keys(1, 2, 1), "t") == list(res.slots)
+    assert index.stats().pinned_pages == 2
+    with pytest.raises(ValueError, match="not pinned"):
+        index.unpin(keys(1, 1, 1))  # one pin more than the load took: nothing changes
     index.remove("a", "t")
-    assert index.stats().pages == 0
+    assert index.stats().pages == 2  # pinned: freed at the last unpin
+    index.unpin(keys(1, 2, 1))
+    assert (index.stats().pages, index.stats().pinned_pages) == (0, 0)
 
 
 def test_lru_evicts_the_least_recently_used_checkpoint_and_a_load_touches() -> None:

@@ -1,0 +1,334 @@
+// The RAM tier's per-page column kernels: what a request does to every page of its prompt (find
+// how far it is loadable, pin, unpin) and to every page of a checkpoint that leaves (count the
+// evictions that free it, drop its references), each one pass over the pages in one call.
+//
+// The page table keeps its columns as numpy arrays (kvci_plugin/tiering/ram/pages.py) and did
+// this work as numpy expressions: five to ten array operations a call, each a Python call with
+// its own temporaries, on vLLM's scheduler thread for every request and every eviction. These
+// take the same arrays (any object with a C-contiguous buffer of the stated type), change them
+// in place, and return only what the table's Python side needs (positions, counts). Every slot
+// is checked against the columns' length before any change.
+//
+//   loadable_run(found, state, ready, tenant, tenant_no) -> int
+//       how many leading slots of `found` (int64, -1: not held) are held, in state `ready`,
+//       and of tenant number `tenant_no`
+//   pin_pages(slots, pins, writer, no_writer) -> (first_pins, busy)
+//       one more pin on each slot (a slot named twice is pinned twice): how many slots were
+//       pinned for the first time, and how many of those had no writer
+//   unpin_pages(slots, pins, writer, refs, no_writer) -> (unused, last_pins, busy) | None
+//       one pin less on each slot; None, changing nothing, when a slot has fewer pins than it is
+//       named; else the slots now unused (int64 bytes: no pin, no writer, no reference), how
+//       many lost their last pin, and how many of those had no writer
+//   take_pages(slots, released, refs, kept) -> bytes
+//       one more taken holder counted on each slot: the positions (int64) of the slots every
+//       holder of which is now taken and that are not kept
+//   release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (positions, busy)
+//       one reference less on each slot, and writer `writer_no`'s copies dropped: the positions
+//       (int64) of the slots now unused, and how many slots stopped being busy
+#define PY_SSIZE_T_CLEAN
+#include "page_columns.h"
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+enum class Kind { kInt64, kInt32, kInt8, kBool };
+
+bool format_is(const char* format, Kind kind, Py_ssize_t itemsize) {
+  if (format == nullptr) return false;
+  // numpy exports native byte order as a bare code; '<', '=' and '@' say the same here.
+  if (*format == '<' || *format == '=' || *format == '@') ++format;
+  switch (kind) {
+    case Kind::kInt64:
+      return itemsize == 8 && (std::strcmp(format, "q") == 0 || std::strcmp(format, "l") == 0);
+    case Kind::kInt32:
+      return itemsize == 4 && (std::strcmp(format, "i") == 0 || std::strcmp(format, "l") == 0);
+    case Kind::kInt8:
+      return itemsize == 1 && std::strcmp(format, "b") == 0;
+    case Kind::kBool:
+      return itemsize == 1 && std::strcmp(format, "?") == 0;
+  }
+  return false;
+}
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kInt64:
+      return "int64";
+    case Kind::kInt32:
+      return "int32";
+    case Kind::kInt8:
+      return "int8";
+    case Kind::kBool:
+      return "bool";
+  }
+  return "?";
+}
+
+// A C-contiguous buffer of one type, released with its scope.
+class Column {
+ public:
+  Column() = default;
+  Column(const Column&) = delete;
+  Column& operator=(const Column&) = delete;
+  ~Column() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+
+  bool get(PyObject* obj, Kind kind, bool writable, const char* name) {
+    const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &view_, flags) != 0) return false;
+    held_ = true;
+    if (!format_is(view_.format, kind, view_.itemsize)) {
+      PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous %s buffer", name,
+                   kind_name(kind));
+      return false;
+    }
+    return true;
+  }
+
+  Py_ssize_t size() const { return view_.len / view_.itemsize; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(view_.buf);
+  }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+// Slots: int64 or int32 (a checkpoint keeps its slots as int32), each checked in [0, limit).
+bool read_slots(PyObject* obj, Py_ssize_t limit, std::vector<int64_t>& out) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return false;
+  const bool wide = format_is(view.format, Kind::kInt64, view.itemsize);
+  if (!wide && !format_is(view.format, Kind::kInt32, view.itemsize)) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_TypeError, "slots must be a C-contiguous int64 or int32 buffer");
+    return false;
+  }
+  const Py_ssize_t n = view.len / view.itemsize;
+  out.resize(size_t(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const int64_t s = wide ? static_cast<const int64_t*>(view.buf)[i]
+                           : int64_t(static_cast<const int32_t*>(view.buf)[i]);
+    if (s < 0 || s >= limit) {
+      PyBuffer_Release(&view);
+      PyErr_Format(PyExc_ValueError, "slots[%zd] = %lld is outside [0, %zd)", i, (long long)s,
+                   limit);
+      return false;
+    }
+    out[size_t(i)] = s;
+  }
+  PyBuffer_Release(&view);
+  return true;
+}
+
+// Every column the same length; that length.
+bool same_length(std::initializer_list<const Column*> columns, Py_ssize_t* length) {
+  *length = (*columns.begin())->size();
+  for (const Column* c : columns) {
+    if (c->size() != *length) {
+      PyErr_SetString(PyExc_ValueError, "the columns must all be as long as the table");
+      return false;
+    }
+  }
+  return true;
+}
+
+PyObject* int64_bytes(const std::vector<int64_t>& values) {
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(values.data()),
+                                   Py_ssize_t(values.size() * 8));
+}
+
+PyObject* loadable_run(PyObject*, PyObject* args) {
+  PyObject *found_obj, *state_obj, *tenant_obj;
+  long long ready, tenant_no;
+  if (!PyArg_ParseTuple(args, "OOLOL", &found_obj, &state_obj, &ready, &tenant_obj, &tenant_no)) {
+    return nullptr;
+  }
+  Column found, state, tenant;
+  Py_ssize_t length;
+  if (!found.get(found_obj, Kind::kInt64, false, "found") ||
+      !state.get(state_obj, Kind::kInt8, false, "state") ||
+      !tenant.get(tenant_obj, Kind::kInt64, false, "tenant") ||
+      !same_length({&state, &tenant}, &length)) {
+    return nullptr;
+  }
+  const int64_t* f = found.as<int64_t>();
+  const int8_t* st = state.as<int8_t>();
+  const int64_t* tn = tenant.as<int64_t>();
+  Py_ssize_t run = 0;
+  for (; run < found.size(); ++run) {
+    const int64_t s = f[run];
+    if (s < 0) break;
+    if (s >= length) {
+      PyErr_Format(PyExc_ValueError, "found[%zd] = %lld is outside [0, %zd)", run,
+                   (long long)s, length);
+      return nullptr;
+    }
+    if (st[s] != ready || tn[s] != tenant_no) break;
+  }
+  return PyLong_FromSsize_t(run);
+}
+
+PyObject* pin_pages(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *pins_obj, *writer_obj;
+  long long no_writer;
+  if (!PyArg_ParseTuple(args, "OOOL", &slots_obj, &pins_obj, &writer_obj, &no_writer)) {
+    return nullptr;
+  }
+  Column pins, writer;
+  Py_ssize_t length;
+  std::vector<int64_t> slots;
+  if (!pins.get(pins_obj, Kind::kInt64, true, "pins") ||
+      !writer.get(writer_obj, Kind::kInt64, false, "writer") ||
+      !same_length({&pins, &writer}, &length) || !read_slots(slots_obj, length, slots)) {
+    return nullptr;
+  }
+  int64_t* p = pins.as<int64_t>();
+  const int64_t* w = writer.as<int64_t>();
+  long long first = 0, busy = 0;
+  for (int64_t s : slots) {
+    if (p[s]++ == 0) {
+      ++first;
+      busy += w[s] == no_writer;
+    }
+  }
+  return Py_BuildValue("LL", first, busy);
+}
+
+PyObject* unpin_pages(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *pins_obj, *writer_obj, *refs_obj;
+  long long no_writer;
+  if (!PyArg_ParseTuple(args, "OOOOL", &slots_obj, &pins_obj, &writer_obj, &refs_obj,
+                        &no_writer)) {
+    return nullptr;
+  }
+  Column pins, writer, refs;
+  Py_ssize_t length;
+  std::vector<int64_t> slots;
+  if (!pins.get(pins_obj, Kind::kInt64, true, "pins") ||
+      !writer.get(writer_obj, Kind::kInt64, false, "writer") ||
+      !refs.get(refs_obj, Kind::kInt64, false, "refs") ||
+      !same_length({&pins, &writer, &refs}, &length) || !read_slots(slots_obj, length, slots)) {
+    return nullptr;
+  }
+  int64_t* p = pins.as<int64_t>();
+  const int64_t* w = writer.as<int64_t>();
+  const int64_t* r = refs.as<int64_t>();
+  // Unpinned in order; a slot with no pin left to take undoes what was done, changing nothing.
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (p[slots[i]] <= 0) {
+      for (size_t j = 0; j < i; ++j) ++p[slots[j]];
+      Py_RETURN_NONE;
+    }
+    --p[slots[i]];
+  }
+  std::vector<int64_t> unused;
+  long long last = 0, busy = 0;
+  for (int64_t s : slots) {
+    // A slot named twice reaches its last pin once: counted where it is 0 and not seen yet.
+    if (p[s] == 0) {
+      p[s] = -1;  // marks it counted; restored below
+      ++last;
+      if (w[s] == no_writer) {
+        ++busy;
+        if (r[s] == 0) unused.push_back(s);
+      }
+    }
+  }
+  for (int64_t s : slots) {
+    if (p[s] == -1) p[s] = 0;
+  }
+  PyObject* out = int64_bytes(unused);
+  if (out == nullptr) return nullptr;
+  return Py_BuildValue("NLL", out, last, busy);
+}
+
+PyObject* take_pages(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *released_obj, *refs_obj, *kept_obj;
+  if (!PyArg_ParseTuple(args, "OOOO", &slots_obj, &released_obj, &refs_obj, &kept_obj)) {
+    return nullptr;
+  }
+  Column released, refs, kept;
+  Py_ssize_t length;
+  std::vector<int64_t> slots;
+  if (!released.get(released_obj, Kind::kInt64, true, "released") ||
+      !refs.get(refs_obj, Kind::kInt64, false, "refs") ||
+      !kept.get(kept_obj, Kind::kBool, false, "kept") ||
+      !same_length({&released, &refs, &kept}, &length) ||
+      !read_slots(slots_obj, length, slots)) {
+    return nullptr;
+  }
+  int64_t* rel = released.as<int64_t>();
+  const int64_t* r = refs.as<int64_t>();
+  const bool* k = kept.as<bool>();
+  std::vector<int64_t> frees;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t s = slots[i];
+    if (++rel[s] == r[s] && !k[s]) frees.push_back(int64_t(i));
+  }
+  return int64_bytes(frees);
+}
+
+PyObject* release_pages(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *refs_obj, *pins_obj, *writer_obj;
+  long long writer_no, no_writer;
+  if (!PyArg_ParseTuple(args, "OOOOLL", &slots_obj, &refs_obj, &pins_obj, &writer_obj,
+                        &writer_no, &no_writer)) {
+    return nullptr;
+  }
+  Column refs, pins, writer;
+  Py_ssize_t length;
+  std::vector<int64_t> slots;
+  if (!refs.get(refs_obj, Kind::kInt64, true, "refs") ||
+      !pins.get(pins_obj, Kind::kInt64, false, "pins") ||
+      !writer.get(writer_obj, Kind::kInt64, true, "writer") ||
+      !same_length({&refs, &pins, &writer}, &length) ||
+      !read_slots(slots_obj, length, slots)) {
+    return nullptr;
+  }
+  int64_t* r = refs.as<int64_t>();
+  const int64_t* p = pins.as<int64_t>();
+  int64_t* w = writer.as<int64_t>();
+  long long busy = 0;
+  for (int64_t s : slots) {
+    --r[s];
+    if (w[s] == writer_no) {
+      busy += p[s] == 0;
+      w[s] = no_writer;
+    }
+  }
+  std::vector<int64_t> unused;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t s = slots[i];
+    if (r[s] == 0 && p[s] == 0 && w[s] == no_writer) unused.push_back(int64_t(i));
+  }
+  PyObject* out = int64_bytes(unused);
+  if (out == nullptr) return nullptr;
+  return Py_BuildValue("NL", out, busy);
+}
+
+PyMethodDef methods[] = {
+    {"loadable_run", loadable_run, METH_VARARGS,
+     "loadable_run(found, state, ready, tenant, tenant_no) -> int: the leading slots loadable"},
+    {"pin_pages", pin_pages, METH_VARARGS,
+     "pin_pages(slots, pins, writer, no_writer) -> (first_pins, busy)"},
+    {"unpin_pages", unpin_pages, METH_VARARGS,
+     "unpin_pages(slots, pins, writer, refs, no_writer) -> (unused, last_pins, busy) | None"},
+    {"take_pages", take_pages, METH_VARARGS,
+     "take_pages(slots, released, refs, kept) -> bytes: positions freed by taking them"},
+    {"release_pages", release_pages, METH_VARARGS,
+     "release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (positions, busy)"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+bool kvci_add_page_columns(PyObject* module) {
+  return PyModule_AddFunctions(module, methods) == 0;
+}

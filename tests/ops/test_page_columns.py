@@ -1,0 +1,142 @@
+"""The page table's column kernels, each checked against the same work done one page at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvci_plugin.ops._native import (
+    loadable_run,
+    pin_pages,
+    release_pages,
+    take_pages,
+    unpin_pages,
+)
+
+N = 12
+NO_WRITER = -1
+READY = 1
+
+small = st.integers(0, 3)
+columns = st.fixed_dictionaries({
+    "refs": st.lists(small, min_size=N, max_size=N),
+    "pins": st.lists(small, min_size=N, max_size=N),
+    "writer": st.lists(st.sampled_from([NO_WRITER, 5, 6]), min_size=N, max_size=N),
+    "state": st.lists(st.sampled_from([0, READY, 2, 3]), min_size=N, max_size=N),
+    "tenant": st.lists(st.integers(0, 1), min_size=N, max_size=N),
+    "released": st.lists(small, min_size=N, max_size=N),
+    "kept": st.lists(st.booleans(), min_size=N, max_size=N),
+})
+slot_lists = st.lists(st.integers(0, N - 1), max_size=2 * N)
+distinct_slots = st.lists(st.integers(0, N - 1), max_size=N, unique=True)
+
+
+def arrays(cols: dict) -> dict[str, np.ndarray]:
+    kinds = {"state": np.int8, "kept": bool}
+    return {name: np.array(v, kinds.get(name, np.int64)) for name, v in cols.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, found=st.lists(st.integers(-1, N - 1), max_size=N), tenant=st.integers(0, 1))
+def test_loadable_run_stops_at_the_first_page_not_held_ready_and_the_tenants(cols, found,
+                                                                              tenant) -> None:
+    a = arrays(cols)
+    want = 0
+    for s in found:
+        if s < 0 or a["state"][s] != READY or a["tenant"][s] != tenant:
+            break
+        want += 1
+    assert loadable_run(np.array(found, np.int64), a["state"], READY, a["tenant"],
+                        tenant) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, slots=slot_lists)
+def test_pins_count_first_pins_and_unpins_undo_them_or_change_nothing(cols, slots) -> None:
+    a = arrays(cols)
+    idx = np.array(slots, np.int64)
+    pins = a["pins"].copy()
+    first = busy = 0
+    for s in slots:  # one at a time: a slot named twice is pinned twice
+        if pins[s] == 0:
+            first += 1
+            busy += a["writer"][s] == NO_WRITER
+        pins[s] += 1
+    assert pin_pages(idx, a["pins"], a["writer"], NO_WRITER) == (first, busy)
+    assert a["pins"].tolist() == pins.tolist()
+    # Unpinning what was pinned brings every count back.
+    before = np.array(cols["pins"], np.int64)
+    unused, last, idle = unpin_pages(idx, a["pins"], a["writer"], a["refs"], NO_WRITER)
+    assert a["pins"].tolist() == before.tolist()
+    went = {s for s in slots if before[s] == 0}  # pinned only by this load
+    assert last == len(went)
+    assert idle == sum(a["writer"][s] == NO_WRITER for s in went)
+    assert sorted(np.frombuffer(unused, np.int64).tolist()) == sorted(
+        s for s in went if a["writer"][s] == NO_WRITER and a["refs"][s] == 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, slots=slot_lists)
+def test_an_unpin_past_the_pins_changes_nothing(cols, slots) -> None:
+    a = arrays(cols)
+    named = np.bincount(np.array(slots, np.int64), minlength=N)
+    result = unpin_pages(np.array(slots, np.int64), a["pins"], a["writer"], a["refs"], NO_WRITER)
+    if (named > np.array(cols["pins"])).any():
+        assert result is None and a["pins"].tolist() == cols["pins"]
+    else:
+        assert result is not None
+        assert a["pins"].tolist() == (np.array(cols["pins"]) - named).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, slots=distinct_slots, wide=st.booleans())
+def test_take_counts_a_holder_and_names_the_pages_all_of_whose_holders_are_taken(
+        cols, slots, wide) -> None:
+    a = arrays(cols)
+    idx = np.array(slots, np.int64 if wide else np.int32)
+    counts = np.array(cols["released"], np.int64)[idx] + 1
+    want = np.flatnonzero((counts == a["refs"][idx]) & ~a["kept"][idx]).tolist()
+    assert np.frombuffer(take_pages(idx, a["released"], a["refs"], a["kept"]),
+                         np.int64).tolist() == want
+    assert a["released"][idx].tolist() == counts.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, slots=distinct_slots, writer=st.sampled_from([5, 6]))
+def test_release_drops_a_reference_and_its_writers_copies(cols, slots, writer) -> None:
+    a = arrays(cols)
+    a["refs"] += 1  # a checkpoint holding these pages references each
+    idx = np.array(slots, np.int32)
+    refs = a["refs"][idx] - 1
+    mine = a["writer"][idx] == writer
+    idle = int((mine & (a["pins"][idx] == 0)).sum())
+    writers = np.where(mine, NO_WRITER, a["writer"][idx])
+    want = np.flatnonzero((refs == 0) & (a["pins"][idx] == 0) & (writers == NO_WRITER))
+    positions, busy = release_pages(idx, a["refs"], a["pins"], a["writer"], writer, NO_WRITER)
+    assert (np.frombuffer(positions, np.int64).tolist(), busy) == (want.tolist(), idle)
+    assert a["refs"][idx].tolist() == refs.tolist()
+    assert a["writer"][idx].tolist() == writers.tolist()
+
+
+def test_slots_and_columns_are_checked_before_anything_changes() -> None:
+    refs, pins = np.zeros(4, np.int64), np.zeros(4, np.int64)
+    writer = np.full(4, NO_WRITER, np.int64)
+    with pytest.raises(ValueError, match=r"slots\[1\] = 4 is outside \[0, 4\)"):
+        pin_pages(np.array([0, 4], np.int64), pins, writer, NO_WRITER)
+    assert pins.tolist() == [0, 0, 0, 0]
+    with pytest.raises(TypeError, match="int64 or int32"):
+        pin_pages(np.array([0], np.int16), pins, writer, NO_WRITER)
+    with pytest.raises(TypeError, match="pins must be a C-contiguous int64"):
+        pin_pages(np.array([0], np.int64), pins.astype(np.int32), writer, NO_WRITER)
+    with pytest.raises(ValueError, match="as long as"):
+        pin_pages(np.array([0], np.int64), pins, writer[:3], NO_WRITER)
+    with pytest.raises(ValueError, match="contiguous"):
+        pin_pages(np.array([0], np.int64), pins[::-1], writer, NO_WRITER)
+    frozen = pins.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        pin_pages(np.array([0], np.int64), frozen, writer, NO_WRITER)
+    with pytest.raises(ValueError, match=r"found\[0\] = 9"):
+        loadable_run(np.array([9], np.int64), np.zeros(4, np.int8), READY, refs, 0)
