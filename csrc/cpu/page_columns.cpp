@@ -25,6 +25,15 @@
 //   release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (positions, busy)
 //       one reference less on each slot, and writer `writer_no`'s copies dropped: the positions
 //       (int64) of the slots now unused, and how many slots stopped being busy
+//   held_conflict(slots, tenant, tenant_no, state, erased) -> int
+//       the first position whose slot is another tenant's (2i) or being erased (2i + 1), or -1
+//   write_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> (mine, busy)
+//       the slots not ready with no writer become writer `writer_no`'s: per position whether
+//       its slot is that writer's (bool bytes), and how many slots became busy
+//   written_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> int
+//       writer `writer_no`'s slots become ready: how many stopped being busy
+//   any_busy(slots, pins, writer, no_writer) -> bool
+//       whether a slot is pinned or being written
 #define PY_SSIZE_T_CLEAN
 #include "page_columns.h"
 
@@ -313,7 +322,121 @@ PyObject* release_pages(PyObject*, PyObject* args) {
   return Py_BuildValue("NL", out, busy);
 }
 
+PyObject* held_conflict(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *tenant_obj, *state_obj;
+  long long tenant_no, erased;
+  if (!PyArg_ParseTuple(args, "OOLOL", &slots_obj, &tenant_obj, &tenant_no, &state_obj,
+                        &erased)) {
+    return nullptr;
+  }
+  Column tenant, state;
+  Py_ssize_t length;
+  std::vector<int64_t> slots;
+  if (!tenant.get(tenant_obj, Kind::kInt64, false, "tenant") ||
+      !state.get(state_obj, Kind::kInt8, false, "state") ||
+      !same_length({&tenant, &state}, &length) || !read_slots(slots_obj, length, slots)) {
+    return nullptr;
+  }
+  const int64_t* tn = tenant.as<int64_t>();
+  const int8_t* st = state.as<int8_t>();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t s = slots[i];
+    if (tn[s] != tenant_no) return PyLong_FromLongLong(2 * (long long)i);
+    if (st[s] & erased) return PyLong_FromLongLong(2 * (long long)i + 1);
+  }
+  return PyLong_FromLong(-1);
+}
+
+// The columns write_pages and written_pages read: parsed alike.
+struct Writes {
+  Column state, writer, pins;
+  std::vector<int64_t> slots;
+  long long ready = 0, writer_no = 0, no_writer = 0;
+
+  bool parse(PyObject* args) {
+    PyObject *slots_obj, *state_obj, *writer_obj, *pins_obj;
+    if (!PyArg_ParseTuple(args, "OOLOLLO", &slots_obj, &state_obj, &ready, &writer_obj,
+                          &writer_no, &no_writer, &pins_obj)) {
+      return false;
+    }
+    Py_ssize_t length;
+    return state.get(state_obj, Kind::kInt8, true, "state") &&
+           writer.get(writer_obj, Kind::kInt64, true, "writer") &&
+           pins.get(pins_obj, Kind::kInt64, false, "pins") &&
+           same_length({&state, &writer, &pins}, &length) &&
+           read_slots(slots_obj, length, slots);
+  }
+};
+
+PyObject* write_pages(PyObject*, PyObject* args) {
+  Writes c;
+  if (!c.parse(args)) return nullptr;
+  const int8_t* st = c.state.as<int8_t>();
+  int64_t* w = c.writer.as<int64_t>();
+  const int64_t* p = c.pins.as<int64_t>();
+  long long busy = 0;
+  std::vector<char> mine(c.slots.size());
+  for (size_t i = 0; i < c.slots.size(); ++i) {
+    const int64_t s = c.slots[i];
+    if ((st[s] & c.ready) == 0 && w[s] == c.no_writer) {
+      w[s] = c.writer_no;
+      busy += p[s] == 0;
+    }
+    mine[i] = w[s] == c.writer_no;
+  }
+  PyObject* out = PyBytes_FromStringAndSize(mine.data(), Py_ssize_t(mine.size()));
+  if (out == nullptr) return nullptr;
+  return Py_BuildValue("NL", out, busy);
+}
+
+PyObject* written_pages(PyObject*, PyObject* args) {
+  Writes c;
+  if (!c.parse(args)) return nullptr;
+  int8_t* st = c.state.as<int8_t>();
+  int64_t* w = c.writer.as<int64_t>();
+  const int64_t* p = c.pins.as<int64_t>();
+  long long idle = 0;
+  for (int64_t s : c.slots) {
+    if (w[s] == c.writer_no) {
+      st[s] = int8_t(st[s] | c.ready);
+      w[s] = c.no_writer;
+      idle += p[s] == 0;
+    }
+  }
+  return PyLong_FromLongLong(idle);
+}
+
+PyObject* any_busy(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *pins_obj, *writer_obj;
+  long long no_writer;
+  if (!PyArg_ParseTuple(args, "OOOL", &slots_obj, &pins_obj, &writer_obj, &no_writer)) {
+    return nullptr;
+  }
+  Column pins, writer;
+  Py_ssize_t length;
+  std::vector<int64_t> slots;
+  if (!pins.get(pins_obj, Kind::kInt64, false, "pins") ||
+      !writer.get(writer_obj, Kind::kInt64, false, "writer") ||
+      !same_length({&pins, &writer}, &length) || !read_slots(slots_obj, length, slots)) {
+    return nullptr;
+  }
+  const int64_t* p = pins.as<int64_t>();
+  const int64_t* w = writer.as<int64_t>();
+  for (int64_t s : slots) {
+    if (p[s] != 0 || w[s] != no_writer) Py_RETURN_TRUE;
+  }
+  Py_RETURN_FALSE;
+}
+
 PyMethodDef methods[] = {
+    {"held_conflict", held_conflict, METH_VARARGS,
+     "held_conflict(slots, tenant, tenant_no, state, erased) -> int: 2i, 2i + 1, or -1"},
+    {"write_pages", write_pages, METH_VARARGS,
+     "write_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> (mine, busy)"},
+    {"written_pages", written_pages, METH_VARARGS,
+     "written_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> int"},
+    {"any_busy", any_busy, METH_VARARGS,
+     "any_busy(slots, pins, writer, no_writer) -> bool: a slot pinned or being written"},
     {"loadable_run", loadable_run, METH_VARARGS,
      "loadable_run(found, state, ready, tenant, tenant_no) -> int: the leading slots loadable"},
     {"pin_pages", pin_pages, METH_VARARGS,

@@ -72,6 +72,10 @@ pin_pages = _C.pin_pages
 unpin_pages = _C.unpin_pages
 take_pages = _C.take_pages
 release_pages = _C.release_pages
+held_conflict = _C.held_conflict
+write_pages = _C.write_pages
+written_pages = _C.written_pages
+any_busy = _C.any_busy
 
 
 def read_files(paths: Sequence[str], out: bytearray | memoryview) -> list[int]:

@@ -8,16 +8,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvci_plugin.ops._native import (
+    any_busy,
+    held_conflict,
     loadable_run,
     pin_pages,
     release_pages,
     take_pages,
     unpin_pages,
+    write_pages,
+    written_pages,
 )
 
 N = 12
 NO_WRITER = -1
 READY = 1
+ERASED = 2
 
 small = st.integers(0, 3)
 columns = st.fixed_dictionaries({
@@ -118,6 +123,48 @@ def test_release_drops_a_reference_and_its_writers_copies(cols, slots, writer) -
     assert (np.frombuffer(positions, np.int64).tolist(), busy) == (want.tolist(), idle)
     assert a["refs"][idx].tolist() == refs.tolist()
     assert a["writer"][idx].tolist() == writers.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, slots=distinct_slots, tenant=st.integers(0, 1))
+def test_held_conflict_names_the_first_page_of_another_tenant_or_being_erased(
+        cols, slots, tenant) -> None:
+    a = arrays(cols)
+    want = -1
+    for i, s in enumerate(slots):
+        if a["tenant"][s] != tenant or a["state"][s] & ERASED:
+            want = 2 * i + (a["tenant"][s] == tenant)
+            break
+    assert held_conflict(np.array(slots, np.int64), a["tenant"], tenant, a["state"],
+                         ERASED) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, slots=distinct_slots, writer=st.sampled_from([5, 7]))
+def test_a_writer_takes_the_pages_no_one_copies_and_makes_them_ready(cols, slots,
+                                                                    writer) -> None:
+    a = arrays(cols)
+    idx = np.array(slots, np.int64)
+    take = ((a["state"][idx] & READY) == 0) & (a["writer"][idx] == NO_WRITER)
+    busy = int((take & (a["pins"][idx] == 0)).sum())
+    writers = np.where(take, writer, a["writer"][idx])
+    mine, got = write_pages(idx, a["state"], READY, a["writer"], writer, NO_WRITER, a["pins"])
+    assert (np.frombuffer(mine, bool).tolist(), got) == ((writers == writer).tolist(), busy)
+    assert a["writer"][idx].tolist() == writers.tolist()
+    ready = a["state"][idx] | np.where(writers == writer, READY, 0)
+    idle = int(((writers == writer) & (a["pins"][idx] == 0)).sum())
+    assert written_pages(idx, a["state"], READY, a["writer"], writer, NO_WRITER,
+                         a["pins"]) == idle
+    assert a["state"][idx].tolist() == ready.tolist()
+    assert writer not in a["writer"][idx].tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(cols=columns, slots=slot_lists)
+def test_any_busy_says_whether_a_page_is_pinned_or_being_written(cols, slots) -> None:
+    a = arrays(cols)
+    want = any(a["pins"][s] != 0 or a["writer"][s] != NO_WRITER for s in slots)
+    assert any_busy(np.array(slots, np.int32), a["pins"], a["writer"], NO_WRITER) == want
 
 
 def test_slots_and_columns_are_checked_before_anything_changes() -> None:

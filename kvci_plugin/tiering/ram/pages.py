@@ -24,10 +24,14 @@ import numpy as np
 
 from kvci_plugin.ops._native import (
     KeyTable,
+    any_busy,
+    held_conflict,
     loadable_run,
     pin_pages,
     release_pages,
     unpin_pages,
+    write_pages,
+    written_pages,
 )
 from kvci_plugin.tiering.types import DoesNotFitError, PageKey, TenantMismatchError
 
@@ -152,10 +156,9 @@ class PageTable:
         found = self.find(keys)
         absent = found < 0
         held = found[~absent]
-        owner = self.v_tenant[held] != self.known(tenant)
-        bad = np.flatnonzero(owner | ((self.v_state[held] & ERASED) != 0))
-        if bad.size:
-            if owner[bad[0]]:
+        conflict = held_conflict(held, self.v_tenant, self.known(tenant), self.v_state, ERASED)
+        if conflict >= 0:
+            if conflict % 2 == 0:
                 raise TenantMismatchError("a page key of the checkpoint belongs to another tenant")
             raise DoesNotFitError(
                 "erasure", "a page of the checkpoint is still being erased (its tenant "
@@ -187,19 +190,15 @@ class PageTable:
     def write(self, idx: Slots, writer: int) -> np.ndarray:
         """A reservation's pages: those not ready with no writer are ``writer``'s to copy in;
         which of ``idx`` it copies."""
-        take = ((self.v_state[idx] & READY) == 0) & (self.v_writer[idx] == NO_WRITER)
-        if take.any():
-            self.busy += int((take & (self.v_pins[idx] == 0)).sum())
-            self.v_writer[idx[take]] = writer
-        return self.v_writer[idx] == writer
+        mine, busy = write_pages(idx, self.v_state, READY, self.v_writer, writer, NO_WRITER,
+                                 self.v_pins)
+        self.busy += busy
+        return np.frombuffer(mine, bool)
 
     def written(self, idx: Slots, writer: int) -> None:
         """``writer`` copied its pages in: they are ready."""
-        mine = idx[self.v_writer[idx] == writer]
-        if mine.size:
-            self.v_state[mine] |= READY
-            self.v_writer[mine] = NO_WRITER
-            self.busy -= int((self.v_pins[mine] == 0).sum())
+        self.busy -= written_pages(idx, self.v_state, READY, self.v_writer, writer, NO_WRITER,
+                                   self.v_pins)
 
     def release(self, idx: Slots, writer: int) -> np.ndarray:
         """A checkpoint numbered ``writer`` left: its references go (its copies too); the
@@ -211,8 +210,7 @@ class PageTable:
 
     def busy_in(self, idx: Slots) -> bool:
         """Whether a page of ``idx`` is pinned or being written."""
-        return bool(self.busy) and bool(((self.v_pins[idx] != 0)
-                                         | (self.v_writer[idx] != NO_WRITER)).any())
+        return bool(self.busy) and any_busy(idx, self.v_pins, self.v_writer, NO_WRITER)
 
     def all_ready(self, idx: Slots) -> bool:
         return bool((self.v_state[idx] & READY).all())
