@@ -3,8 +3,8 @@
 // ints to the key format's canonical int32 token ids (Python-level conversion costs about
 // 20 ns per id, more than keying them); prefix_key_bytes, a prompt's keys from such a sequence
 // straight to the 16-byte keys the tiers use; read_files (read_files.cpp), which reads a
-// batch of files without the GIL; the RAM tier's KeyTable (key_table.cpp) and its per-page
-// column kernels (page_columns.cpp).
+// batch of files without the GIL; the RAM tier's KeyTable (key_table.cpp), its per-page
+// column kernels (page_columns.cpp) and the value policy's reuse hazard (resend.cpp).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -16,6 +16,7 @@
 #include "key_table.h"
 #include "page_columns.h"
 #include "read_files.h"
+#include "resend.h"
 
 namespace {
 
@@ -188,7 +189,8 @@ PyMODINIT_FUNC KVCI_PYINIT(TORCH_EXTENSION_NAME)(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, KVCI_STR(TORCH_EXTENSION_NAME), nullptr, 0,
                                methods};
   PyObject* m = PyModule_Create(&module);
-  if (m != nullptr && (!kvci_add_key_table(m) || !kvci_add_page_columns(m))) {
+  if (m != nullptr && (!kvci_add_key_table(m) || !kvci_add_page_columns(m) ||
+                       !kvci_add_resend(m))) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -77,6 +77,10 @@ write_pages = _C.write_pages
 written_pages = _C.written_pages
 any_busy = _C.any_busy
 
+resend_probabilities = _C.resend_probabilities
+"""``resend_probabilities(hazards, rows, ages, horizon, edges) -> bytes``: the value policy's
+reuse hazard for many contexts in one call (``csrc/cpu/resend.cpp``; float64 each)."""
+
 
 def read_files(paths: Sequence[str], out: bytearray | memoryview) -> list[int]:
     """File ``i`` into row ``i`` of ``out`` (``len(out) // len(paths)`` bytes a row), all in one

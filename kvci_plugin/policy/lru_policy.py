@@ -28,7 +28,9 @@ class LRUPolicy:
     def __init__(self) -> None:
         # Held checkpoints, least recently used first; by anchor, those a lookup refreshes.
         self._order: OrderedDict[str, None] = OrderedDict()
-        self._by_anchor: dict[Hashable, set[str]] = {}
+        # In the order they were admitted (a set's order follows the hash of random ids, and
+        # made a lookup's touches differ run to run).
+        self._by_anchor: dict[Hashable, dict[str, None]] = {}
         self._anchor_of: dict[str, Hashable] = {}
         self._explicit: set[str] = set()
         self._unread: set[str] = set()
@@ -65,7 +67,7 @@ class LRUPolicy:
         self._unread.add(checkpoint_id)
         self._order[checkpoint_id] = None
         self._anchor_of[checkpoint_id] = offer.anchor
-        self._by_anchor.setdefault(offer.anchor, set()).add(checkpoint_id)
+        self._by_anchor.setdefault(offer.anchor, {})[checkpoint_id] = None
         if offer.explicit:
             self._admitted_explicit += 1
             self._explicit.add(checkpoint_id)
@@ -84,7 +86,7 @@ class LRUPolicy:
         anchor = self._anchor_of.pop(checkpoint_id, None)
         if anchor is not None:
             held = self._by_anchor[anchor]
-            held.discard(checkpoint_id)
+            held.pop(checkpoint_id, None)
             if not held:
                 del self._by_anchor[anchor]
         self._explicit.discard(checkpoint_id)
@@ -98,11 +100,11 @@ class LRUPolicy:
         if old is None:
             return
         held = self._by_anchor[old]
-        held.discard(checkpoint_id)
+        held.pop(checkpoint_id, None)
         if not held:
             del self._by_anchor[old]
         self._anchor_of[checkpoint_id] = anchor
-        self._by_anchor.setdefault(anchor, set()).add(checkpoint_id)
+        self._by_anchor.setdefault(anchor, {})[checkpoint_id] = None
 
     def retained(self, checkpoint_id: str) -> None:
         return None  # a retention's pins hold it; recency is all this policy weighs

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
+from kvci_plugin.ops._native import resend_probabilities
+
 # Bucket edges in seconds: [0, 1), [1, 2), [2, 4) ... [2^16, inf): from one engine step to most of
 # a day, each twice the last, so short pauses are told apart and long ones cost few buckets.
 EDGES: tuple[float, ...] = (0.0,) + tuple(float(2**k) for k in range(17))
@@ -112,8 +114,9 @@ class ReuseHazard:
     def __init__(self) -> None:
         self._reuses: dict[Hashable, list[float]] = {}
         self._exposure: dict[Hashable, list[float]] = {}
-        self._pooled: list[float] = [1.0 / _width(j) for j in range(_BUCKETS)]
+        self._pooled: list[float] = []
         self._hazards: dict[Hashable, list[float]] = {}
+        self._weigh_by([1.0 / _width(j) for j in range(_BUCKETS)], {})
 
     @classmethod
     def from_counts(cls, counts: HazardCounts) -> ReuseHazard:
@@ -159,26 +162,36 @@ class ReuseHazard:
         exposure = _with_idle(self._exposure, live)
         classes = set(exposure) | set(self._reuses)
         zero = [0.0] * _BUCKETS
-        self._pooled = [
+        pooled = [
             (sum(self._reuses.get(c, zero)[j] for c in classes) + 1.0)
             / (sum(exposure.get(c, zero)[j] for c in classes) + _width(j))
             for j in range(_BUCKETS)
         ]
-        self._hazards = {
-            cls: [(self._reuses.get(cls, zero)[j] + self._pooled[j] * _width(j))
+        self._weigh_by(pooled, {
+            cls: [(self._reuses.get(cls, zero)[j] + pooled[j] * _width(j))
                   / (exposure.get(cls, zero)[j] + _width(j)) for j in range(_BUCKETS)]
             for cls in classes
-        }
+        })
+
+    def _weigh_by(self, pooled: list[float], hazards: dict[Hashable, list[float]]) -> None:
+        """Weigh by these hazards (per bucket: all classes pooled, and each class's), kept also
+        as rows of one array for ``resend_probabilities`` (the pooled one last)."""
+        self._pooled, self._hazards = pooled, hazards
+        self._rows = {cls: i for i, cls in enumerate(hazards)}
+        self._table = np.array([*hazards.values(), pooled], np.float64)
 
     def resend_probability(self, cls: Hashable, age_s: float, horizon_s: float) -> float:
         """How likely a ``cls`` context idle for ``age_s`` is re-sent within ``horizon_s`` more."""
-        hazards = self._hazards.get(cls, self._pooled)
-        end = age_s + horizon_s
-        total = 0.0
-        for j in range(bucket(age_s), _BUCKETS):
-            lo = EDGES[j]
-            if lo >= end:
-                break
-            hi = EDGES[j + 1] if j + 1 < _BUCKETS else end
-            total += hazards[j] * (min(hi, end) - max(lo, age_s))
-        return 1.0 - math.exp(-total)
+        return self.resend_probabilities((cls,), (age_s,), horizon_s)[0]
+
+    def resend_probabilities(self, classes: Sequence[Hashable], ages_s: Sequence[float],
+                             horizon_s: float) -> list[float]:
+        """``resend_probability`` of each (class, idle age), in one native call (an eviction
+        weighs the head of every class): per context, the hazard of its class (all classes
+        pooled for a class not seen) integrated from its age to ``horizon_s`` later, bucket by
+        bucket, and ``1 - exp(-that)``."""
+        pooled = len(self._rows)
+        rows = np.fromiter((self._rows.get(c, pooled) for c in classes), np.int64, len(classes))
+        return np.frombuffer(resend_probabilities(
+            self._table, rows, np.array(ages_s, np.float64), float(horizon_s), _LOWS),
+            np.float64).tolist()

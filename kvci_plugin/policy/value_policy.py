@@ -93,7 +93,7 @@ REFRESH_LOOKUPS = 64
 HORIZON_SAMPLES = 64
 
 
-_NO_CIDS: frozenset[str] = frozenset()
+_NO_CIDS: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -103,9 +103,11 @@ class _Anchor:
     last_seen: float
     cost: float | None
     reuses: int = 0
-    # Its held checkpoints; a ghost shares one empty frozenset (tens of thousands of ghosts, a
-    # set each, were as many objects for every full garbage collection to walk).
-    cids: set[str] | frozenset[str] = _NO_CIDS
+    # Its held checkpoints, in the order they were admitted: a re-send moves them in that order
+    # (a set's order follows the hash of random ids, and made the policy's choices differ run to
+    # run). A ghost shares one empty tuple (tens of thousands of ghosts, a container each, were
+    # as many objects for every full garbage collection to walk).
+    cids: dict[str, None] | tuple[str, ...] = _NO_CIDS
     row: int = -1  # in the policy's ``AnchorTable``
 
     @classmethod
@@ -223,13 +225,17 @@ class ValuePolicy:
     def eviction_order(self, entries: Mapping[str, Any], now: float) -> Iterator[str]:
         weighed: dict[str, float] = {}
         self._weighed = (now, weighed)
-        heap: list[tuple[float, int, Iterator[str], str]] = []
+        heads: list[tuple[int, Iterator[str], str]] = []
         for n, members in enumerate(self._by_class.values()):
             it = iter(members)
             head = next(it, None)
             if head is not None:
-                weighed[head] = value = self._value(head, now)
-                heap.append((value, n, it, head))
+                heads.append((n, it, head))
+        # Every class's head weighed in one call: each is a candidate before the first victim.
+        heap = []
+        for (n, it, head), value in zip(heads, self._values([h for *_, h in heads], now)):
+            weighed[head] = value
+            heap.append((value, n, it, head))
         heapq.heapify(heap)
         while heap:
             _, n, it, cid = heap[0]
@@ -296,9 +302,9 @@ class ValuePolicy:
                 anchor = self._remember(offer.anchor, offer, now)
             self._held[offer.anchor] = anchor
         if anchor.cids:
-            anchor.cids.add(checkpoint_id)  # type: ignore[union-attr]
+            anchor.cids[checkpoint_id] = None  # type: ignore[index]
         else:
-            anchor.cids = {checkpoint_id}
+            anchor.cids = {checkpoint_id: None}
         self._anchor_of[checkpoint_id] = offer.anchor
         self._unread.add(checkpoint_id)
         self._admitted += 1
@@ -349,7 +355,7 @@ class ValuePolicy:
         if key is None:
             return
         anchor = self._held[key]
-        anchor.cids.discard(checkpoint_id)  # type: ignore[union-attr]
+        anchor.cids.pop(checkpoint_id, None)  # type: ignore[union-attr]
         if self._explicit.pop(checkpoint_id, 0) is not None:
             self._leave_class(checkpoint_id, anchor.cls)
         if not anchor.cids:
@@ -380,8 +386,16 @@ class ValuePolicy:
     # ---- internals -----------------------------------------------------------------------------
 
     def _value(self, checkpoint_id: str, now: float) -> float:
-        anchor = self._held[self._anchor_of[checkpoint_id]]
-        return self._worth(anchor.cls, max(0.0, now - anchor.last_seen)) * self._cost(anchor.cost)
+        return self._values((checkpoint_id,), now)[0]
+
+    def _values(self, checkpoint_ids: Sequence[str], now: float) -> list[float]:
+        """Each checkpoint's value: how likely its context, idle as long as it has been, is
+        re-sent while the tier could hold it, times its rebuild cost per page."""
+        anchors = [self._held[self._anchor_of[cid]] for cid in checkpoint_ids]
+        worth = self._hazard.resend_probabilities(
+            [a.cls for a in anchors], [max(0.0, now - a.last_seen) for a in anchors],
+            self._horizon())
+        return [w * self._cost(a.cost) for w, a in zip(worth, anchors)]
 
     def _worth(self, cls: PolicyClass, age_s: float) -> float:
         """How likely a ``cls`` context idle ``age_s`` is re-sent while the tier could hold it."""

@@ -4,6 +4,7 @@ against a reference model."""
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 
 import pytest
@@ -589,3 +590,21 @@ def test_an_offer_is_weighed_by_its_work_not_by_a_noisy_wall_time() -> None:
     assert model.estimate_observation(queued).seconds == 40.0
     assert offer_rebuild_s(model, queued) == pytest.approx(work)
     assert offer_rebuild_s(model, CheckpointObservation(wall_time_s=3.0)) is None  # no work known
+
+
+@pytest.mark.parametrize("policy", [ValuePolicy, LRUPolicy])
+def test_checkpoints_sharing_an_anchor_move_in_the_order_they_were_admitted(policy) -> None:
+    """A re-send moves every checkpoint of its anchor: in the order they came, whatever their
+    ids (random, in the engine: moved in a set's order, the policy chose differently from one
+    run to the next)."""
+    p = policy()
+    admitted = []
+    for n in range(20):
+        offer = Offer(anchor=key(n))
+        p.sighted(offer, 0.0)
+        for _ in range(2):
+            cid = uuid.uuid4().hex
+            p.admitted(cid, offer, 0.0)
+            admitted.append(cid)
+    p.observe_lookup([key(n) for n in range(20)], 1.0)
+    assert list(p.eviction_order({}, 1.0)) == admitted
