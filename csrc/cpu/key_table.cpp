@@ -14,6 +14,8 @@
 //   insert(keys, slots)          hold each key at its slot (an int64 buffer); all or nothing
 //   remove(slots)                drop the keys held at these slots; all or nothing
 //   keys_at(slots) -> list       the keys held at these slots
+//   find_from(other, slots)      find's answer for the keys `other` (a KeyTable) holds at these
+//                                slots, without a key object made for each
 //   held() -> bytes              int64: every slot holding a key, in ascending order
 //   clear(), len()
 //
@@ -474,6 +476,27 @@ PyObject* kt_keys_at(PyObject* self, PyObject* slots_obj) {
   return out;
 }
 
+PyTypeObject KeyTableType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* kt_find_from(PyObject* self, PyObject* args) {
+  PyObject *other, *slots_obj;
+  if (!PyArg_ParseTuple(args, "O!O", &KeyTableType, &other, &slots_obj)) return nullptr;
+  const Table& from = table_of(other);
+  std::vector<int64_t> slots;
+  if (!read_slots(slots_obj, from, slots)) return nullptr;
+  std::vector<Key> ks(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!from.used[size_t(slots[i])]) {
+      PyErr_Format(PyExc_ValueError, "slot %lld holds no key", (long long)slots[i]);
+      return nullptr;
+    }
+    ks[i] = from.keys[size_t(slots[i])];
+  }
+  std::vector<int64_t> out;
+  table_of(self).find_all(ks, out);
+  return int64_bytes(out);
+}
+
 PyObject* kt_held(PyObject* self, PyObject*) {
   const Table& t = table_of(self);
   std::vector<int64_t> out;
@@ -507,13 +530,13 @@ PyMethodDef kt_methods[] = {
     {"remove", kt_remove, METH_O, "remove(slots): drop the keys held at these slots"},
     {"keys_at", kt_keys_at, METH_O, "keys_at(slots) -> list[bytes]: the keys at these slots"},
     {"held", kt_held, METH_NOARGS, "held() -> bytes: int64, every slot holding a key"},
+    {"find_from", kt_find_from, METH_VARARGS,
+     "find_from(other, slots) -> bytes: find's answer for the keys other holds at slots"},
     {"clear", kt_clear, METH_NOARGS, "clear(): hold no key"},
     {nullptr, nullptr, 0, nullptr},
 };
 
 PySequenceMethods kt_as_sequence = {kt_len};
-
-PyTypeObject KeyTableType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 }  // namespace
 

@@ -9,8 +9,9 @@ as the anchor changes; the refresh and the save read the columns whole.
 
 Every lookup asks which of a prompt's hundreds of keys are remembered anchors: a page-key anchor's
 row is also held in a native ``KeyTable``, so a prompt is probed in one call instead of a dict
-probe per key (each key a new object whose hash is computed anew, in a dict of ~10^5 anchors).
-An anchor that is not a page key (a window stage's) is never in a prompt.
+probe per key (each key a new object whose hash is computed anew, in a dict of ~10^5 anchors),
+and a checkpoint's held pages (``HeldKeys``) without a key object made for each. An anchor that
+is not a page key (a window stage's) is never in a prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 import numpy as np
 
 from kvci_plugin.ops._native import KeyTable
+from kvci_plugin.ops.held_keys import HeldKeys
 from kvci_plugin.policy.offer import COUNT_CAP, UNSCORED_BAND
 
 # What a client may say of a turn's end (``Offer.pending``), numbered.
@@ -65,7 +67,9 @@ class AnchorTable:
 
     def remembered_in(self, chain: Sequence[Hashable]) -> list[int]:
         """The positions of ``chain``'s keys (page keys) that are remembered anchors."""
-        return np.flatnonzero(np.frombuffer(self._keys.find(chain), np.int64) >= 0).tolist()
+        found = (self._keys.find_from(chain.table, chain.slots) if isinstance(chain, HeldKeys)
+                 else self._keys.find(chain))
+        return np.flatnonzero(np.frombuffer(found, np.int64) >= 0).tolist()
 
     def put(self, row: int, band: int, reuses: int, pending: bool | None,
             last_seen: float) -> None:

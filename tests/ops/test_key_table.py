@@ -202,3 +202,27 @@ def test_distinct_says_whether_a_key_repeats() -> None:
     assert not KeyTable.distinct([keys[3], keys[3]])
     with pytest.raises(TypeError, match=r"keys\[1\]"):
         KeyTable.distinct([keys[0], b"short"])
+
+
+def test_find_from_probes_the_keys_another_table_holds_at_slots() -> None:
+    pages, anchors = KeyTable(16), KeyTable(8)
+    keys = [os.urandom(16) for _ in range(6)]
+    pages.insert(keys, slots(9, 3, 4, 12, 0, 7))
+    anchors.insert([keys[1], keys[4]], slots(5, 2))
+    assert np.frombuffer(anchors.find_from(pages, slots(9, 3, 0, 7)), np.int64).tolist() == [
+        -1, 5, 2, -1]
+    with pytest.raises(ValueError, match="slot 1 holds no key"):
+        anchors.find_from(pages, slots(3, 1))
+    with pytest.raises(TypeError):
+        anchors.find_from([keys[0]], slots(0))
+
+
+def test_held_keys_read_a_tables_keys_only_when_asked() -> None:
+    from kvci_plugin.ops.held_keys import HeldKeys
+
+    table = KeyTable(8)
+    keys = [os.urandom(16) for _ in range(4)]
+    table.insert(keys, slots(6, 1, 2, 5))
+    held = HeldKeys(table, np.array([1, 5, 6], np.int32))
+    assert len(held) == 3 and held[0] == keys[1] and held[-1] == keys[0]
+    assert held[1:].keys() == (keys[3], keys[0]) and list(held) == [keys[1], keys[3], keys[0]]

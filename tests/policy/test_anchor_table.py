@@ -54,3 +54,20 @@ def test_many_anchors_grow_the_table_and_stay_found() -> None:
     sample = random.Random(3).sample(range(5000), 300)
     chain = tuple(keys[i] for i in sample) + (key(10**6),)
     assert table.remembered_in(chain) == list(range(300))
+
+
+def test_a_checkpoints_held_pages_are_probed_as_its_keys_are() -> None:
+    import numpy as np
+
+    from kvci_plugin.ops._native import KeyTable
+    from kvci_plugin.ops.held_keys import HeldKeys
+
+    table = AnchorTable(capacity=4)
+    for n in (2, 5, 9):
+        table.add(key(n))
+    pages = KeyTable(32)
+    chain = [key(n) for n in range(12)]
+    pages.insert(chain, np.arange(31, 19, -1, dtype=np.int64))
+    held = HeldKeys(pages, np.arange(31, 19, -1))
+    assert table.remembered_in(held) == table.remembered_in(tuple(chain)) == [2, 5, 9]
+    assert table.remembered_in(held[:6]) == [2, 5]

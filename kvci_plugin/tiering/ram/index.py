@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvci_plugin.ops._native import KeyTable
+from kvci_plugin.ops.held_keys import HeldKeys
 from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
 from kvci_plugin.tiering.ram.keys import check_keys, positive_int, slots_in
 from kvci_plugin.tiering.ram.meta import pack_meta, unpack_meta
@@ -352,13 +353,13 @@ class RAMIndex:
                     f"checkpoint {checkpoint_id!r} is pending: commit it first")
             if len(self._entries) >= self._max_entries:
                 return False
-            keys = self._keys_of(entry)
-            found = self._policy.resent_prefix(keys)
+            # The policy probes its slots' keys in the page table: no key object a page.
+            found = self._policy.resent_prefix(HeldKeys(self._pages.keys, entry.key_slots))
             if found is None:
                 return False
             n, offer = found
-            self.reserve(prefix_id, entry.tenant, keys[:n], unpack_meta(entry.meta),
-                         offer=offer)
+            keys = tuple(self._pages.keys_at(entry.key_slots[:n]))
+            self.reserve(prefix_id, entry.tenant, keys, unpack_meta(entry.meta), offer=offer)
             self.commit(prefix_id)
             return True
 
