@@ -17,6 +17,7 @@ is not a page key (a window stage's) is never in a prompt.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,14 +42,15 @@ class AnchorTable:
         self._used = np.zeros(capacity, bool)
         self._keys = KeyTable(capacity)  # page-key anchors -> their rows
         self._keyed = np.zeros(capacity, bool)  # rows held in ``_keys``
+        self._items: list[Any] = [None] * capacity  # what the policy remembers at each row
         self._free: list[int] = []
         self._next = 0  # rows below it were handed out once
 
     def __len__(self) -> int:
         return self._next - len(self._free)
 
-    def add(self, key: Hashable) -> int:
-        """A row for a new anchor (``put`` its fields); the anchor is not remembered yet."""
+    def add(self, key: Hashable, item: Any) -> int:
+        """A row for a new anchor ``key`` (``put`` its fields), remembered as ``item``."""
         if self._free:
             row = self._free.pop()
         else:
@@ -57,6 +59,7 @@ class AnchorTable:
             row = self._next
             self._next += 1
         self._used[row] = True
+        self._items[row] = item
         try:
             self._keys.insert((key,), np.array([row], np.int64))
         except TypeError:  # not a page key (a window stage's anchor): never in a prompt
@@ -65,11 +68,15 @@ class AnchorTable:
             self._keyed[row] = True
         return row
 
-    def remembered_in(self, chain: Sequence[Hashable]) -> list[int]:
-        """The positions of ``chain``'s keys (page keys) that are remembered anchors."""
-        found = (self._keys.find_from(chain.table, chain.slots) if isinstance(chain, HeldKeys)
-                 else self._keys.find(chain))
-        return np.flatnonzero(np.frombuffer(found, np.int64) >= 0).tolist()
+    def remembered_in(self, chain: Sequence[Hashable]) -> list[tuple[int, Any]]:
+        """The positions of ``chain``'s keys (page keys) that are remembered anchors, each with
+        what is remembered of it (no key object read, none hashed)."""
+        found = np.frombuffer(
+            self._keys.find_from(chain.table, chain.slots) if isinstance(chain, HeldKeys)
+            else self._keys.find(chain), np.int64)
+        at = np.flatnonzero(found >= 0)
+        items = self._items
+        return [(i, items[row]) for i, row in zip(at.tolist(), found[at].tolist())]
 
     def put(self, row: int, band: int, reuses: int, pending: bool | None,
             last_seen: float) -> None:
@@ -80,6 +87,7 @@ class AnchorTable:
 
     def drop(self, row: int) -> None:
         self._used[row] = False
+        self._items[row] = None
         if self._keyed[row]:
             self._keys.remove(np.array([row], np.int64))
             self._keyed[row] = False
@@ -98,6 +106,7 @@ class AnchorTable:
     def _grow(self) -> None:
         n = 2 * len(self._used)
         self._keys.grow(n)
+        self._items.extend([None] * (n - len(self._items)))
         for name in ("_band", "_reuses", "_said", "_last_seen", "_used", "_keyed"):
             old = getattr(self, name)
             new = np.zeros(n, old.dtype)

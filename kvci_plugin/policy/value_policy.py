@@ -164,12 +164,9 @@ class ValuePolicy:
 
     def observe_lookup(self, chain: Sequence[Hashable], now: float) -> None:
         self._weighed = None
-        remembered = self._remembered
-        for i in self._table.remembered_in(chain):
-            key = chain[i]
-            anchor = remembered[key]
+        for i, anchor in self._table.remembered_in(chain):
             if not anchor.cids:  # a ghost: the least recently seen are forgotten first
-                self._ghosts.move_to_end(key)
+                self._ghosts.move_to_end(chain[i])
             self._unread.difference_update(anchor.cids)  # held and re-sent: this lookup hits it
             self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=True)
             before = anchor.cls
@@ -317,14 +314,11 @@ class ValuePolicy:
     def resent_prefix(self, chain: Sequence[Hashable]) -> tuple[int, Offer] | None:
         """The context before the chain's last key that a lookup re-sent most deeply, when it
         holds no checkpoint: its pages are kept as one of its own, weighed by its class."""
-        remembered = self._remembered
-        for pos in reversed(self._table.remembered_in(chain[:-1])):
-            key = chain[pos]
-            anchor = remembered[key]
+        for pos, anchor in reversed(self._table.remembered_in(chain[:-1])):
             if anchor.cids:
                 return None  # that context is kept: its checkpoint already holds the prefix
             if anchor.reuses:
-                return pos + 1, Offer(anchor=key, rebuild_s_per_page=anchor.cost)
+                return pos + 1, Offer(anchor=chain[pos], rebuild_s_per_page=anchor.cost)
         return None
 
     def trimmed(self, checkpoint_id: str, anchor: Hashable) -> None:
@@ -459,6 +453,6 @@ class ValuePolicy:
     def _remember(self, key: Hashable, offer: Offer, now: float) -> _Anchor:
         """A new anchor, its row in the table written."""
         anchor = self._remembered[key] = _Anchor.of(offer, now)
-        anchor.row = self._table.add(key)
+        anchor.row = self._table.add(key, anchor)
         self._table.put(anchor.row, anchor.band, 0, anchor.pending, now)
         return anchor

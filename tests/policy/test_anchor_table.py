@@ -24,36 +24,37 @@ def test_a_prompt_finds_the_anchors_remembered_now(ops, probe) -> None:
     rows: dict[bytes, int] = {}
     for add, n in ops:
         if add and key(n) not in rows:
-            rows[key(n)] = table.add(key(n))
+            rows[key(n)] = table.add(key(n), n)
         elif not add and key(n) in rows:
             table.drop(rows.pop(key(n)))
     chain = tuple(key(n) for n in probe)
-    assert table.remembered_in(chain) == [i for i, k in enumerate(chain) if k in rows]
+    assert table.remembered_in(chain) == [(i, int.from_bytes(k, "big"))
+                                          for i, k in enumerate(chain) if k in rows]
     assert len(table) == len(rows)
 
 
 def test_an_anchor_that_is_not_a_page_key_is_remembered_but_never_in_a_prompt() -> None:
     table = AnchorTable(capacity=2)
-    stage = table.add(("kvci", "window stage"))
-    short = table.add(b"a")
-    page = table.add(key(7))
+    stage = table.add(("kvci", "window stage"), "stage")
+    short = table.add(b"a", "short")
+    page = table.add(key(7), "page")
     assert len({stage, short, page}) == 3
-    assert table.remembered_in((key(1), key(7))) == [1]
+    assert table.remembered_in((key(1), key(7))) == [(1, "page")]
     table.drop(stage)
     table.drop(page)
     assert table.remembered_in((key(7),)) == []
-    again = table.add(key(9))  # a dropped row comes back with its new key only
-    assert table.remembered_in((key(7), key(9))) == [1] and again in (stage, page)
+    again = table.add(key(9), "again")  # a dropped row comes back with its new key only
+    assert table.remembered_in((key(7), key(9))) == [(1, "again")] and again in (stage, page)
 
 
 def test_many_anchors_grow_the_table_and_stay_found() -> None:
     table = AnchorTable(capacity=8)
     keys = [key(n) for n in range(5000)]
-    for k in keys:
-        table.add(k)
+    for n, k in enumerate(keys):
+        table.add(k, n)
     sample = random.Random(3).sample(range(5000), 300)
     chain = tuple(keys[i] for i in sample) + (key(10**6),)
-    assert table.remembered_in(chain) == list(range(300))
+    assert table.remembered_in(chain) == list(zip(range(300), sample))
 
 
 def test_a_checkpoints_held_pages_are_probed_as_its_keys_are() -> None:
@@ -64,10 +65,11 @@ def test_a_checkpoints_held_pages_are_probed_as_its_keys_are() -> None:
 
     table = AnchorTable(capacity=4)
     for n in (2, 5, 9):
-        table.add(key(n))
+        table.add(key(n), n)
     pages = KeyTable(32)
     chain = [key(n) for n in range(12)]
     pages.insert(chain, np.arange(31, 19, -1, dtype=np.int64))
     held = HeldKeys(pages, np.arange(31, 19, -1))
-    assert table.remembered_in(held) == table.remembered_in(tuple(chain)) == [2, 5, 9]
-    assert table.remembered_in(held[:6]) == [2, 5]
+    assert table.remembered_in(held) == table.remembered_in(tuple(chain)) == [
+        (2, 2), (5, 5), (9, 9)]
+    assert table.remembered_in(held[:6]) == [(2, 2), (5, 5)]
