@@ -82,7 +82,10 @@ class RAMIndex:
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         # Held checkpoints by their last key: the ones a load ending there reads whole (``pin``),
         # found without walking every checkpoint that shares the page.
-        self._ending: dict[int, set[str]] = {}  # by the slot of their last page
+        # By the slot of their last page. Dicts of ids, not sets: a dict holding only strings is
+        # one the garbage collector does not track (a set is tracked, and there is one a held
+        # checkpoint's last page: thousands more objects for every full collection to walk).
+        self._ending: dict[int, dict[str, None]] = {}
         self._pending = 0  # pending entries, counted as they change (``stats``)
         self._numbered = 0  # numbers checkpoints for the page table's writers
         self._tenant_pages = self._pages.tenant_pages
@@ -325,7 +328,7 @@ class RAMIndex:
             pending=True, meta=pack_meta(meta), num=num, slots=idx.astype(np.int32),
             order=order)
         self._pending += 1
-        self._ending.setdefault(entry.last_slot, set()).add(checkpoint_id)
+        self._ending.setdefault(entry.last_slot, {})[checkpoint_id] = None
         return idx, mine
 
     def retained(self, checkpoint_id: str) -> None:
@@ -516,15 +519,18 @@ class RAMIndex:
         freed = tail[t.release(tail, entry.num)]
         keys = tuple(t.keys_at(freed))
         t.free(freed)
-        ending = self._ending[entry.last_slot]
-        ending.discard(checkpoint_id)
-        if not ending:
-            del self._ending[entry.last_slot]
+        self._unend(entry.last_slot, checkpoint_id)
         entry.slots = entry.slots[:keep].copy()
-        self._ending.setdefault(entry.last_slot, set()).add(checkpoint_id)
+        self._ending.setdefault(entry.last_slot, {})[checkpoint_id] = None
         self._policy.trimmed(checkpoint_id, t.keys_at(entry.slots[-1:])[0])
         self._policy_changes += 1
         return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, freed=keys, trimmed=True)
+
+    def _unend(self, last_slot: int, checkpoint_id: str) -> None:
+        ending = self._ending[last_slot]
+        del ending[checkpoint_id]
+        if not ending:
+            del self._ending[last_slot]
 
     def _drop(self, checkpoint_id: str, *, evicted: bool = False) -> Eviction:
         entry = self._entries.pop(checkpoint_id)
@@ -532,11 +538,7 @@ class RAMIndex:
         self._policy_changes += 1
         if entry.pending:
             self._pending -= 1
-        last = entry.last_slot
-        ending = self._ending[last]
-        ending.discard(checkpoint_id)
-        if not ending:
-            del self._ending[last]
+        self._unend(entry.last_slot, checkpoint_id)
         freed = entry.slots[self._pages.release(entry.slots, entry.num)]
         keys = tuple(self._pages.keys_at(freed))
         self._pages.free(freed)
