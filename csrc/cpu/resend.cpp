@@ -3,11 +3,11 @@
 // computation for one context, and the reference this must equal bit for bit: the simulator's
 // figures must not move because the engine weighs in C).
 //
-//   resend_probabilities(hazards, rows, ages, horizon, edges) -> bytes
-//       hazards: float64 (classes x buckets), C-contiguous; rows: int64, the class row of each
-//       context; ages: float64, each context's idle age; edges: float64, the buckets' starts.
-//       Per context (float64): 1 - exp(-H), H the hazard integrated from its age to its age +
-//       horizon, bucket by bucket in ascending order, as the Python loop adds it.
+//   resend_probabilities(hazards, rows, ages, horizon, edges) -> list[float]
+//       hazards: float64 (classes x buckets), C-contiguous; rows: ints, the class row of each
+//       context; ages: floats, each context's idle age; edges: float64, the buckets' starts.
+//       Per context: 1 - exp(-H), H the hazard integrated from its age to its age + horizon,
+//       bucket by bucket in ascending order, as the Python loop adds it.
 #define PY_SSIZE_T_CLEAN
 #include "resend.h"
 
@@ -29,18 +29,6 @@ bool float64_buffer(PyObject* obj, Py_buffer* view, const char* name) {
   if (view->itemsize != 8 || f == nullptr || std::strcmp(f, "d") != 0) {
     PyBuffer_Release(view);
     PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous float64 buffer", name);
-    return false;
-  }
-  return true;
-}
-
-bool int64_buffer(PyObject* obj, Py_buffer* view, const char* name) {
-  if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return false;
-  const char* f = view->format;
-  if (f != nullptr && (*f == '<' || *f == '=' || *f == '@')) ++f;
-  if (view->itemsize != 8 || f == nullptr || (std::strcmp(f, "q") != 0 && std::strcmp(f, "l") != 0)) {
-    PyBuffer_Release(view);
-    PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous int64 buffer", name);
     return false;
   }
   return true;
@@ -74,61 +62,65 @@ PyObject* resend_probabilities(PyObject*, PyObject* args) {
                         &edges_obj)) {
     return nullptr;
   }
-  Py_buffer hazards, rows, ages, edges;
-  if (!float64_buffer(hazards_obj, &hazards, "hazards")) return nullptr;
-  if (!int64_buffer(rows_obj, &rows, "rows")) {
-    PyBuffer_Release(&hazards);
+  // Rows and ages are sequences (an eviction weighs a dozen heads, then one at a time: arrays
+  // would cost more to make than the integrals); the tables are buffers.
+  PyObject* rows = PySequence_Fast(rows_obj, "rows must be a sequence of ints");
+  if (rows == nullptr) return nullptr;
+  PyObject* ages = PySequence_Fast(ages_obj, "ages must be a sequence of floats");
+  if (ages == nullptr) {
+    Py_DECREF(rows);
     return nullptr;
   }
-  if (!float64_buffer(ages_obj, &ages, "ages")) {
-    PyBuffer_Release(&hazards);
-    PyBuffer_Release(&rows);
-    return nullptr;
-  }
-  if (!float64_buffer(edges_obj, &edges, "edges")) {
-    PyBuffer_Release(&hazards);
-    PyBuffer_Release(&rows);
-    PyBuffer_Release(&ages);
-    return nullptr;
-  }
+  Py_buffer hazards, edges;
+  bool have_hazards = false, have_edges = false;
   PyObject* out = nullptr;
-  const Py_ssize_t buckets = edges.len / 8;
-  const Py_ssize_t n = rows.len / 8;
-  const Py_ssize_t classes = buckets > 0 ? hazards.len / 8 / buckets : 0;
-  if (buckets == 0 || hazards.len != classes * buckets * 8) {
-    PyErr_SetString(PyExc_ValueError, "hazards must hold one row of len(edges) per class");
-  } else if (ages.len / 8 != n) {
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(rows);
+  if (!(have_hazards = float64_buffer(hazards_obj, &hazards, "hazards")) ||
+      !(have_edges = float64_buffer(edges_obj, &edges, "edges"))) {
+    // the error is set
+  } else if (PySequence_Fast_GET_SIZE(ages) != n) {
     PyErr_SetString(PyExc_ValueError, "rows and ages must be as long");
   } else {
-    const auto* h = static_cast<const double*>(hazards.buf);
-    const auto* r = static_cast<const int64_t*>(rows.buf);
-    const auto* a = static_cast<const double*>(ages.buf);
-    const auto* e = static_cast<const double*>(edges.buf);
-    std::vector<double> p(static_cast<size_t>(n));
-    bool ok = true;
-    for (Py_ssize_t i = 0; i < n && ok; ++i) {
-      if (r[i] < 0 || r[i] >= classes) {
-        PyErr_Format(PyExc_ValueError, "rows[%zd] = %lld is outside [0, %zd)", i,
-                     (long long)r[i], classes);
-        ok = false;
-      } else {
-        p[size_t(i)] = resend(h + r[i] * buckets, e, buckets, a[i], horizon);
+    const Py_ssize_t buckets = edges.len / 8;
+    const Py_ssize_t classes = buckets > 0 ? hazards.len / 8 / buckets : 0;
+    if (buckets == 0 || hazards.len != classes * buckets * 8) {
+      PyErr_SetString(PyExc_ValueError, "hazards must hold one row of len(edges) per class");
+    } else {
+      const auto* h = static_cast<const double*>(hazards.buf);
+      const auto* e = static_cast<const double*>(edges.buf);
+      PyObject** r = PySequence_Fast_ITEMS(rows);
+      PyObject** a = PySequence_Fast_ITEMS(ages);
+      out = PyList_New(n);
+      for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
+        const long long row = PyLong_AsLongLong(r[i]);
+        const double age = PyFloat_AsDouble(a[i]);
+        PyObject* p = nullptr;
+        if (!PyErr_Occurred()) {
+          if (row < 0 || row >= classes) {
+            PyErr_Format(PyExc_ValueError, "rows[%zd] = %lld is outside [0, %zd)", i, row,
+                         classes);
+          } else {
+            p = PyFloat_FromDouble(resend(h + row * buckets, e, buckets, age, horizon));
+          }
+        }
+        if (p == nullptr) {
+          Py_CLEAR(out);
+        } else {
+          PyList_SET_ITEM(out, i, p);
+        }
       }
     }
-    if (ok) {
-      out = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(p.data()), n * 8);
-    }
   }
-  PyBuffer_Release(&hazards);
-  PyBuffer_Release(&rows);
-  PyBuffer_Release(&ages);
-  PyBuffer_Release(&edges);
+  if (have_hazards) PyBuffer_Release(&hazards);
+  if (have_edges) PyBuffer_Release(&edges);
+  Py_DECREF(rows);
+  Py_DECREF(ages);
   return out;
 }
 
 PyMethodDef methods[] = {
     {"resend_probabilities", resend_probabilities, METH_VARARGS,
-     "resend_probabilities(hazards, rows, ages, horizon, edges) -> bytes: float64 each"},
+     "resend_probabilities(hazards, rows, ages, horizon, edges) -> list[float]"},
     {nullptr, nullptr, 0, nullptr},
 };
 

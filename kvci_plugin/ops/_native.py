@@ -78,8 +78,8 @@ written_pages = _C.written_pages
 any_busy = _C.any_busy
 
 resend_probabilities = _C.resend_probabilities
-"""``resend_probabilities(hazards, rows, ages, horizon, edges) -> bytes``: the value policy's
-reuse hazard for many contexts in one call (``csrc/cpu/resend.cpp``; float64 each)."""
+"""``resend_probabilities(hazards, rows, ages, horizon, edges) -> list[float]``: the value
+policy's reuse hazard for many contexts in one call (``csrc/cpu/resend.cpp``)."""
 
 
 def read_files(paths: Sequence[str], out: bytearray | memoryview) -> list[int]:

@@ -191,7 +191,5 @@ class ReuseHazard:
         pooled for a class not seen) integrated from its age to ``horizon_s`` later, bucket by
         bucket, and ``1 - exp(-that)``."""
         pooled = len(self._rows)
-        rows = np.fromiter((self._rows.get(c, pooled) for c in classes), np.int64, len(classes))
-        return np.frombuffer(resend_probabilities(
-            self._table, rows, np.array(ages_s, np.float64), float(horizon_s), _LOWS),
-            np.float64).tolist()
+        return resend_probabilities(self._table, [self._rows.get(c, pooled) for c in classes],
+                                    ages_s, float(horizon_s), _LOWS)

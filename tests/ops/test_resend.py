@@ -42,9 +42,7 @@ def test_each_probability_equals_the_python_loop_bit_for_bit(table, data, horizo
     n = data.draw(st.integers(0, 12))
     rows = data.draw(st.lists(st.integers(0, len(table) - 1), min_size=n, max_size=n))
     at = data.draw(st.lists(ages, min_size=n, max_size=n))
-    got = np.frombuffer(resend_probabilities(np.array(table, np.float64),
-                                             np.array(rows, np.int64), np.array(at, np.float64),
-                                             horizon, np.array(EDGES)), np.float64).tolist()
+    got = resend_probabilities(np.array(table, np.float64), rows, at, horizon, np.array(EDGES))
     assert got == [reference(table[r], a, horizon) for r, a in zip(rows, at)]
 
 
@@ -62,8 +60,10 @@ def test_a_hazard_weighs_unseen_classes_by_all_pooled() -> None:
 
 def test_rows_outside_the_table_are_refused() -> None:
     with pytest.raises(ValueError, match=r"rows\[0\] = 2"):
-        resend_probabilities(np.zeros((2, B)), np.array([2], np.int64), np.zeros(1), 1.0,
-                             np.array(EDGES))
+        resend_probabilities(np.zeros((2, B)), [2], [0.0], 1.0, np.array(EDGES))
     with pytest.raises(ValueError, match="one row of len"):
-        resend_probabilities(np.zeros(B + 1), np.array([0], np.int64), np.zeros(1), 1.0,
-                             np.array(EDGES))
+        resend_probabilities(np.zeros(B + 1), [0], [0.0], 1.0, np.array(EDGES))
+    with pytest.raises(ValueError, match="as long"):
+        resend_probabilities(np.zeros((1, B)), [0, 0], [0.0], 1.0, np.array(EDGES))
+    with pytest.raises(TypeError):
+        resend_probabilities(np.zeros((1, B)), [0], ["old"], 1.0, np.array(EDGES))
