@@ -184,27 +184,34 @@ PyObject* loadable_run(PyObject*, PyObject* args) {
   return PyLong_FromSsize_t(run);
 }
 
-PyObject* pin_pages(PyObject*, PyObject* args) {
-  PyObject *slots_obj, *pins_obj, *writer_obj;
-  long long no_writer;
-  if (!PyArg_ParseTuple(args, "OOOL", &slots_obj, &pins_obj, &writer_obj, &no_writer)) {
-    return nullptr;
-  }
+// The arguments pin_pages and any_busy take: (slots, pins, writer, no_writer).
+struct Pins {
   Column pins, writer;
-  Py_ssize_t length;
   std::vector<int64_t> slots;
-  if (!pins.get(pins_obj, Kind::kInt64, true, "pins") ||
-      !writer.get(writer_obj, Kind::kInt64, false, "writer") ||
-      !same_length({&pins, &writer}, &length) || !read_slots(slots_obj, length, slots)) {
-    return nullptr;
+  long long no_writer = 0;
+
+  bool parse(PyObject* args, bool pins_writable) {
+    PyObject *slots_obj, *pins_obj, *writer_obj;
+    if (!PyArg_ParseTuple(args, "OOOL", &slots_obj, &pins_obj, &writer_obj, &no_writer)) {
+      return false;
+    }
+    Py_ssize_t length;
+    return pins.get(pins_obj, Kind::kInt64, pins_writable, "pins") &&
+           writer.get(writer_obj, Kind::kInt64, false, "writer") &&
+           same_length({&pins, &writer}, &length) && read_slots(slots_obj, length, slots);
   }
-  int64_t* p = pins.as<int64_t>();
-  const int64_t* w = writer.as<int64_t>();
+};
+
+PyObject* pin_pages(PyObject*, PyObject* args) {
+  Pins c;
+  if (!c.parse(args, true)) return nullptr;
+  int64_t* p = c.pins.as<int64_t>();
+  const int64_t* w = c.writer.as<int64_t>();
   long long first = 0, busy = 0;
-  for (int64_t s : slots) {
+  for (int64_t s : c.slots) {
     if (p[s]++ == 0) {
       ++first;
-      busy += w[s] == no_writer;
+      busy += w[s] == c.no_writer;
     }
   }
   return Py_BuildValue("LL", first, busy);
@@ -407,23 +414,12 @@ PyObject* written_pages(PyObject*, PyObject* args) {
 }
 
 PyObject* any_busy(PyObject*, PyObject* args) {
-  PyObject *slots_obj, *pins_obj, *writer_obj;
-  long long no_writer;
-  if (!PyArg_ParseTuple(args, "OOOL", &slots_obj, &pins_obj, &writer_obj, &no_writer)) {
-    return nullptr;
-  }
-  Column pins, writer;
-  Py_ssize_t length;
-  std::vector<int64_t> slots;
-  if (!pins.get(pins_obj, Kind::kInt64, false, "pins") ||
-      !writer.get(writer_obj, Kind::kInt64, false, "writer") ||
-      !same_length({&pins, &writer}, &length) || !read_slots(slots_obj, length, slots)) {
-    return nullptr;
-  }
-  const int64_t* p = pins.as<int64_t>();
-  const int64_t* w = writer.as<int64_t>();
-  for (int64_t s : slots) {
-    if (p[s] != 0 || w[s] != no_writer) Py_RETURN_TRUE;
+  Pins c;
+  if (!c.parse(args, false)) return nullptr;
+  const int64_t* p = c.pins.as<int64_t>();
+  const int64_t* w = c.writer.as<int64_t>();
+  for (int64_t s : c.slots) {
+    if (p[s] != 0 || w[s] != c.no_writer) Py_RETURN_TRUE;
   }
   Py_RETURN_FALSE;
 }
