@@ -16,6 +16,7 @@ is not a page key (a window stage's) is never in a prompt.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,18 +40,22 @@ class AnchorTable:
         self._reuses = np.zeros(capacity, np.int64)
         self._said = np.zeros(capacity, np.int64)
         self._last_seen = np.zeros(capacity, np.float64)
+        self._cost = np.full(capacity, np.nan)  # NaN: not known
         self._used = np.zeros(capacity, bool)
         self._keys = KeyTable(capacity)  # page-key anchors -> their rows
         self._keyed = np.zeros(capacity, bool)  # rows held in ``_keys``
-        self._items: list[Any] = [None] * capacity  # what the policy remembers at each row
+        # What the policy keeps of each row besides its fields: a held anchor's record; None for
+        # a ghost, which is its row alone (tens of thousands of ghost objects were as many for
+        # every full garbage collection to walk).
+        self._items: list[Any] = [None] * capacity
         self._free: list[int] = []
         self._next = 0  # rows below it were handed out once
 
     def __len__(self) -> int:
         return self._next - len(self._free)
 
-    def add(self, key: Hashable, item: Any) -> int:
-        """A row for a new anchor ``key`` (``put`` its fields), remembered as ``item``."""
+    def add(self, key: Hashable) -> int:
+        """A row for a new anchor ``key`` (``put`` its fields), remembered as a ghost."""
         if self._free:
             row = self._free.pop()
         else:
@@ -59,7 +64,6 @@ class AnchorTable:
             row = self._next
             self._next += 1
         self._used[row] = True
-        self._items[row] = item
         try:
             self._keys.insert((key,), np.array([row], np.int64))
         except TypeError:  # not a page key (a window stage's anchor): never in a prompt
@@ -68,22 +72,35 @@ class AnchorTable:
             self._keyed[row] = True
         return row
 
-    def remembered_in(self, chain: Sequence[Hashable]) -> list[tuple[int, Any]]:
+    def hold(self, row: int, item: Any) -> None:
+        """The row's anchor is held, as ``item`` (None: a ghost again)."""
+        self._items[row] = item
+
+    def remembered_in(self, chain: Sequence[Hashable]) -> list[tuple[int, int, Any]]:
         """The positions of ``chain``'s keys (page keys) that are remembered anchors, each with
-        what is remembered of it (no key object read, none hashed)."""
+        its row and its held record (None: a ghost); no key object read, none hashed."""
         found = np.frombuffer(
             self._keys.find_from(chain.table, chain.slots) if isinstance(chain, HeldKeys)
             else self._keys.find(chain), np.int64)
         at = np.flatnonzero(found >= 0)
         items = self._items
-        return [(i, items[row]) for i, row in zip(at.tolist(), found[at].tolist())]
+        return [(i, row, items[row]) for i, row in zip(at.tolist(), found[at].tolist())]
 
-    def put(self, row: int, band: int, reuses: int, pending: bool | None,
-            last_seen: float) -> None:
+    def put(self, row: int, band: int, reuses: int, pending: bool | None, last_seen: float,
+            cost: float | None) -> None:
         self._band[row] = band
         self._reuses[row] = reuses
         self._said[row] = SAID[pending]
         self._last_seen[row] = last_seen
+        self._cost[row] = np.nan if cost is None else cost
+
+    def fields(self, row: int) -> tuple[int, bool | None, float, float | None, int]:
+        """The row's band, what was said of its turn's end, when it was last seen, its rebuild
+        cost per page (None: not known) and its re-sends, as ``put`` wrote them."""
+        cost = float(self._cost[row])
+        return (int(self._band[row]), _SAID_BY_CODE[int(self._said[row])],
+                float(self._last_seen[row]), None if math.isnan(cost) else cost,
+                int(self._reuses[row]))
 
     def drop(self, row: int) -> None:
         self._used[row] = False
@@ -107,7 +124,7 @@ class AnchorTable:
         n = 2 * len(self._used)
         self._keys.grow(n)
         self._items.extend([None] * (n - len(self._items)))
-        for name in ("_band", "_reuses", "_said", "_last_seen", "_used", "_keyed"):
+        for name in ("_band", "_reuses", "_said", "_last_seen", "_cost", "_used", "_keyed"):
             old = getattr(self, name)
             new = np.zeros(n, old.dtype)
             new[: len(old)] = old

@@ -105,14 +105,21 @@ class _Anchor:
     reuses: int = 0
     # Its held checkpoints, in the order they were admitted: a re-send moves them in that order
     # (a set's order follows the hash of random ids, and made the policy's choices differ run to
-    # run). A ghost shares one empty tuple (tens of thousands of ghosts, a container each, were
-    # as many objects for every full garbage collection to walk).
+    # run). Empty for a ghost, read from its row for a moment (``at``).
     cids: dict[str, None] | tuple[str, ...] = _NO_CIDS
     row: int = -1  # in the policy's ``AnchorTable``
 
     @classmethod
     def of(cls, offer: Offer, now: float) -> _Anchor:
         return cls(offer.band, offer.pending, now, offer.rebuild_s_per_page)
+
+    @classmethod
+    def at(cls, table: AnchorTable, row: int) -> _Anchor:
+        """A ghost's fields, read from its row (written back with ``AnchorTable.put``)."""
+        return cls(*table.fields(row), row=row)
+
+    def put(self, table: AnchorTable) -> None:
+        table.put(self.row, self.band, self.reuses, self.pending, self.last_seen, self.cost)
 
     @property
     def cls(self) -> PolicyClass:
@@ -131,12 +138,11 @@ class ValuePolicy:
             raise ValueError(f"max_ghosts must be an int >= 0, not {max_ghosts!r}")
         self._max_ghosts = max_ghosts
         self._hazard = hazard if hazard is not None else ReuseHazard()
-        # Anchors with no checkpoint held, least recently seen first; and those with one.
-        self._ghosts: OrderedDict[Hashable, _Anchor] = OrderedDict()
+        # Anchors with no checkpoint held (ghosts), least recently seen first, each its row in
+        # the table alone; and those with one, each a record.
+        self._ghosts: OrderedDict[Hashable, int] = OrderedDict()
         self._held: dict[Hashable, _Anchor] = {}
-        self._table = AnchorTable()  # their fields the refresh reads, in columns
-        # Both together: a prompt's keys are looked up once (held: those with checkpoints).
-        self._remembered: dict[Hashable, _Anchor] = {}
+        self._table = AnchorTable()  # every anchor's fields, in columns (a ghost's only there)
         self._anchor_of: dict[str, Hashable] = {}
         # Held non-explicit checkpoints per class, least recently seen first; explicit ones apart.
         self._by_class: dict[PolicyClass, OrderedDict[str, None]] = {}
@@ -164,15 +170,16 @@ class ValuePolicy:
 
     def observe_lookup(self, chain: Sequence[Hashable], now: float) -> None:
         self._weighed = None
-        for i, anchor in self._table.remembered_in(chain):
-            if not anchor.cids:  # a ghost: the least recently seen are forgotten first
+        for i, row, anchor in self._table.remembered_in(chain):
+            if anchor is None:  # a ghost: the least recently seen are forgotten first
                 self._ghosts.move_to_end(chain[i])
+                anchor = _Anchor.at(self._table, row)
             self._unread.difference_update(anchor.cids)  # held and re-sent: this lookup hits it
             self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=True)
             before = anchor.cls
             anchor.reuses += 1
             anchor.last_seen = now
-            self._table.put(anchor.row, anchor.band, anchor.reuses, anchor.pending, now)
+            anchor.put(self._table)
             self._reclass(anchor, before)
         self._lookups_since_refresh += 1
         if self._lookups_since_refresh >= max(REFRESH_LOOKUPS, self.tracked // 8):
@@ -187,18 +194,18 @@ class ValuePolicy:
                 offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
             )
             return
-        anchor = self._ghosts.get(offer.anchor)
-        if anchor is None:
-            self._ghosts[offer.anchor] = self._remember(offer.anchor, offer, now)
+        row = self._ghosts.get(offer.anchor)
+        if row is None:
+            self._ghosts[offer.anchor] = self._remember(offer.anchor, offer, now).row
             self._forget_overflow(now)
         else:
             # The same context finished again (a repeat): its class follows the latest word on it.
+            anchor = _Anchor.at(self._table, row)
             anchor.band, anchor.pending = offer.band, offer.pending
-            self._table.put(anchor.row, anchor.band, anchor.reuses, anchor.pending,
-                            anchor.last_seen)
             anchor.cost = (
                 offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
             )
+            anchor.put(self._table)
 
     def reuse_hazard(self, now: float) -> ReuseHazard:
         """What the policy has learned, with the contexts still idle counted up to ``now``."""
@@ -266,7 +273,10 @@ class ValuePolicy:
         elif not weighed_against:
             admit = True
         else:
-            anchor = self._remembered.get(offer.anchor)
+            anchor = self._held.get(offer.anchor)
+            row = self._ghosts.get(offer.anchor) if anchor is None else None
+            if row is not None:
+                anchor = _Anchor.at(self._table, row)
             cls = anchor.cls if anchor is not None else (offer.band, 0, offer.pending)
             worth = self._worth(cls, 0.0) * self._cost(offer.rebuild_s_per_page)
             weighed = self._weighed[1] if self._weighed and self._weighed[0] == now else {}
@@ -294,10 +304,11 @@ class ValuePolicy:
         self._weighed = None
         anchor = self._held.get(offer.anchor)
         if anchor is None:
-            anchor = self._ghosts.pop(offer.anchor, None)
-            if anchor is None:
-                anchor = self._remember(offer.anchor, offer, now)
+            row = self._ghosts.pop(offer.anchor, None)
+            anchor = (self._remember(offer.anchor, offer, now) if row is None
+                      else _Anchor.at(self._table, row))
             self._held[offer.anchor] = anchor
+            self._table.hold(anchor.row, anchor)
         if anchor.cids:
             anchor.cids[checkpoint_id] = None  # type: ignore[index]
         else:
@@ -314,11 +325,12 @@ class ValuePolicy:
     def resent_prefix(self, chain: Sequence[Hashable]) -> tuple[int, Offer] | None:
         """The context before the chain's last key that a lookup re-sent most deeply, when it
         holds no checkpoint: its pages are kept as one of its own, weighed by its class."""
-        for pos, anchor in reversed(self._table.remembered_in(chain[:-1])):
-            if anchor.cids:
+        for pos, row, anchor in reversed(self._table.remembered_in(chain[:-1])):
+            if anchor is not None:
                 return None  # that context is kept: its checkpoint already holds the prefix
-            if anchor.reuses:
-                return pos + 1, Offer(anchor=chain[pos], rebuild_s_per_page=anchor.cost)
+            _, _, _, cost, reuses = self._table.fields(row)
+            if reuses:
+                return pos + 1, Offer(anchor=chain[pos], rebuild_s_per_page=cost)
         return None
 
     def trimmed(self, checkpoint_id: str, anchor: Hashable) -> None:
@@ -353,16 +365,18 @@ class ValuePolicy:
         if self._explicit.pop(checkpoint_id, 0) is not None:
             self._leave_class(checkpoint_id, anchor.cls)
         if not anchor.cids:
-            # Still remembered: whether it comes back is what the next decision learns from.
-            anchor.cids = _NO_CIDS
-            self._ghosts[key] = self._held.pop(key)
+            # Still remembered, as a ghost: whether it comes back is what the next decision
+            # learns from.
+            del self._held[key]
+            anchor.put(self._table)
+            self._table.hold(anchor.row, None)
+            self._ghosts[key] = anchor.row
 
     def cleared(self) -> None:
         self._weighed = None
         # What was learned about the workload stays; the anchors (keys of the old generation) go.
         self._ghosts.clear()
         self._table.clear()
-        self._remembered.clear()
         self._held.clear()
         self._anchor_of.clear()
         self._by_class.clear()
@@ -440,9 +454,9 @@ class ValuePolicy:
 
     def _forget_overflow(self, now: float) -> None:
         while len(self._ghosts) > self._max_ghosts:
-            key, anchor = self._ghosts.popitem(last=False)
-            del self._remembered[key]
-            self._table.drop(anchor.row)
+            _, row = self._ghosts.popitem(last=False)
+            anchor = _Anchor.at(self._table, row)
+            self._table.drop(row)
             self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=False)
 
     def _refresh(self, now: float) -> None:
@@ -451,8 +465,8 @@ class ValuePolicy:
         self._hazard.refresh(self._table.idle(now))
 
     def _remember(self, key: Hashable, offer: Offer, now: float) -> _Anchor:
-        """A new anchor, its row in the table written."""
-        anchor = self._remembered[key] = _Anchor.of(offer, now)
-        anchor.row = self._table.add(key, anchor)
-        self._table.put(anchor.row, anchor.band, 0, anchor.pending, now)
+        """A new anchor, its row in the table written (a ghost until ``AnchorTable.hold``)."""
+        anchor = _Anchor.of(offer, now)
+        anchor.row = self._table.add(key)
+        anchor.put(self._table)
         return anchor

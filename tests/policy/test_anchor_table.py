@@ -24,37 +24,38 @@ def test_a_prompt_finds_the_anchors_remembered_now(ops, probe) -> None:
     rows: dict[bytes, int] = {}
     for add, n in ops:
         if add and key(n) not in rows:
-            rows[key(n)] = table.add(key(n), n)
+            rows[key(n)] = row = table.add(key(n))
+            table.hold(row, n)
         elif not add and key(n) in rows:
             table.drop(rows.pop(key(n)))
     chain = tuple(key(n) for n in probe)
-    assert table.remembered_in(chain) == [(i, int.from_bytes(k, "big"))
+    assert table.remembered_in(chain) == [(i, rows[k], int.from_bytes(k, "big"))
                                           for i, k in enumerate(chain) if k in rows]
     assert len(table) == len(rows)
 
 
 def test_an_anchor_that_is_not_a_page_key_is_remembered_but_never_in_a_prompt() -> None:
     table = AnchorTable(capacity=2)
-    stage = table.add(("kvci", "window stage"), "stage")
-    short = table.add(b"a", "short")
-    page = table.add(key(7), "page")
+    stage = table.add(("kvci", "window stage"))
+    short = table.add(b"a")
+    page = table.add(key(7))
+    table.hold(page, "page")
     assert len({stage, short, page}) == 3
-    assert table.remembered_in((key(1), key(7))) == [(1, "page")]
+    assert table.remembered_in((key(1), key(7))) == [(1, page, "page")]
     table.drop(stage)
     table.drop(page)
     assert table.remembered_in((key(7),)) == []
-    again = table.add(key(9), "again")  # a dropped row comes back with its new key only
-    assert table.remembered_in((key(7), key(9))) == [(1, "again")] and again in (stage, page)
+    again = table.add(key(9))  # a dropped row comes back with its new key only, a ghost
+    assert table.remembered_in((key(7), key(9))) == [(1, again, None)] and again in (stage, page)
 
 
 def test_many_anchors_grow_the_table_and_stay_found() -> None:
     table = AnchorTable(capacity=8)
     keys = [key(n) for n in range(5000)]
-    for n, k in enumerate(keys):
-        table.add(k, n)
+    rows = [table.add(k) for k in keys]
     sample = random.Random(3).sample(range(5000), 300)
     chain = tuple(keys[i] for i in sample) + (key(10**6),)
-    assert table.remembered_in(chain) == list(zip(range(300), sample))
+    assert table.remembered_in(chain) == [(i, rows[n], None) for i, n in enumerate(sample)]
 
 
 def test_a_checkpoints_held_pages_are_probed_as_its_keys_are() -> None:
@@ -64,12 +65,23 @@ def test_a_checkpoints_held_pages_are_probed_as_its_keys_are() -> None:
     from kvci_plugin.ops.held_keys import HeldKeys
 
     table = AnchorTable(capacity=4)
-    for n in (2, 5, 9):
-        table.add(key(n), n)
+    rows = {n: table.add(key(n)) for n in (2, 5, 9)}
     pages = KeyTable(32)
     chain = [key(n) for n in range(12)]
     pages.insert(chain, np.arange(31, 19, -1, dtype=np.int64))
     held = HeldKeys(pages, np.arange(31, 19, -1))
     assert table.remembered_in(held) == table.remembered_in(tuple(chain)) == [
-        (2, 2), (5, 5), (9, 9)]
-    assert table.remembered_in(held[:6]) == [(2, 2), (5, 5)]
+        (n, rows[n], None) for n in (2, 5, 9)]
+    assert table.remembered_in(held[:6]) == [(n, rows[n], None) for n in (2, 5)]
+
+
+def test_a_rows_fields_come_back_as_they_were_put() -> None:
+    table = AnchorTable(capacity=2)
+    rows = [table.add(key(n)) for n in range(5)]  # grown past its first capacity
+    table.put(rows[0], 3, 2, True, 12.5, None)
+    table.put(rows[4], -1, 0, None, 7.25, 0.004)
+    table.put(rows[2], 9, 7, False, 0.0, 0.0)
+    assert table.fields(rows[0]) == (3, True, 12.5, None, 2)
+    assert table.fields(rows[4]) == (-1, None, 7.25, 0.004, 0)
+    assert table.fields(rows[2]) == (9, False, 0.0, 0.0, 7)
+    assert all(type(v) in (int, float, bool, type(None)) for v in table.fields(rows[4]))
