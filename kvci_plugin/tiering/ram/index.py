@@ -357,12 +357,13 @@ class RAMIndex:
             if len(self._entries) >= self._max_entries:
                 return False
             # The policy probes its slots' keys in the page table: no key object a page.
-            found = self._policy.resent_prefix(HeldKeys(self._pages.keys, entry.key_slots))
+            held = HeldKeys(self._pages.keys, entry.key_slots)
+            found = self._policy.resent_prefix(held)
             if found is None:
                 return False
             n, offer = found
-            keys = tuple(self._pages.keys_at(entry.key_slots[:n]))
-            self.reserve(prefix_id, entry.tenant, keys, unpack_meta(entry.meta), offer=offer)
+            self.reserve(prefix_id, entry.tenant, held[:n].keys(), unpack_meta(entry.meta),
+                         offer=offer)
             self.commit(prefix_id)
             return True
 

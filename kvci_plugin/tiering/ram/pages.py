@@ -8,9 +8,9 @@ key for every lookup. The ``KeyTable`` and the numpy columns hold no reference t
 tracks, so it never walks them. A page's holders are a count: what the index needs of them is
 whether the last one left, never who they are.
 
-A prompt's keys are found in one native call, and what is done to every page of a prompt (a
-lookup, a pin, a commit, an eviction) is a few array operations instead of a Python loop over
-hundreds of pages; a single page is read and written through a memoryview of its column.
+A prompt's keys are found in one native call, and what is done to every page of a prompt or of
+a checkpoint (a lookup, a pin, a commit, an eviction) is one native pass over the columns
+(``csrc/cpu/page_columns.cpp``) instead of a Python loop over hundreds of pages.
 """
 
 from __future__ import annotations
@@ -51,8 +51,7 @@ class PageTable:
         self.keys = KeyTable(num_slots)
         # Allocated by numpy, which asks the kernel for 2 MiB pages for large arrays: a prompt's
         # pages are read all over columns of megabytes, and with 4 KiB pages each read also
-        # missed the TLB. A single page is read and written through a memoryview of the same
-        # memory (a numpy scalar access costs several times more).
+        # missed the TLB.
         self.v_refs = np.zeros(num_slots, np.int64)  # checkpoints referencing the page
         self.v_pins = np.zeros(num_slots, np.int64)
         self.v_state = np.zeros(num_slots, np.int8)
@@ -62,8 +61,6 @@ class PageTable:
         self.v_writer = np.full(num_slots, NO_WRITER, np.int64)
         self.v_tenant = np.zeros(num_slots, np.int64)  # name numbers (``names``)
         self.v_pool = np.zeros(num_slots, np.int64)
-        self.refs, self.pins, self.state, self.writer = (
-            memoryview(a) for a in (self.v_refs, self.v_pins, self.v_state, self.v_writer))
         # Scratch of the fair-share planner (``room``), zero between plans: per page, the
         # candidates taken that hold it, and whether the reservation keeps it.
         self.released = np.zeros(num_slots, np.int64)
