@@ -248,6 +248,17 @@ class ToolCallWord(BaseModel):
         None, description="the word in force: the client's tool_call_pending, else the engine's")
 
 
+class RetentionSession(BaseModel):
+    """The session whose next request ends a retention, and who named it."""
+
+    model_config = _VIEW
+
+    id: str
+    by: Literal["client", "vllm"] = Field(
+        description="the client's kvci.session_id, or vLLM's Request.session_id (its OpenAI "
+        "server's session_id, X-Session-ID header or vllm_xargs) where the client named none")
+
+
 class RetentionGiven(BaseModel):
     """A retention asked for a checkpoint: exempt from eviction for ``ttl_s`` or until its
     session's next request."""
@@ -263,6 +274,8 @@ class RetentionGiven(BaseModel):
     priority: int | None = Field(None, description="the KV hint's priority")
     asked_ttl_s: float | None = Field(
         None, description="the TTL asked, when it was trimmed to max_retain_s")
+    session: RetentionSession | None = Field(
+        None, description="the session whose next request ends it (None: the TTL alone)")
 
 
 class CheckpointExplanation(BaseModel):

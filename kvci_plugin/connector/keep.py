@@ -118,8 +118,7 @@ class Keeper:
             p.context_bundle if p else None)
         history = None
         if st.keys is not None:
-            session = (session_key(st.tenant, p.session_id)
-                       if p is not None and p.session_id is not None else None)
+            session = session_key(st.tenant, st.session_id) if st.session_id is not None else None
             history = self._history.measure(session, st.keys, st.hit_key)
         # The prompt's keys when this request's KV may be kept: it is keyable and ended normally.
         prompt_keys = st.keys if request.status.name in FINISHED_OK else None
@@ -127,7 +126,7 @@ class Keeper:
             request.num_computed_tokens // self._requests.block_size,
             *(len(ids) for ids in group_block_ids))
         return FinishedRequest(
-            tenant=st.tenant, observation=client, session_id=p.session_id if p else None,
+            tenant=st.tenant, observation=client, session_id=st.session_id,
             explicit_trigger=explicit, persist=bool(p and p.persist),
             opted_out=bool(p and p.opted_out), session_token=p.session_token if p else None,
             delegation_tokens=tuple(p.delegation_tokens) if p else (),
@@ -175,7 +174,7 @@ class Keeper:
             source=(request.request_id, {key: (b, g) for key, b, g in kept}),
             source_ids=st.params.source_ids if st.params else (), persist=plan.persist,
             session_token=plan.session_token, delegation_tokens=plan.delegation_tokens,
-            offer=plan.offer, retain=st.retain or _automatic(plan), pool=st.pool,
+            offer=plan.offer, retain=st.retain or _automatic(plan, st), pool=st.pool,
             erasure_epoch=st.erasure_epoch, tool_call=_tool_call_word(st, plan))
         self.count_outcome(outcome)
         if (st.retain is None and outcome.retain is not None
@@ -251,9 +250,10 @@ def _tool_call_word(st: RequestState, plan: KeepPlan) -> dict[str, bool | None] 
     return {"detected": st.tool_call, "pending": pending}
 
 
-def _automatic(plan: KeepPlan) -> RetainAsk | None:
+def _automatic(plan: KeepPlan, st: RequestState) -> RetainAsk | None:
     """The decider's automatic retention of a turn that ended on a tool call (a client's own
     ``kvci.retain`` replaces it): within the same bounds, refused past the tenant's share."""
     if plan.retain_s is None:
         return None
-    return RetainAsk(plan.retain_s, plan.retain_session, word="engine")
+    return RetainAsk(plan.retain_s, plan.retain_session, word="engine",
+                     session_by=st.session.by if st.session is not None else "client")

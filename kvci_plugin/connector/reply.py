@@ -74,10 +74,10 @@ def compose_reply(st: RequestState, plan: KeepPlan, outcome: CheckpointOutcome |
 
 def publish(verdicts: PublishedVerdicts, st: RequestState, reply: dict[str, Any]) -> dict[str, Any]:
     """Keep the reply of a request that named its session, for the `advisory` action."""
-    if st.params is not None and st.params.session_id is not None:
+    if st.session_id is not None:
         # A token reaching here verified: a refused one fails the params, and nothing is published.
-        verdicts.publish(st.tenant, st.params.session_id, reply,
-                         verified=st.params.session_token is not None)
+        verdicts.publish(st.tenant, st.session_id, reply,
+                         verified=st.params is not None and st.params.session_token is not None)
     return reply
 
 

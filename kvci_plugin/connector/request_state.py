@@ -20,6 +20,7 @@ from kvci_plugin.connector.retain import hint_ask, retain_ask
 from kvci_plugin.ops import prefix_key_list
 from kvci_plugin.request.hints import read_kv_hints
 from kvci_plugin.request.params import KVCIRequestParams, ParamsError, parse_request_params
+from kvci_plugin.request.session import RequestSession, request_session
 from kvci_plugin.request.tenancy import TenantResolver
 from kvci_plugin.tiering.keys import generation_namespace
 from kvci_plugin.tiering.outcomes import RetainAsk
@@ -70,9 +71,14 @@ class RequestState:
     disk_declined: bool = False  # counted once a request, however often vLLM asks
     retain: RetainAsk | None = None  # the client's kvci.retain, else its KV hints' order
     tool_call: bool | None = None  # the engine's word on its turn's end, once it finished
+    session: RequestSession | None = None  # the client's session, else vLLM's Request.session_id
     ends_retention: bool = False  # its session's retentions end once it is scheduled
     # The erasure epoch when its KV was computed: a forget after it refuses the keep (#46).
     erasure_epoch: int = 0
+
+    @property
+    def session_id(self) -> str | None:
+        return None if self.session is None else self.session.session_id
 
     def learns_lookup(self) -> bool:
         """Whether the tier policy (and the bar) learn this request's lookup now: once a request,
@@ -152,15 +158,16 @@ class RequestStates:
     def fresh(self, request: Any) -> RequestState:
         """A new state for ``request``, not kept (``state`` keeps the one it makes)."""
         params: KVCIRequestParams | None = None
-        error = retain = None
+        error = retain = session = None
         try:
             params = parse_request_params(request.kv_transfer_params, self.config.max_params_bytes)
-            retain = retain_ask(params, self.config.max_retain_s)
+            session = request_session(params, request)
+            retain = retain_ask(params, self.config.max_retain_s, session)
             tenant = self.tenants.resolve(params)
         except ParamsError as exc:
-            error, tenant = str(exc), self.tenants.default
+            error, tenant, session = str(exc), self.tenants.default, None
         if error is None and retain is None:
-            retain = self.hinted_retain(request, params)
+            retain = self.hinted_retain(request, params, session)
         key_tenant = self.key_tenant(tenant, request)
         keys = None
         if error is None and self.keyable(request):
@@ -170,14 +177,15 @@ class RequestStates:
         return RequestState(
             params=params, error=error, tenant=tenant, key_tenant=key_tenant, keys=keys,
             pool=tenant if verified else DECLARED_POOL, generation=self.generation,
-            prompt_tokens=request.num_prompt_tokens, retain=retain,
-            ends_retention=params is not None and params.session_id is not None,
+            prompt_tokens=request.num_prompt_tokens, retain=retain, session=session,
+            ends_retention=session is not None,
             erasure_epoch=self._erasure_epoch())
 
-    def hinted_retain(self, request: Any, params: KVCIRequestParams | None) -> RetainAsk | None:
+    def hinted_retain(self, request: Any, params: KVCIRequestParams | None,
+                      session: RequestSession | None) -> RetainAsk | None:
         """The retention the request's KV hints (vLLM's ``Request.kv_hints``) order, when its
         client ordered none; what is ignored is said on a debug line, never a failed request."""
-        ask, problems = hint_ask(read_kv_hints(request), params, self.config.max_retain_s)
+        ask, problems = hint_ask(read_kv_hints(request), params, self.config.max_retain_s, session)
         if problems:
             logger.debug("kvci: request %s: %s", request.request_id, "; ".join(problems))
         return ask

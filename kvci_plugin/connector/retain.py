@@ -11,18 +11,20 @@ bounds (`max_retain_s`, the tenant's share of the RAM tier).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from kvci_plugin.connector import counters as c
 from kvci_plugin.connector.tally import StatsTally
 from kvci_plugin.request.hints import KVHints
 from kvci_plugin.request.params import KVCIRequestParams, ParamsError
 from kvci_plugin.request.retain_hint import retain_hint
+from kvci_plugin.request.session import RequestSession
 from kvci_plugin.tiering.outcomes import CheckpointOutcome, RetainAsk
 from kvci_plugin.tiering.ram.retention import RetentionOutcome, RetentionStats
 
 
-def retain_ask(params: KVCIRequestParams | None, max_retain_s: float) -> RetainAsk | None:
+def retain_ask(params: KVCIRequestParams | None, max_retain_s: float,
+               session: RequestSession | None) -> RetainAsk | None:
     """The request's retention ask; ParamsError when its TTL is over the engine's bound."""
     if params is None or params.retain is None:
         return None
@@ -34,11 +36,12 @@ def retain_ask(params: KVCIRequestParams | None, max_retain_s: float) -> RetainA
             if max_retain_s
             else "kvci.retain: this engine grants no retention (max_retain_s is 0)"
         )
-    return RetainAsk(ttl_s, params.session_id)
+    session_id, session_by = _session(session)
+    return RetainAsk(ttl_s, session_id, session_by=session_by)
 
 
-def hint_ask(hints: KVHints | None, params: KVCIRequestParams | None,
-             max_retain_s: float) -> tuple[RetainAsk | None, tuple[str, ...]]:
+def hint_ask(hints: KVHints | None, params: KVCIRequestParams | None, max_retain_s: float,
+             session: RequestSession | None) -> tuple[RetainAsk | None, tuple[str, ...]]:
     """The retention the request's KV hints order, when its client asked none itself (the
     client's word wins; its checkpoint "never" too), and what was ignored, for a debug line. A
     TTL over ``max_retain_s`` is trimmed to it: a hint never fails a request."""
@@ -53,10 +56,14 @@ def hint_ask(hints: KVHints | None, params: KVCIRequestParams | None,
     if ignored is not None:
         return None, (*problems, f"kv_hints retention {hint.action_id!r} ignored: {ignored}")
     trimmed = hint.ttl_s > max_retain_s
+    session_id, session_by = _session(session)
     return RetainAsk(
-        min(hint.ttl_s, max_retain_s), params.session_id if params is not None else None,
-        word="kv_hints", priority=hint.priority,
-        asked_ttl_s=hint.ttl_s if trimmed else None), problems
+        min(hint.ttl_s, max_retain_s), session_id, word="kv_hints", priority=hint.priority,
+        asked_ttl_s=hint.ttl_s if trimmed else None, session_by=session_by), problems
+
+
+def _session(session: RequestSession | None) -> tuple[str | None, Literal["client", "vllm"]]:
+    return (None, "client") if session is None else (session.session_id, session.by)
 
 
 def retain_reply(ask: RetainAsk | None, outcome: CheckpointOutcome | None,

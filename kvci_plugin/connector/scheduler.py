@@ -234,10 +234,10 @@ class KVCIScheduler:
             if st.ends_retention:
                 # Scheduled: its hit (if any) is pinned for this step's load already.
                 st.ends_retention = False
-                assert st.params is not None and st.params.session_id is not None
-                self.manager.release_retentions(st.tenant, st.params.session_id)
-                self.decider.arrived(st.tenant, st.params.session_id)  # the pause, learned
-                if hits := self.keeper.auto.returned(st.tenant, st.params.session_id,
+                assert st.session_id is not None
+                self.manager.release_retentions(st.tenant, st.session_id)
+                self.decider.arrived(st.tenant, st.session_id)  # the pause, learned
+                if hits := self.keeper.auto.returned(st.tenant, st.session_id,
                                                      ram_loaded(st, self.block_size)):
                     self.stats.count(c.RETENTIONS_AUTOMATIC_HITS, hits)
         self.manager.expire_retentions()

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kvci_plugin.governance.names import TenantName
 
 PARAMS_KEY = "kvci"
+SESSION_ID_PATTERN = r"^[A-Za-z0-9._:@/-]+$"
+SESSION_ID_MAX_CHARS = 128
 
 
 class RetainParams(BaseModel):
@@ -40,8 +42,9 @@ class KVCIRequestParams(BaseModel):
     source_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
         default_factory=list, max_length=256, description="sources the context was built from")
     session_id: str | None = Field(
-        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/-]+$",
-        description="groups turns: context churn, armed checkpoints")
+        None, min_length=1, max_length=SESSION_ID_MAX_CHARS, pattern=SESSION_ID_PATTERN,
+        description="groups turns: context churn, armed checkpoints, automatic retention "
+        "(none: vLLM's own Request.session_id, where it has one)")
     observation: dict[str, Any] | None = Field(
         None, description="CheckpointObservation fields the client measured")
     evidence_bundle: dict[str, Any] | None = Field(None, description="a retrieval result")

@@ -66,13 +66,15 @@ class RetainAsk:
     ``session``'s next request (None: the TTL only). ``word``: whose order it is — the client's
     ``kvci.retain``, a ``kvci.retain`` action of vLLM's KV hints, or the engine's automatic
     retention of a tool call's pause; ``priority``: a KV hint's; ``asked_ttl_s``: the TTL asked
-    when it was trimmed to the engine's bound (None: granted as asked)."""
+    when it was trimmed to the engine's bound (None: granted as asked); ``session_by``: who named
+    the session, the client (``kvci.session_id``) or vLLM (its ``Request.session_id``)."""
 
     ttl_s: float
     session: str | None
     word: Literal["client", "kv_hints", "engine"] = "client"
     priority: int | None = None
     asked_ttl_s: float | None = None
+    session_by: Literal["client", "vllm"] = "client"
 
     def describe(self, outcome: RetentionOutcome) -> dict[str, object]:
         """What the reply and ``explain`` say of this ask and what became of it."""
@@ -81,4 +83,6 @@ class RetainAsk:
             out["priority"] = self.priority
         if self.asked_ttl_s is not None:
             out["asked_ttl_s"] = self.asked_ttl_s
+        if self.session is not None:
+            out["session"] = {"id": self.session, "by": self.session_by}
         return out

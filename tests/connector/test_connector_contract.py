@@ -409,6 +409,23 @@ def test_the_request_attributes_kvci_reads_exist() -> None:
     assert set(FINISHED_OK) <= set(RequestStatus.__members__)
 
 
+def test_vllms_session_id_reaches_the_request_kvci_reads() -> None:
+    """0.34 on: the OpenAI server's session id (body, X-Session-ID, vllm_xargs) rides the engine
+    core request to ``Request.session_id``, which kvci takes where its client named no session
+    (kvci_plugin/request/session.py)."""
+    if not at_least("0.34"):
+        pytest.skip(f"vllm {vllm.__version__} has no Request.session_id (added in 0.34)")
+    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.request import Request
+
+    core = EngineCoreRequest(
+        request_id="r", prompt_token_ids=[1, 2, 3], mm_features=None,
+        sampling_params=SamplingParams(max_tokens=1), pooling_params=None, arrival_time=0.0,
+        lora_request=None, cache_salt=None, data_parallel_rank=None, session_id="run-42")
+    assert Request.from_engine_core_request(core, block_hasher=None).session_id == "run-42"
+
+
 def test_the_config_fields_kvci_reads_exist() -> None:
     import dataclasses
 

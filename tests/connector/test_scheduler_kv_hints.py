@@ -117,7 +117,8 @@ def test_a_hint_retention_is_granted_with_its_ttl() -> None:
     reply = turn(s, request("r1", hints=envelope(retain(30, priority=7)), trigger="agent"), [7])
     assert reply is not None and reply.get("error") is None
     assert reply["retain"] == {"status": "retained", "ttl_s": 30.0, "by": "kv_hints",
-                               "priority": 7, "reason": reply["retain"]["reason"]}
+                               "priority": 7, "reason": reply["retain"]["reason"],
+                               "session": {"id": "s-1", "by": "client"}}
     assert reply["trigger"] == "agent" and reply["tier"] == "ram"
     assert retentions(s) == 1
     seen = counts(s)
@@ -205,7 +206,8 @@ def test_the_clients_retain_wins_over_a_hint() -> None:
     reply = turn(s, request("r1", hints=envelope(retain(7)), retain={"ttl_s": 5}), [7, MARKER])
     assert reply is not None
     assert reply["retain"] == {"status": "retained", "ttl_s": 5.0, "by": "client",
-                               "reason": reply["retain"]["reason"]}
+                               "reason": reply["retain"]["reason"],
+                               "session": {"id": "s-1", "by": "client"}}
     assert reply["auto_retain"] is None
     assert counts(s).get(c.RETENTIONS_KV_HINTS) is None
 
