@@ -17,7 +17,7 @@ is not a page key (a window stage's) is never in a prompt.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ import numpy as np
 from kvci_plugin.ops._native import KeyTable
 from kvci_plugin.ops.held_keys import HeldKeys
 from kvci_plugin.policy.offer import COUNT_CAP, UNSCORED_BAND
+from kvci_plugin.policy.reuse_hazard import idle_exposure
 
 # What a client may say of a turn's end (``Offer.pending``), numbered.
 SAID: dict[bool | None, int] = {None: 0, True: 1, False: 2}
@@ -114,8 +115,8 @@ class AnchorTable:
         self.__init__(len(self._used))  # type: ignore[misc]
 
     def idle(self, now: float) -> IdleAges:
-        """Every anchor's idle age at ``now``, per class (``reuse_hazard.Live``), from a copy of
-        the columns: grouped when first read (a state save reads it on its own thread)."""
+        """Every anchor's idle age at ``now``, per class (``reuse_hazard.GroupedIdle``), from a
+        copy of the columns: summed when first read (a state save reads it on its own thread)."""
         n, used = self._next, self._used[: self._next]
         return IdleAges(self._band[:n][used], self._reuses[:n][used], self._said[:n][used],
                         self._last_seen[:n][used], now)
@@ -131,36 +132,34 @@ class AnchorTable:
             setattr(self, name, new)
 
 
-class IdleAges(Mapping[PolicyClass, np.ndarray]):
-    """Idle ages so far per class, of anchors' fields copied (``AnchorTable.idle``)."""
+class IdleAges:
+    """Idle ages so far of anchors' fields copied (``AnchorTable.idle``), summed per class when
+    first read (``reuse_hazard.GroupedIdle``): a state save reads it on its own thread."""
 
     def __init__(self, band: np.ndarray, reuses: np.ndarray, said: np.ndarray,
                  last_seen: np.ndarray, now: float) -> None:
         self._columns: tuple[np.ndarray, ...] | None = (band, reuses, said, last_seen)
         self._now = now
-        self._ages: dict[PolicyClass, np.ndarray] = {}
+        self._periods = band.size
+        self._spent: dict[PolicyClass, np.ndarray] = {}
 
-    def _grouped(self) -> dict[PolicyClass, np.ndarray]:
+    def __len__(self) -> int:
+        """The open idle periods: one an anchor."""
+        return self._periods
+
+    def spent(self) -> dict[PolicyClass, np.ndarray]:
         if self._columns is not None:
             band, reuses, said, last_seen = self._columns
             self._columns = None
             if band.size:
                 ages = np.maximum(0.0, self._now - last_seen)
-                # One small int per class: grouped by a count of each, not a sort.
+                # One small int per class: every class summed in one pass, no sort.
                 keys = (((band - UNSCORED_BAND) * (COUNT_CAP + 1)
                          + np.minimum(reuses, COUNT_CAP)) * len(SAID) + said)
-                self._ages = {_class_of(k): ages[keys == k]
-                              for k in np.flatnonzero(np.bincount(keys)).tolist()}
-        return self._ages
-
-    def __getitem__(self, cls: PolicyClass) -> np.ndarray:
-        return self._grouped()[cls]
-
-    def __iter__(self) -> Iterator[PolicyClass]:
-        return iter(self._grouped())
-
-    def __len__(self) -> int:
-        return len(self._grouped())
+                spent = idle_exposure(keys, ages, int(keys.max()) + 1)
+                self._spent = {_class_of(k): spent[k]
+                               for k in np.flatnonzero(np.bincount(keys)).tolist()}
+        return self._spent
 
 
 def _class_of(key: int) -> PolicyClass:

@@ -35,6 +35,7 @@ import bisect
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -63,32 +64,57 @@ def _width(j: int) -> float:
     return EDGES[j + 1] - EDGES[j] if j + 1 < _BUCKETS else EDGES[j]
 
 
-def _add_exposure(row: list[float], ages_s: ArrayLike) -> None:
-    """Add idle periods of ``ages_s`` seconds each to ``row``: to each bucket, the seconds each
-    spent in it. A period ending in bucket ``b`` spent each earlier bucket's whole span and
-    ``age - low[b]`` in ``b``: per bucket, a count and a sum of the ages ending there (O(n), no
-    array of periods x buckets: the refresh sums tens of thousands)."""
-    ages = np.asarray(ages_s, dtype=np.float64).ravel()
-    if not ages.size:
-        return
-    ending = np.maximum(np.searchsorted(_LOWS, ages, side="right") - 1, 0)
-    count = np.bincount(ending, minlength=_BUCKETS)
-    total = np.bincount(ending, weights=ages, minlength=_BUCKETS)
-    past = ages.size - np.cumsum(count)  # periods that went on past each bucket
+def idle_exposure(groups: np.ndarray, ages_s: np.ndarray, n_groups: int) -> np.ndarray:
+    """Seconds the idle periods of ``ages_s`` seconds spent in each bucket, summed per group
+    (``groups``: each period's group, below ``n_groups``): an ``(n_groups, buckets)`` array.
+
+    A period ending in bucket ``b`` spent each earlier bucket's whole span and ``age - low[b]`` in
+    ``b``: per group and bucket, a count and a sum of the ages ending there, in one pass over the
+    periods (O(n), no array of periods x buckets, and no pass per group: the refresh sums tens of
+    thousands of periods of tens of classes). Each sum adds its ages in their order in
+    ``ages_s``, so a group's row is the same, bit for bit, as the group's ages summed alone."""
+    ending = np.maximum(np.searchsorted(_LOWS, ages_s, side="right") - 1, 0)
+    cells = groups * _BUCKETS + ending
+    shape = (n_groups, _BUCKETS)
+    count = np.bincount(cells, minlength=n_groups * _BUCKETS).reshape(shape)
+    total = np.bincount(cells, weights=ages_s, minlength=n_groups * _BUCKETS).reshape(shape)
+    past = count.sum(axis=1, keepdims=True) - np.cumsum(count, axis=1)  # went on past a bucket
     spent = total - count * _LOWS
-    spent[:-1] += past[:-1] * _SPANS[:-1]  # the open last bucket has none past it
-    for j, seconds in enumerate(spent.tolist()):
-        row[j] += seconds
+    spent[:, :-1] += past[:, :-1] * _SPANS[:-1]  # the open last bucket has none past it
+    return spent
+
+
+class GroupedIdle(Protocol):
+    """Open idle periods that sum their own exposure per class (``AnchorTable.idle``): a
+    ``Live`` read whole, with no array of ages made per class."""
+
+    def __len__(self) -> int:
+        """How many periods are open."""
+
+    def spent(self) -> Mapping[Hashable, np.ndarray]:
+        """Per class with open periods, the seconds they spent in each bucket so far."""
+
+
+def _spent(idle: Live | GroupedIdle) -> Mapping[Hashable, np.ndarray]:
+    if not isinstance(idle, Mapping):
+        return idle.spent()
+    out = {}
+    for cls, ages in idle.items():
+        ages = np.asarray(ages, dtype=np.float64).ravel()
+        if ages.size:
+            out[cls] = idle_exposure(np.zeros(ages.size, np.int64), ages, 1)[0]
+    return out
 
 
 def _with_idle(
-    exposure: Mapping[Hashable, Sequence[float]], idle: Live
+    exposure: Mapping[Hashable, Sequence[float]], idle: Live | GroupedIdle
 ) -> dict[Hashable, list[float]]:
     """``exposure`` (copied) with each open idle period (per class, the idle ages so far) added."""
     out = {cls: list(row) for cls, row in exposure.items()}
-    for cls, ages in idle.items():
-        if np.size(ages):
-            _add_exposure(out.setdefault(cls, [0.0] * _BUCKETS), ages)
+    for cls, spent in _spent(idle).items():
+        row = out.setdefault(cls, [0.0] * _BUCKETS)
+        for j, seconds in enumerate(spent.tolist()):
+            row[j] += seconds
     return out
 
 
@@ -100,7 +126,7 @@ class HazardCounts:
 
     reuses: Mapping[Hashable, tuple[float, ...]]
     exposure: Mapping[Hashable, tuple[float, ...]]
-    idle: Live = field(default_factory=dict)
+    idle: Live | GroupedIdle = field(default_factory=dict)
 
     def closed(self) -> HazardCounts:
         """The same counts with every open idle period ended, not re-sent."""
@@ -134,7 +160,7 @@ class ReuseHazard:
         hazard.refresh({})
         return hazard
 
-    def counts(self, live: Live) -> HazardCounts:
+    def counts(self, live: Live | GroupedIdle) -> HazardCounts:
         """What was learned, with the ``live`` contexts' idle periods so far to be ended
         unreused (``HazardCounts.closed``)."""
         return HazardCounts(
@@ -145,7 +171,7 @@ class ReuseHazard:
     def ended(self, cls: Hashable, age_s: float, *, reused: bool) -> None:
         """An idle period of a ``cls`` context ended after ``age_s`` s: re-sent, or forgotten."""
         # One period, bucket by bucket in plain floats: the same clip and sum as
-        # ``_add_exposure``'s, bit for bit, without numpy's fixed cost per call (several
+        # ``idle_exposure``'s, bit for bit, without numpy's fixed cost per call (several
         # periods end at every lookup, on the scheduler thread).
         row = self._exposure.setdefault(cls, [0.0] * _BUCKETS)
         age = float(age_s)
@@ -157,10 +183,13 @@ class ReuseHazard:
         if reused:
             reuses[bucket(age_s)] += 1.0
 
-    def refresh(self, live: Live) -> None:
+    def refresh(self, live: Live | GroupedIdle) -> None:
         """Recompute every hazard, counting the idle time so far of the contexts still idle."""
         exposure = _with_idle(self._exposure, live)
-        classes = set(exposure) | set(self._reuses)
+        # In the order the classes were first seen, never a set's: a class holds None, whose
+        # hash (so a set's order, so the pooled sums' order and their last bits) is its address
+        # in this process on Python 3.11.
+        classes = list(dict.fromkeys([*exposure, *self._reuses]))
         zero = [0.0] * _BUCKETS
         pooled = [
             (sum(self._reuses.get(c, zero)[j] for c in classes) + 1.0)

@@ -94,12 +94,12 @@ def test_what_the_clients_say_reaches_the_policy_as_each_requests_class() -> Non
     tier = KVCITier(100, prefill_tokens_per_second=8192.0, told=told)
     replay_kvci(requests, contexts_of(requests), tier)
     learned = tier.policy.learned(10.0)
-    assert sorted(((cls[2], len(ages)) for cls, ages in learned.idle.items()), key=repr) == [
-        (False, 1), (None, 1), (True, 1)]
+    assert len(learned.idle) == 3
+    assert sorted((cls[2] for cls in learned.idle.spent()), key=repr) == [False, None, True]
     # A default tier says nothing of any request.
     quiet = KVCITier(100, prefill_tokens_per_second=8192.0)
     replay_kvci(requests, contexts_of(requests), quiet)
-    assert {cls[2] for cls in quiet.policy.learned(10.0).idle} == {None}
+    assert {cls[2] for cls in quiet.policy.learned(10.0).idle.spent()} == {None}
     with pytest.raises(IndexError, match="told covers 2 requests; request 3 arrived"):
         replay_kvci(
             requests,

@@ -49,4 +49,4 @@ def test_the_clients_word_on_a_pending_tool_call_classes_what_the_policy_remembe
     scheduler.request_finished(request, [[1, 2, 3]])
     learned = scheduler.manager.index.policy_learned()
     assert learned is not None
-    assert [cls[2] for cls in learned.idle] == [said]
+    assert [cls[2] for cls in learned.idle.spent()] == [said]
