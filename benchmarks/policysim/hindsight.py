@@ -24,8 +24,7 @@ class FrozenHazard(ReuseHazard):
 
     def __init__(self, learned: ReuseHazard) -> None:
         super().__init__()
-        self._weigh_by(list(learned._pooled),
-                       {cls: list(row) for cls, row in learned._hazards.items()})
+        self._weigh_by(list(learned._rows), learned._table.copy())
 
     def ended(self, cls: Hashable, age_s: float, *, reused: bool) -> None:
         return None

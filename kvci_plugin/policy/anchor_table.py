@@ -3,9 +3,10 @@
 The refresh counts the idle time so far of every context still idle: tens of thousands of
 anchors at the default ghost bound. Read field by field from the anchor objects, that walk held
 the engine step for tens of milliseconds at a million-page tier, and a policy-state save copied
-every anchor under the index's lock. Here each anchor has a row of four numpy columns (its
-score band, re-sends, what the client said of the turn's end, when it was last seen), written
-as the anchor changes; the refresh and the save read the columns whole.
+every anchor under the index's lock. Here each anchor has a row of numpy columns (its score
+band, re-sends, what the client said of the turn's end, when it was last seen, its rebuild cost,
+and its class numbered), written as the anchor changes; the refresh and the save copy two
+columns whole (class and last seen) and sum every class in one pass.
 
 Every lookup asks which of a prompt's hundreds of keys are remembered anchors: a page-key anchor's
 row is also held in a native ``KeyTable``, so a prompt is probed in one call instead of a dict
@@ -24,7 +25,7 @@ import numpy as np
 
 from kvci_plugin.ops._native import KeyTable
 from kvci_plugin.ops.held_keys import HeldKeys
-from kvci_plugin.policy.offer import COUNT_CAP, UNSCORED_BAND
+from kvci_plugin.policy.offer import COUNT_CAP, SCORE_BANDS, UNSCORED_BAND
 from kvci_plugin.policy.reuse_hazard import idle_exposure
 
 # What a client may say of a turn's end (``Offer.pending``), numbered.
@@ -33,6 +34,8 @@ _SAID_BY_CODE = tuple(SAID)
 
 # A class: the score's band, the re-sends (capped), what the client said of the turn's end.
 PolicyClass = tuple[int, int, bool | None]
+# Classes, numbered (``_class_number``); this number marks a row no anchor holds.
+CLASSES = (SCORE_BANDS - UNSCORED_BAND) * (COUNT_CAP + 1) * len(SAID)
 
 
 class AnchorTable:
@@ -43,6 +46,8 @@ class AnchorTable:
         self._last_seen = np.zeros(capacity, np.float64)
         self._cost = np.full(capacity, np.nan)  # NaN: not known
         self._used = np.zeros(capacity, bool)
+        # Each row's class, numbered, kept as the fields are put: the refresh reads it whole.
+        self._class = np.full(capacity, CLASSES, np.int64)
         self._keys = KeyTable(capacity)  # page-key anchors -> their rows
         self._keyed = np.zeros(capacity, bool)  # rows held in ``_keys``
         # What the policy keeps of each row besides its fields: a held anchor's record; None for
@@ -89,11 +94,13 @@ class AnchorTable:
 
     def put(self, row: int, band: int, reuses: int, pending: bool | None, last_seen: float,
             cost: float | None) -> None:
+        said = SAID[pending]
         self._band[row] = band
         self._reuses[row] = reuses
-        self._said[row] = SAID[pending]
+        self._said[row] = said
         self._last_seen[row] = last_seen
         self._cost[row] = np.nan if cost is None else cost
+        self._class[row] = _class_number(band, reuses, said)
 
     def fields(self, row: int) -> tuple[int, bool | None, float, float | None, int]:
         """The row's band, what was said of its turn's end, when it was last seen, its rebuild
@@ -105,6 +112,7 @@ class AnchorTable:
 
     def drop(self, row: int) -> None:
         self._used[row] = False
+        self._class[row] = CLASSES
         self._items[row] = None
         if self._keyed[row]:
             self._keys.remove(np.array([row], np.int64))
@@ -117,17 +125,17 @@ class AnchorTable:
     def idle(self, now: float) -> IdleAges:
         """Every anchor's idle age at ``now``, per class (``reuse_hazard.GroupedIdle``), from a
         copy of the columns: summed when first read (a state save reads it on its own thread)."""
-        n, used = self._next, self._used[: self._next]
-        return IdleAges(self._band[:n][used], self._reuses[:n][used], self._said[:n][used],
-                        self._last_seen[:n][used], now)
+        n = self._next
+        return IdleAges(self._class[:n].copy(), self._last_seen[:n].copy(), now)
 
     def _grow(self) -> None:
         n = 2 * len(self._used)
         self._keys.grow(n)
         self._items.extend([None] * (n - len(self._items)))
-        for name in ("_band", "_reuses", "_said", "_last_seen", "_cost", "_used", "_keyed"):
+        for name in ("_band", "_reuses", "_said", "_last_seen", "_cost", "_used", "_keyed",
+                     "_class"):
             old = getattr(self, name)
-            new = np.zeros(n, old.dtype)
+            new = np.full(n, CLASSES if name == "_class" else 0, old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
 
@@ -136,11 +144,10 @@ class IdleAges:
     """Idle ages so far of anchors' fields copied (``AnchorTable.idle``), summed per class when
     first read (``reuse_hazard.GroupedIdle``): a state save reads it on its own thread."""
 
-    def __init__(self, band: np.ndarray, reuses: np.ndarray, said: np.ndarray,
-                 last_seen: np.ndarray, now: float) -> None:
-        self._columns: tuple[np.ndarray, ...] | None = (band, reuses, said, last_seen)
+    def __init__(self, classes: np.ndarray, last_seen: np.ndarray, now: float) -> None:
+        self._columns: tuple[np.ndarray, np.ndarray] | None = (classes, last_seen)
         self._now = now
-        self._periods = band.size
+        self._periods = int(np.count_nonzero(classes != CLASSES))
         self._spent: dict[PolicyClass, np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -149,17 +156,19 @@ class IdleAges:
 
     def spent(self) -> dict[PolicyClass, np.ndarray]:
         if self._columns is not None:
-            band, reuses, said, last_seen = self._columns
+            classes, last_seen = self._columns
             self._columns = None
-            if band.size:
-                ages = np.maximum(0.0, self._now - last_seen)
-                # One small int per class: every class summed in one pass, no sort.
-                keys = (((band - UNSCORED_BAND) * (COUNT_CAP + 1)
-                         + np.minimum(reuses, COUNT_CAP)) * len(SAID) + said)
-                spent = idle_exposure(keys, ages, int(keys.max()) + 1)
+            if self._periods:
+                # Every row in one pass, rows no anchor holds in a class of their own, left out.
+                spent, periods = idle_exposure(
+                    classes, np.maximum(0.0, self._now - last_seen), CLASSES + 1)
                 self._spent = {_class_of(k): spent[k]
-                               for k in np.flatnonzero(np.bincount(keys)).tolist()}
+                               for k in np.flatnonzero(periods[:CLASSES]).tolist()}
         return self._spent
+
+
+def _class_number(band: int, reuses: int, said: int) -> int:
+    return ((band - UNSCORED_BAND) * (COUNT_CAP + 1) + min(reuses, COUNT_CAP)) * len(SAID) + said
 
 
 def _class_of(key: int) -> PolicyClass:

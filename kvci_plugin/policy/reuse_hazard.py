@@ -17,10 +17,11 @@ blended with the pooled hazard, weighted as one context's stay in that bucket; t
 hazard's own prior is one re-send per stay (optimistic until evidence says otherwise, so a fresh
 tier keeps what it is offered).
 
-``live`` (in ``refresh`` and ``counts``) is the idle ages so far of the contexts still idle, as an
-array per class: the refresh walks every remembered context, so its exposure is summed by array
-arithmetic (a loop per context held the engine step for far too long at the default anchor
-bound).
+``live`` (in ``refresh`` and ``counts``) is the idle ages so far of the contexts still idle: an
+array per class, or the anchor table's columns (``GroupedIdle``), which sum every class in one
+pass. The refresh counts every remembered context, so its exposure is summed by array arithmetic
+(a loop per context held the engine step for far too long at the default anchor bound), and its
+per-class rates are a few array operations over classes x buckets.
 
 ``counts(live)`` is what was learned as plain counts, with the contexts still idle to be counted
 as idle so far and not re-sent (censored, as a survival model counts a subject still at risk): a
@@ -59,29 +60,33 @@ def bucket(age_s: float) -> int:
     return max(0, bisect.bisect_right(EDGES, age_s) - 1)
 
 
-def _width(j: int) -> float:
-    """A bucket's span; the open last one counts as long as all before it."""
-    return EDGES[j + 1] - EDGES[j] if j + 1 < _BUCKETS else EDGES[j]
+# A bucket's span; the open last one counts as long as all before it.
+_WIDTHS = np.append(np.diff(_LOWS), _LOWS[-1])
 
 
-def idle_exposure(groups: np.ndarray, ages_s: np.ndarray, n_groups: int) -> np.ndarray:
+def idle_exposure(groups: np.ndarray, ages_s: np.ndarray,
+                  n_groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Seconds the idle periods of ``ages_s`` seconds spent in each bucket, summed per group
-    (``groups``: each period's group, below ``n_groups``): an ``(n_groups, buckets)`` array.
+    (``groups``: each period's group, below ``n_groups``): an ``(n_groups, buckets)`` array, and
+    how many periods each group has.
 
     A period ending in bucket ``b`` spent each earlier bucket's whole span and ``age - low[b]`` in
     ``b``: per group and bucket, a count and a sum of the ages ending there, in one pass over the
     periods (O(n), no array of periods x buckets, and no pass per group: the refresh sums tens of
     thousands of periods of tens of classes). Each sum adds its ages in their order in
     ``ages_s``, so a group's row is the same, bit for bit, as the group's ages summed alone."""
-    ending = np.maximum(np.searchsorted(_LOWS, ages_s, side="right") - 1, 0)
+    # A bucket's edges are powers of two: an age's binary exponent is its bucket (0 below 1 s,
+    # the last from 2^16 s on), exactly, without a search.
+    ending = np.clip(np.frexp(ages_s)[1], 0, _BUCKETS - 1)
     cells = groups * _BUCKETS + ending
     shape = (n_groups, _BUCKETS)
     count = np.bincount(cells, minlength=n_groups * _BUCKETS).reshape(shape)
     total = np.bincount(cells, weights=ages_s, minlength=n_groups * _BUCKETS).reshape(shape)
-    past = count.sum(axis=1, keepdims=True) - np.cumsum(count, axis=1)  # went on past a bucket
+    periods = count.sum(axis=1)
+    past = periods[:, None] - np.cumsum(count, axis=1)  # periods that went on past a bucket
     spent = total - count * _LOWS
     spent[:, :-1] += past[:, :-1] * _SPANS[:-1]  # the open last bucket has none past it
-    return spent
+    return spent, periods
 
 
 class GroupedIdle(Protocol):
@@ -102,7 +107,7 @@ def _spent(idle: Live | GroupedIdle) -> Mapping[Hashable, np.ndarray]:
     for cls, ages in idle.items():
         ages = np.asarray(ages, dtype=np.float64).ravel()
         if ages.size:
-            out[cls] = idle_exposure(np.zeros(ages.size, np.int64), ages, 1)[0]
+            out[cls] = idle_exposure(np.zeros(ages.size, np.int64), ages, 1)[0][0]
     return out
 
 
@@ -140,9 +145,7 @@ class ReuseHazard:
     def __init__(self) -> None:
         self._reuses: dict[Hashable, list[float]] = {}
         self._exposure: dict[Hashable, list[float]] = {}
-        self._pooled: list[float] = []
-        self._hazards: dict[Hashable, list[float]] = {}
-        self._weigh_by([1.0 / _width(j) for j in range(_BUCKETS)], {})
+        self._weigh_by([], (1.0 / _WIDTHS)[None, :])
 
     @classmethod
     def from_counts(cls, counts: HazardCounts) -> ReuseHazard:
@@ -185,29 +188,39 @@ class ReuseHazard:
 
     def refresh(self, live: Live | GroupedIdle) -> None:
         """Recompute every hazard, counting the idle time so far of the contexts still idle."""
-        exposure = _with_idle(self._exposure, live)
+        spent = _spent(live)
         # In the order the classes were first seen, never a set's: a class holds None, whose
         # hash (so a set's order, so the pooled sums' order and their last bits) is its address
         # in this process on Python 3.11.
-        classes = list(dict.fromkeys([*exposure, *self._reuses]))
-        zero = [0.0] * _BUCKETS
-        pooled = [
-            (sum(self._reuses.get(c, zero)[j] for c in classes) + 1.0)
-            / (sum(exposure.get(c, zero)[j] for c in classes) + _width(j))
-            for j in range(_BUCKETS)
-        ]
-        self._weigh_by(pooled, {
-            cls: [(self._reuses.get(cls, zero)[j] + pooled[j] * _width(j))
-                  / (exposure.get(cls, zero)[j] + _width(j)) for j in range(_BUCKETS)]
-            for cls in classes
-        })
+        classes = list(dict.fromkeys([*self._exposure, *spent, *self._reuses]))
+        at = {cls: i for i, cls in enumerate(classes)}
+        reuses = np.zeros((len(classes), _BUCKETS))
+        exposure = np.zeros((len(classes), _BUCKETS))
+        for cls, row in self._reuses.items():
+            reuses[at[cls]] = row
+        for cls, row in self._exposure.items():
+            exposure[at[cls]] = row
+        for cls, seconds in spent.items():
+            exposure[at[cls]] += seconds
+        # All classes pooled: a running sum in the classes' order (cumsum; numpy's own sum
+        # pairs its terms), so the figures do not hang on how numpy sums.
+        total_reuses, total_exposure = (
+            (np.cumsum(reuses, axis=0)[-1], np.cumsum(exposure, axis=0)[-1]) if classes
+            else (np.zeros(_BUCKETS), np.zeros(_BUCKETS)))
+        pooled = (total_reuses + 1.0) / (total_exposure + _WIDTHS)
+        self._weigh_by(classes, np.vstack(
+            [(reuses + pooled * _WIDTHS) / (exposure + _WIDTHS), pooled]))
 
-    def _weigh_by(self, pooled: list[float], hazards: dict[Hashable, list[float]]) -> None:
-        """Weigh by these hazards (per bucket: all classes pooled, and each class's), kept also
-        as rows of one array for ``resend_probabilities`` (the pooled one last)."""
-        self._pooled, self._hazards = pooled, hazards
-        self._rows = {cls: i for i, cls in enumerate(hazards)}
-        self._table = np.array([*hazards.values(), pooled], np.float64)
+    def _weigh_by(self, classes: list[Hashable], table: np.ndarray) -> None:
+        """Weigh by these hazards: per class (``classes``, in order) and bucket, a row of
+        ``table``, and all classes pooled its last row (``resend_probabilities`` reads it whole)."""
+        self._rows = {cls: i for i, cls in enumerate(classes)}
+        self._table = table
+
+    def rates(self, cls: Hashable | None = None) -> list[float]:
+        """The hazard per bucket (re-sends per second idle) of ``cls``; of all classes pooled for
+        None or a class not seen."""
+        return self._table[self._rows.get(cls, len(self._rows))].tolist()
 
     def resend_probability(self, cls: Hashable, age_s: float, horizon_s: float) -> float:
         """How likely a ``cls`` context idle for ``age_s`` is re-sent within ``horizon_s`` more."""

@@ -52,9 +52,10 @@ def test_a_hazard_weighs_unseen_classes_by_all_pooled() -> None:
     hazard.ended("other", 40.0, reused=False)
     hazard.refresh({})
     got = hazard.resend_probabilities(["seen", "never", "other"], [0.5, 2.0, 9.0], 30.0)
-    assert got == [reference(hazard._hazards["seen"], 0.5, 30.0),  # noqa: SLF001
-                   reference(hazard._pooled, 2.0, 30.0),  # noqa: SLF001
-                   reference(hazard._hazards["other"], 9.0, 30.0)]  # noqa: SLF001
+    assert got == [reference(hazard.rates("seen"), 0.5, 30.0),
+                   reference(hazard.rates(), 2.0, 30.0),
+                   reference(hazard.rates("other"), 9.0, 30.0)]
+    assert hazard.rates("never") == hazard.rates()
     assert hazard.resend_probability("never", 2.0, 30.0) == got[1]
 
 
