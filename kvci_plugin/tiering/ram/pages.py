@@ -19,6 +19,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from itertools import compress
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,12 @@ NO_WRITER = -1
 Slots = np.ndarray  # int64 slot numbers
 
 
+def column(n: int, dtype: Any, fill: Any = 0) -> np.ndarray:
+    """A column of ``n`` ``fill`` values, every page of it written now (``np.zeros`` leaves
+    them to be faulted in at first touch)."""
+    return np.full(n, fill, dtype)
+
+
 class PageTable:
     """Pages by key; their columns by slot. Slot 0 is handed out first."""
 
@@ -51,20 +58,22 @@ class PageTable:
         self.keys = KeyTable(num_slots)
         # Allocated by numpy, which asks the kernel for 2 MiB pages for large arrays: a prompt's
         # pages are read all over columns of megabytes, and with 4 KiB pages each read also
-        # missed the TLB.
-        self.v_refs = np.zeros(num_slots, np.int64)  # checkpoints referencing the page
-        self.v_pins = np.zeros(num_slots, np.int64)
-        self.v_state = np.zeros(num_slots, np.int8)
+        # missed the TLB. Every column is written whole here (``column``): a huge page first
+        # touched later, on the scheduler thread, could stall it for the kernel to compact
+        # memory (tens of milliseconds seen on a column the planner touches sparsely).
+        self.v_refs = column(num_slots, np.int64)  # checkpoints referencing the page
+        self.v_pins = column(num_slots, np.int64)
+        self.v_state = column(num_slots, np.int8)
         # The number of the pending checkpoint whose reservation copies the bytes in
         # (``NO_WRITER`` once ready, or when that reservation was aborted while other
         # checkpoints still reference the page: the next reservation naming it copies it).
-        self.v_writer = np.full(num_slots, NO_WRITER, np.int64)
-        self.v_tenant = np.zeros(num_slots, np.int64)  # name numbers (``names``)
-        self.v_pool = np.zeros(num_slots, np.int64)
+        self.v_writer = column(num_slots, np.int64, NO_WRITER)
+        self.v_tenant = column(num_slots, np.int64)  # name numbers (``names``)
+        self.v_pool = column(num_slots, np.int64)
         # Scratch of the fair-share planner (``room``), zero between plans: per page, the
         # candidates taken that hold it, and whether the reservation keeps it.
-        self.released = np.zeros(num_slots, np.int64)
-        self.kept = np.zeros(num_slots, bool)
+        self.released = column(num_slots, np.int64)
+        self.kept = column(num_slots, bool)
         self._free = array("q", range(num_slots - 1, -1, -1))
         # Tenant and pool names, numbered once each (a handful per tier).
         self.names: list[str] = []
