@@ -30,11 +30,13 @@ the other, the same requests:
 - ``engine_holds``: vLLM alone with a cache of every distinct block of the slice and more: the
   tool-return TTFT when the engine's own cache still holds the context.
 
-kvci's RAM tier holds every distinct block of the slice. The report gives per arm TTFT p50/p90 of
-tool-return turns (after a ``tool_use`` turn) and of all turns, the prompt tokens served from
-cache (``usage.prompt_tokens_details.cached_tokens``, both vLLM's prefix cache and kvci's) and
-the server's counters (vLLM's prefix-cache and connector hits, kvci's ``vllm:kvci_*``), and
-whether each arm's outputs (token ids, finish reason) equal vLLM alone's, request by request.
+kvci's RAM tier holds every distinct block of the slice (the report's ``kvci_ram_bytes``),
+unless ``--extra '{"ram_bytes": N}'`` sets a tighter one for both kvci arms. The report gives
+per arm TTFT p50/p90 of tool-return turns (after a ``tool_use`` turn) and of all turns, the
+prompt tokens served from cache (``usage.prompt_tokens_details.cached_tokens``, both vLLM's
+prefix cache and kvci's) and the server's counters (vLLM's prefix-cache and connector hits,
+kvci's ``vllm:kvci_*``), and whether each arm's outputs (token ids, finish reason) equal vLLM
+alone's, request by request.
 
     .venv/bin/python -m benchmarks.agent_replay [--sessions 6] [--duration 90] [--time-scale 10]
         [--arms vllm,kvci_keep_all,kvci,engine_holds] [--out PATH] [--workdir DIR]

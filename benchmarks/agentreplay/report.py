@@ -97,6 +97,17 @@ def load_agent_replays(results: Path) -> list[tuple[Path, dict[str, Any]]]:
     return reports_of(results, SCHEMA)
 
 
+def _ram_tier(report: dict[str, Any]) -> str:
+    """The kvci arms' RAM tier: ``kvci_ram_bytes`` holds every distinct block of the slice, unless
+    ``--extra`` set another ``ram_bytes``."""
+    every = report["kvci_ram_bytes"]
+    ram = report.get("extra", {}).get("ram_bytes", every)
+    if ram == every:
+        return f"{ram / 2**20:.1f} MiB (every distinct block)"
+    return f"{ram / 2**20:.1f} MiB ({ram / every:.0%} of the {every / 2**20:.1f} MiB of every " \
+        "distinct block, set by `--extra`)"
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -136,7 +147,7 @@ def agent_replay_section(path: Path, report: dict[str, Any]) -> list[str]:
         f"- vLLM {report['vllm_version']}, {report['cpus']} CPUs (load {load[0]:.1f} at the "
         f"start, {load[1]:.1f} at the end); "
         + ", ".join(f"{k}={v}" for k, v in report["env"].items())
-        + f"; kvci RAM tier {report['kvci_ram_bytes'] / 2**20:.1f} MiB (every distinct block)"
+        + f"; kvci RAM tier {_ram_tier(report)}"
         + (f"; kvci from commit `{source['commit']}` with {source.get('changed_files', 0)} "
            "files of `kvci_plugin`/`csrc` changed" if source.get("commit") else "") + ".",
         f"- Slice of `{trace['file']}` (sha256 `{trace['sha256']}…`): {trace['requests']} "
