@@ -17,9 +17,10 @@ import logging
 import time
 from typing import Any
 
+from support.scheduler_turns import Step, run_turn
 from vllm import SamplingParams
 from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from kvci_plugin.api.schema import CheckpointExplanation
 from kvci_plugin.connector import counters as c
@@ -53,29 +54,6 @@ def retain(ttl_s: Any, **more: Any) -> tuple[str, str, dict[str, Any]]:
     return ("kvci.retain", "1", {"ttl_s": ttl_s, **more})
 
 
-class Blocks:
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = ids
-
-    def get_block_ids(self) -> tuple[list[int], ...]:
-        return (self.ids,)
-
-
-class Output:
-    """The workers' report on a step: these requests' store copies are done."""
-
-    def __init__(self, finished_sending: set[str]) -> None:
-        self.finished_sending = finished_sending
-        self.finished_recving: set[str] = set()
-        self.kv_connector_worker_meta = None
-
-
-class Step:
-    def __init__(self, scheduled: dict[str, int]) -> None:
-        self.num_scheduled_tokens = scheduled
-        self.total_num_scheduled_tokens = sum(scheduled.values())
-
-
 def request(req_id: str, *, prompt_start: int = 1, hints: KvHintsEnvelope | None = None,
             bare: bool = False, **kvci: Any) -> Request:
     """A request of session s-1, 3 full blocks and a token; ``kvci`` more of its client's params
@@ -88,17 +66,7 @@ def request(req_id: str, *, prompt_start: int = 1, hints: KvHintsEnvelope | None
 
 def turn(s: KVCIScheduler, req: Request, output: list[int]) -> dict[str, Any] | None:
     """``req`` looked up (its hit loaded), run and finished with ``output``: its reply's kvci."""
-    hit, _ = s.get_num_new_matched_tokens(req, 0)
-    if hit:
-        s.update_state_after_alloc(req, Blocks([20, 21, 22, 23]), hit)
-    s.build_connector_meta(Step({req.request_id: len(req.prompt_token_ids) - hit}))
-    req.num_computed_tokens = len(req.prompt_token_ids)
-    req.append_output_token_ids(output)
-    req.status = RequestStatus.FINISHED_STOPPED
-    held, reply = s.request_finished(req, [[10, 11, 12, 13]])
-    if held:  # the workers copied its pages: loadable from now on
-        s.update_connector_output(Output({req.request_id}))
-    return None if reply is None else reply["kvci"]
+    return run_turn(s, req, output)[1]
 
 
 def counts(s: KVCIScheduler) -> dict[str, float]:

@@ -16,8 +16,9 @@ import inspect
 import json
 from typing import Any
 
+from support.scheduler_turns import run_turn
 from vllm import SamplingParams
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 from kvci_plugin.api.schema import CheckpointExplanation
 from kvci_plugin.connector import counters as c
@@ -56,43 +57,6 @@ def request(req_id: str, vllm_session: str | None, *, prompt_start: int = 1,
     return req
 
 
-class Blocks:
-    def __init__(self, ids: list[int]) -> None:
-        self.ids = ids
-
-    def get_block_ids(self) -> tuple[list[int], ...]:
-        return (self.ids,)
-
-
-class Output:
-    def __init__(self, finished_sending: set[str]) -> None:
-        self.finished_sending = finished_sending
-        self.finished_recving: set[str] = set()
-        self.kv_connector_worker_meta = None
-
-
-class Step:
-    def __init__(self, scheduled: dict[str, int]) -> None:
-        self.num_scheduled_tokens = scheduled
-        self.total_num_scheduled_tokens = sum(scheduled.values())
-
-
-def turn(s: KVCIScheduler, req: Request, output: list[int]) -> tuple[int, dict[str, Any] | None]:
-    """``req`` looked up (its hit loaded), run and finished with ``output``: its hit tokens and
-    its reply's kvci."""
-    hit, _ = s.get_num_new_matched_tokens(req, 0)
-    if hit:
-        s.update_state_after_alloc(req, Blocks([20, 21, 22, 23]), hit)
-    s.build_connector_meta(Step({req.request_id: len(req.prompt_token_ids) - hit}))
-    req.num_computed_tokens = len(req.prompt_token_ids)
-    req.append_output_token_ids(output)
-    req.status = RequestStatus.FINISHED_STOPPED
-    held, reply = s.request_finished(req, [[10, 11, 12, 13]])
-    if held:
-        s.update_connector_output(Output({req.request_id}))
-    return hit, None if reply is None else reply["kvci"]
-
-
 def retentions(s: KVCIScheduler) -> int:
     return s.manager.ram_stats()["retentions"]
 
@@ -112,14 +76,14 @@ def only_checkpoint(s: KVCIScheduler) -> CheckpointExplanation:
 
 def test_a_tool_call_turn_of_a_vllm_session_is_retained_and_its_next_request_ends_it() -> None:
     s = scheduler()
-    _, reply = turn(s, request("r1", "run-42"), [7, MARKER])
+    _, reply = run_turn(s, request("r1", "run-42"), [7, MARKER])
     assert reply is None  # nothing asked, nothing said
     assert retentions(s) == 1
     seen = only_checkpoint(s).retention
     assert seen is not None and seen.by == "engine" and seen.status == "retained"
     assert (seen.session.id, seen.session.by) == ("run-42", "vllm")
     assert counts(s)[c.RETENTIONS_AUTOMATIC] == 1
-    hit, _ = turn(s, request("r2", "run-42"), [7])  # the tool's result
+    hit, _ = run_turn(s, request("r2", "run-42"), [7])  # the tool's result
     assert hit == 3 * BS
     assert retentions(s) == 0
     assert counts(s)[c.RETENTIONS_AUTOMATIC_HITS] == 1
@@ -127,25 +91,25 @@ def test_a_tool_call_turn_of_a_vllm_session_is_retained_and_its_next_request_end
 
 def test_without_a_session_id_nothing_is_retained() -> None:
     s = scheduler()
-    turn(s, request("r1", None), [7, MARKER])
+    run_turn(s, request("r1", None), [7, MARKER])
     assert retentions(s) == 0
     assert c.RETENTIONS_AUTOMATIC not in counts(s)
 
 
 def test_another_sessions_request_leaves_the_retention() -> None:
     s = scheduler()
-    turn(s, request("r1", "run-42"), [7, MARKER])
-    turn(s, request("r2", "run-7", prompt_start=2000), [7])
+    run_turn(s, request("r1", "run-42"), [7, MARKER])
+    run_turn(s, request("r2", "run-7", prompt_start=2000), [7])
     assert retentions(s) == 1
 
 
 def test_another_tenants_request_naming_the_same_session_leaves_the_retention() -> None:
     s = scheduler()
-    turn(s, request("r1", "run-42", tenant="acme"), [7, MARKER])
+    run_turn(s, request("r1", "run-42", tenant="acme"), [7, MARKER])
     assert retentions(s) == 1
-    turn(s, request("r2", "run-42", prompt_start=2000, tenant="globex"), [7])
+    run_turn(s, request("r2", "run-42", prompt_start=2000, tenant="globex"), [7])
     assert retentions(s) == 1
-    turn(s, request("r3", "run-42", prompt_start=4000, tenant="acme"), [7])
+    run_turn(s, request("r3", "run-42", prompt_start=4000, tenant="acme"), [7])
     assert retentions(s) == 0
 
 
@@ -153,29 +117,29 @@ def test_another_tenants_request_naming_the_same_session_leaves_the_retention() 
 
 def test_the_clients_kvci_session_id_wins_over_vllms() -> None:
     s = scheduler()
-    turn(s, request("r1", "vllm-side", session_id="client-side", checkpoint="now"), [7, MARKER])
+    run_turn(s, request("r1", "vllm-side", session_id="client-side", checkpoint="now"), [7, MARKER])
     seen = only_checkpoint(s).retention
     assert seen is not None and (seen.session.id, seen.session.by) == ("client-side", "client")
-    turn(s, request("r2", "vllm-side", prompt_start=2000), [7])
+    run_turn(s, request("r2", "vllm-side", prompt_start=2000), [7])
     assert retentions(s) == 1  # vLLM's id is not the session
-    turn(s, request("r3", "client-side", prompt_start=4000), [7])
+    run_turn(s, request("r3", "client-side", prompt_start=4000), [7])
     assert retentions(s) == 0  # the same id, named by vLLM this time: the same session
 
 
 def test_a_client_retain_keys_on_vllms_session_and_says_so() -> None:
     s = scheduler()
-    _, reply = turn(s, request("r1", "run-42", retain={"ttl_s": 60}), [7])
+    _, reply = run_turn(s, request("r1", "run-42", retain={"ttl_s": 60}), [7])
     assert reply is not None
     assert reply["retain"]["session"] == {"id": "run-42", "by": "vllm"}
-    turn(s, request("r2", "run-42", prompt_start=2000), [7])
+    run_turn(s, request("r2", "run-42", prompt_start=2000), [7])
     assert retentions(s) == 0
 
 
 def test_malformed_kvci_params_take_no_session() -> None:
     """Bad input fails only the request's kvci handling: it neither keeps nor ends anything."""
     s = scheduler()
-    turn(s, request("r1", "run-42"), [7, MARKER])
-    _, reply = turn(s, request("r2", "run-42", prompt_start=2000, bogus=1), [7])
+    run_turn(s, request("r1", "run-42"), [7, MARKER])
+    _, reply = run_turn(s, request("r2", "run-42", prompt_start=2000, bogus=1), [7])
     assert reply is not None and reply["error"]
     assert retentions(s) == 1
 
@@ -185,13 +149,13 @@ def test_malformed_kvci_params_take_no_session() -> None:
 def test_a_free_text_session_id_is_one_session_by_its_digest() -> None:
     s = scheduler()
     name = "conversation #42 (Ana's laptop)"
-    turn(s, request("r1", name), [7, MARKER])
+    run_turn(s, request("r1", name), [7, MARKER])
     seen = only_checkpoint(s).retention
     assert seen is not None and seen.session is not None
     assert seen.session.id.startswith(DIGEST_PREFIX) and seen.session.by == "vllm"
-    turn(s, request("r2", name + " ", prompt_start=2000), [7])
+    run_turn(s, request("r2", name + " ", prompt_start=2000), [7])
     assert retentions(s) == 1  # another text, another session
-    turn(s, request("r3", name, prompt_start=4000), [7])
+    run_turn(s, request("r3", name, prompt_start=4000), [7])
     assert retentions(s) == 0
 
 
