@@ -93,26 +93,27 @@ class Workload:
         self._next_session = 0
 
     def _new(self) -> list[Any]:
-        """A session: its keys so far, its turns left, its id."""
+        """A session: its keys so far (joined in one bytes: the bench's own state is no list
+        the garbage collector walks, so its pauses are kvci's), its turns left, its id."""
         prompt = self._rng.choices(range(SYSTEM_PROMPTS), self._weights)[0]
-        keys = [(prompt << 20 | i).to_bytes(16, "big") for i in range(self._system[prompt])]
+        keys = b"".join((prompt << 20 | i).to_bytes(16, "big")
+                        for i in range(self._system[prompt]))
         self._next_session = getattr(self, "_next_session", 0) + 1
         return [keys, self._rng.randint(*TURNS), self._next_session]
 
     def next(self) -> tuple[tuple[PageKey, ...], Offer]:
         i = self._rng.randrange(SESSIONS_AT_ONCE)
         keys, left, sid = self._sessions[i]
-        start = len(keys)
-        keys.extend(((1 << 64) | sid << 24 | j).to_bytes(16, "big")
-                     for j in range(start, start + self._rng.randint(*TURN_PAGES)))
+        start = len(keys) // 16
+        joined = keys + b"".join(((1 << 64) | sid << 24 | j).to_bytes(16, "big")
+                                 for j in range(start, start + self._rng.randint(*TURN_PAGES)))
         # New key objects, as the connector computes a request's keys anew from its token ids:
         # a checkpoint never shares its key objects with another, nor with an earlier turn.
-        joined = b"".join(keys)
         chain = tuple(joined[i:i + 16] for i in range(0, len(joined), 16))
         if left <= 1:
             self._sessions[i] = self._new()
         else:
-            self._sessions[i][1] = left - 1
+            self._sessions[i][:2] = joined, left - 1
         offer = Offer(anchor=chain[-1], score=self._rng.random(),
                       rebuild_s_per_page=0.004 * self._rng.uniform(0.5, 1.5),
                       pending=None)

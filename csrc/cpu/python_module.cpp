@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "cpu/block_keys.h"
+#include "gc_leaf.h"
+#include "idle_cells.h"
 #include "key_table.h"
 #include "page_columns.h"
 #include "read_files.h"
@@ -190,7 +192,8 @@ PyMODINIT_FUNC KVCI_PYINIT(TORCH_EXTENSION_NAME)(void) {
                                methods};
   PyObject* m = PyModule_Create(&module);
   if (m != nullptr && (!kvci_add_key_table(m) || !kvci_add_page_columns(m) ||
-                       !kvci_add_resend(m))) {
+                       !kvci_add_resend(m) || !kvci_add_gc_leaf(m) ||
+                       !kvci_add_idle_cells(m))) {
     Py_DECREF(m);
     return nullptr;
   }

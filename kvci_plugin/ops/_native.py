@@ -77,6 +77,19 @@ write_pages = _C.write_pages
 written_pages = _C.written_pages
 any_busy = _C.any_busy
 
+idle_cells = _C.idle_cells
+"""``idle_cells(groups, since, now, n_groups, buckets) -> (count, total)``: the value policy's
+open idle periods counted and their ages summed per group and age bucket in one pass
+(``csrc/cpu/idle_cells.cpp``); int64 and float64 bytes, ``n_groups`` x ``buckets``."""
+
+untrack_leaf = _C.untrack_leaf
+"""``untrack_leaf(obj) -> bool``: the garbage collector stops walking ``obj`` when nothing it
+refers to (but its type) is an object the collector walks, so it can be in no reference cycle
+(``csrc/cpu/gc_leaf.cpp``); False, leaving it tracked, otherwise. For the tier's per-checkpoint
+records, which hold only strings, numbers, bytes and numpy arrays: thousands of them walked by
+every young collection were a pause that grew with the tier. Such a record must never be made to
+refer to anything that can refer back to it."""
+
 resend_probabilities = _C.resend_probabilities
 """``resend_probabilities(hazards, rows, ages, horizon, edges) -> list[float]``: the value
 policy's reuse hazard for many contexts in one call (``csrc/cpu/resend.cpp``)."""

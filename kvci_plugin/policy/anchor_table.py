@@ -160,8 +160,7 @@ class IdleAges:
             self._columns = None
             if self._periods:
                 # Every row in one pass, rows no anchor holds in a class of their own, left out.
-                spent, periods = idle_exposure(
-                    classes, np.maximum(0.0, self._now - last_seen), CLASSES + 1)
+                spent, periods = idle_exposure(classes, last_seen, self._now, CLASSES + 1)
                 self._spent = {_class_of(k): spent[k]
                                for k in np.flatnonzero(periods[:CLASSES]).tolist()}
         return self._spent

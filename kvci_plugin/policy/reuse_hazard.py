@@ -41,7 +41,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import ArrayLike
 
-from kvci_plugin.ops._native import resend_probabilities
+from kvci_plugin.ops._native import idle_cells, resend_probabilities
 
 # Bucket edges in seconds: [0, 1), [1, 2), [2, 4) ... [2^16, inf): from one engine step to most of
 # a day, each twice the last, so short pauses are told apart and long ones cost few buckets.
@@ -64,24 +64,23 @@ def bucket(age_s: float) -> int:
 _WIDTHS = np.append(np.diff(_LOWS), _LOWS[-1])
 
 
-def idle_exposure(groups: np.ndarray, ages_s: np.ndarray,
+def idle_exposure(groups: np.ndarray, since: np.ndarray, now: float,
                   n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seconds the idle periods of ``ages_s`` seconds spent in each bucket, summed per group
-    (``groups``: each period's group, below ``n_groups``): an ``(n_groups, buckets)`` array, and
-    how many periods each group has.
+    """Seconds the idle periods that began at ``since`` spent in each bucket up to ``now``,
+    summed per group (``groups``: each period's group, below ``n_groups``; int64 and float64
+    arrays): an ``(n_groups, buckets)`` array, and how many periods each group has.
 
     A period ending in bucket ``b`` spent each earlier bucket's whole span and ``age - low[b]`` in
     ``b``: per group and bucket, a count and a sum of the ages ending there, in one pass over the
-    periods (O(n), no array of periods x buckets, and no pass per group: the refresh sums tens of
-    thousands of periods of tens of classes). Each sum adds its ages in their order in
-    ``ages_s``, so a group's row is the same, bit for bit, as the group's ages summed alone."""
-    # A bucket's edges are powers of two: an age's binary exponent is its bucket (0 below 1 s,
-    # the last from 2^16 s on), exactly, without a search.
-    ending = np.clip(np.frexp(ages_s)[1], 0, _BUCKETS - 1)
-    cells = groups * _BUCKETS + ending
+    periods (``idle_cells``: O(n), no temporary as long as the table, no pass per group: the
+    refresh sums tens of thousands of periods of tens of classes). Each sum adds its ages in their
+    order in ``since``, so a group's row is the same, bit for bit, as the group's ages summed
+    alone. A bucket's edges are powers of two: an age's binary exponent is its bucket (0 below
+    1 s, the last from 2^16 s on), exactly, without a search."""
     shape = (n_groups, _BUCKETS)
-    count = np.bincount(cells, minlength=n_groups * _BUCKETS).reshape(shape)
-    total = np.bincount(cells, weights=ages_s, minlength=n_groups * _BUCKETS).reshape(shape)
+    raw_count, raw_total = idle_cells(groups, since, now, n_groups, _BUCKETS)
+    count = np.frombuffer(raw_count, np.int64).reshape(shape)
+    total = np.frombuffer(raw_total, np.float64).reshape(shape)
     periods = count.sum(axis=1)
     past = periods[:, None] - np.cumsum(count, axis=1)  # periods that went on past a bucket
     spent = total - count * _LOWS
@@ -107,7 +106,8 @@ def _spent(idle: Live | GroupedIdle) -> Mapping[Hashable, np.ndarray]:
     for cls, ages in idle.items():
         ages = np.asarray(ages, dtype=np.float64).ravel()
         if ages.size:
-            out[cls] = idle_exposure(np.zeros(ages.size, np.int64), ages, 1)[0][0]
+            # Periods that began -age s before 0 (0 - -age is age, exactly).
+            out[cls] = idle_exposure(np.zeros(ages.size, np.int64), -ages, 0.0, 1)[0][0]
     return out
 
 

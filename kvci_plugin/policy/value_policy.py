@@ -77,6 +77,7 @@ from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvci_plugin.ops._native import untrack_leaf
 from kvci_plugin.policy.anchor_table import AnchorTable, PolicyClass
 from kvci_plugin.policy.offer import COUNT_CAP, Offer
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
@@ -312,7 +313,8 @@ class ValuePolicy:
         if anchor.cids:
             anchor.cids[checkpoint_id] = None  # type: ignore[index]
         else:
-            anchor.cids = {checkpoint_id: None}
+            anchor.cids = {checkpoint_id: None}  # ids only: a dict the collector does not walk
+            untrack_leaf(anchor)  # held as long as its checkpoints: young collections skip it
         self._anchor_of[checkpoint_id] = offer.anchor
         self._unread.add(checkpoint_id)
         self._admitted += 1

@@ -285,7 +285,8 @@ class TieredCheckpointManager(TenantErasure):
         cid = uuid.uuid4().hex
         meta = {
             "trigger": trigger,
-            "recommendation": recommendation.model_dump(mode="json") if recommendation else None,
+            # Its JSON, one string: serialised in one call, packed and kept as one object.
+            "recommendation": recommendation.model_dump_json() if recommendation else None,
             "source_ids": list(source_ids),
             "refusal": None,
             "decision": None,
@@ -326,7 +327,7 @@ class TieredCheckpointManager(TenantErasure):
                     delegation_tokens=delegation_tokens)
         return CheckpointOutcome(
             checkpoint_id=cid, tier="ram", pending=not done, reason="kept in RAM",
-            new_pages=len(res.new_keys), reused_pages=len(res.reused_keys),
+            new_pages=len(res.new_keys), reused_pages=res.reused_pages,
             evicted=tuple(e.checkpoint_id for e in res.evicted if not e.trimmed),
             trimmed=tuple(e.checkpoint_id for e in res.evicted if e.trimmed),
             evicted_pages=evicted_pages,

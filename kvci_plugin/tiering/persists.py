@@ -14,7 +14,6 @@ The manager owns one ``Persists`` and holds its lock around every call.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -173,7 +172,7 @@ class Persists:
             return self._disk_unavailable(checkpoint_id, exc, decision)
         self._host.index.set_meta(checkpoint_id, refusal=None, decision=dumped, persist_error=None)
         job = Persist(tenant=entry.tenant, keys=entry.keys, trigger=trigger,
-                      recommendation_json=json.dumps(entry.meta.get("recommendation")),
+                      recommendation_json=entry.meta.get("recommendation") or "null",
                       decision=decision, epoch=entry.meta.get("erasure_epoch"))
         self._jobs[checkpoint_id] = job
         if not entry.complete:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:
     # Only named in an annotation: the worker side, which imports these records, imports no
@@ -166,21 +169,42 @@ class Eviction:
 class Reservation:
     """What the worker must do to store a checkpoint.
 
-    ``slots`` lines up with the reserved keys. ``new_keys`` and ``new_slots`` (aligned) are the
-    pages whose bytes the worker must copy before ``commit``; ``reused_keys`` and
-    ``reused_slots`` the pages already held (each deduplicated). ``evicted`` lists the
-    checkpoints dropped to make room. Columns, not a (key, slot) pair a page: a store of hundreds
-    of pages made as many tuples for the garbage collector to count.
+    ``new_keys`` and ``new_slots`` (aligned) are the pages whose bytes the worker must copy
+    before ``commit``; ``evicted`` lists the checkpoints dropped to make room. ``slots`` (lined up
+    with the reserved keys), ``reused_keys`` and ``reused_slots`` (the pages already held, each
+    deduplicated) are read from the reservation's columns when asked: a store reuses most of
+    its hundreds of pages, and the connector needs only the new ones (made for every store on
+    the scheduler thread, they were lists and tuples of hundreds of entries each).
     """
 
     checkpoint_id: str
     tenant: str
-    slots: tuple[int, ...]
     new_keys: tuple[PageKey, ...]
     new_slots: tuple[int, ...]
-    reused_keys: tuple[PageKey, ...]
-    reused_slots: tuple[int, ...]
     evicted: tuple[Eviction, ...]
+    # The reserved keys once each, in order; each one's slot, and whether its page is new.
+    distinct: tuple[PageKey, ...] = field(repr=False)
+    distinct_slots: np.ndarray = field(repr=False)
+    fresh: np.ndarray = field(repr=False)
+    # Where each reserved key is in ``distinct`` when a key repeats (None: none does).
+    order: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        at = self.distinct_slots if self.order is None else self.distinct_slots[self.order]
+        return tuple(at.tolist())
+
+    @property
+    def reused_keys(self) -> tuple[PageKey, ...]:
+        return tuple(compress(self.distinct, (~self.fresh).tolist()))
+
+    @property
+    def reused_slots(self) -> tuple[int, ...]:
+        return tuple(self.distinct_slots[~self.fresh].tolist())
+
+    @property
+    def reused_pages(self) -> int:
+        return len(self.distinct) - len(self.new_keys)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,14 +23,29 @@ def test_one_pass_over_every_group_sums_each_group_as_it_alone_would(periods) ->
     """Bit for bit: the refresh's figures may not move by a last bit (policy_sim's decisions are
     compared key by key before and after a change)."""
     groups = np.array([g for g, _ in periods], np.int64)
-    ages = np.array([a for _, a in periods], np.float64)
-    together, periods = idle_exposure(groups, ages, 7)
+    since = 1e6 - np.array([a for _, a in periods], np.float64)
+    together, periods = idle_exposure(groups, since, 1e6, 7)
     assert together.shape == (7, len(EDGES))
     for g in range(7):
-        mine = ages[groups == g]
-        alone, n = idle_exposure(np.zeros(mine.size, np.int64), mine, 1)
+        mine = since[groups == g]
+        alone, n = idle_exposure(np.zeros(mine.size, np.int64), mine, 1e6, 1)
         assert together[g].tobytes() == alone[0].tobytes()
         assert periods[g] == n[0] == mine.size
+
+
+def test_an_idle_period_is_counted_from_when_it_began() -> None:
+    """Its age is ``now - since`` (one that begins after ``now`` is 0 s old), and its bucket the
+    one the edges say; a group outside the table is refused."""
+    groups = np.array([0, 0, 1, 1], np.int64)
+    spent, periods = idle_exposure(groups, np.array([97.0, 100.0, 90.0, 120.0]), 100.0, 2)
+    assert periods.tolist() == [2, 2]
+    # 3 s idle: 1 s in [0, 1), 1 s in [1, 2), 1 s in [2, 4); 0 s idle: nothing.
+    assert spent[0].tolist()[:4] == [1.0, 1.0, 1.0, 0.0] and spent[0].sum() == 3.0
+    assert spent[1].sum() == 10.0 and spent[1][4] == 2.0  # 10 s: 1 + 1 + 2 + 4, and 2 in [8, 16)
+    with pytest.raises(ValueError, match="outside"):
+        idle_exposure(np.array([2], np.int64), np.array([0.0]), 1.0, 2)
+    with pytest.raises(TypeError, match="int64"):
+        idle_exposure(np.array([0], np.int32), np.array([0.0]), 1.0, 2)
 
 
 def table_of(*anchors: tuple[int, int, bool | None, float]) -> AnchorTable:
@@ -67,7 +83,7 @@ def test_an_ages_bucket_is_the_one_its_edges_say() -> None:
     ages = ages[ages >= 0.0]
     want = np.searchsorted(edges, ages, side="right") - 1
     for age, bucket in zip(ages.tolist(), want.tolist()):
-        spent = idle_exposure(np.zeros(1, np.int64), np.array([age]), 1)[0][0]
+        spent = idle_exposure(np.zeros(1, np.int64), np.array([-age]), 0.0, 1)[0][0]
         # A period ending in its bucket spent nothing past it, and every bucket before in full.
         assert not spent[bucket + 1:].any(), age
         assert spent[:bucket].tolist() == np.diff(edges)[:bucket].tolist(), age
@@ -75,6 +91,7 @@ def test_an_ages_bucket_is_the_one_its_edges_say() -> None:
 
 _LEARN = """
 import numpy as np
+import pytest
 from kvci_plugin.policy.anchor_table import AnchorTable
 from kvci_plugin.policy.reuse_hazard import ReuseHazard
 rng = np.random.default_rng(7)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvci_plugin.ops._native import KeyTable
+from kvci_plugin.ops._native import KeyTable, untrack_leaf
 from kvci_plugin.ops.held_keys import HeldKeys
 from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
 from kvci_plugin.tiering.ram.keys import check_keys, positive_int, slots_in
@@ -300,15 +300,12 @@ class RAMIndex:
             idx, mine = self._hold(checkpoint_id, tenant, pool, found, order, new_keys, meta,
                                    now)
             self._policy.admitted(checkpoint_id, offer, now)
-            slots, new = idx.tolist(), mine.tolist()
-            old = (~mine).tolist()
+            new = np.flatnonzero(mine)
             return Reservation(
                 checkpoint_id=checkpoint_id, tenant=tenant,
-                slots=tuple(slots if order is None else idx[order].tolist()),
-                new_keys=tuple(compress(distinct, new)), new_slots=tuple(compress(slots, new)),
-                reused_keys=tuple(compress(distinct, old)),
-                reused_slots=tuple(compress(slots, old)), evicted=evicted,
-            )
+                new_keys=tuple(distinct[i] for i in new.tolist()),
+                new_slots=tuple(idx[new].tolist()), evicted=evicted, distinct=distinct,
+                distinct_slots=idx, fresh=mine, order=order)
 
     def _hold(self, checkpoint_id: str, tenant: str, pool: str, found: np.ndarray,
               order: np.ndarray | None, new_keys: list[PageKey],
@@ -327,6 +324,7 @@ class RAMIndex:
             tenant=tenant, pool=pool, created=now, last_used=now, use_seq=self._use_seq,
             pending=True, meta=pack_meta(meta), num=num, slots=idx.astype(np.int32),
             order=order)
+        untrack_leaf(entry)  # its fields are leaves: young collections need not walk it
         self._pending += 1
         self._ending.setdefault(entry.last_slot, {})[checkpoint_id] = None
         return idx, mine
