@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
-    # Only named in an annotation: the worker side, which imports these records, imports no
-    # policy (numpy, pydantic, the worthiness layer) for it.
+    # Only named in annotations: the worker side, which imports these records, imports no
+    # policy (numpy, pydantic, the worthiness layer) for them (a reservation's arrays are the
+    # index's, read through their own methods).
+    import numpy as np
+
     from kvci_plugin.policy import PolicyStats
 
 PageKey = bytes
