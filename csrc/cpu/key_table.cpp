@@ -14,8 +14,11 @@
 //   insert(keys, slots)          hold each key at its slot (an int64 buffer); all or nothing
 //   remove(slots)                drop the keys held at these slots; all or nothing
 //   keys_at(slots) -> list       the keys held at these slots
-//   find_from(other, slots)      find's answer for the keys `other` (a KeyTable) holds at these
-//                                slots, without a key object made for each
+//   find_last_from(other, slots, end) -> (position, slot)
+//                                of the keys `other` (a KeyTable) holds at these slots, the last
+//                                of the first `end` this table holds, without a key object made
+//                                for each: probed back from `end`, stopped at the first found;
+//                                (-1, -1) when none is
 //   held() -> bytes              int64: every slot holding a key, in ascending order
 //   clear(), len()
 //
@@ -478,23 +481,42 @@ PyObject* kt_keys_at(PyObject* self, PyObject* slots_obj) {
 
 PyTypeObject KeyTableType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyObject* kt_find_from(PyObject* self, PyObject* args) {
+PyObject* kt_find_last_from(PyObject* self, PyObject* args) {
   PyObject *other, *slots_obj;
-  if (!PyArg_ParseTuple(args, "O!O", &KeyTableType, &other, &slots_obj)) return nullptr;
+  Py_ssize_t end;
+  if (!PyArg_ParseTuple(args, "O!On", &KeyTableType, &other, &slots_obj, &end)) return nullptr;
   const Table& from = table_of(other);
   std::vector<int64_t> slots;
   if (!read_slots(slots_obj, from, slots)) return nullptr;
-  std::vector<Key> ks(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (!from.used[size_t(slots[i])]) {
-      PyErr_Format(PyExc_ValueError, "slot %lld holds no key", (long long)slots[i]);
-      return nullptr;
-    }
-    ks[i] = from.keys[size_t(slots[i])];
+  if (end < 0 || size_t(end) > slots.size()) {
+    PyErr_Format(PyExc_ValueError, "end = %zd is outside [0, %zu]", end, slots.size());
+    return nullptr;
   }
-  std::vector<int64_t> out;
-  table_of(self).find_all(ks, out);
-  return int64_bytes(out);
+  const Table& t = table_of(self);
+  // A chunk's buckets are fetched at once (as find_all does), then probed from its end: what is
+  // looked for is most often a few keys from `end`.
+  constexpr size_t kChunk = 16;
+  Key ks[kChunk];
+  uint64_t hs[kChunk];
+  for (size_t hi = size_t(end); hi > 0;) {
+    const size_t lo = hi > kChunk ? hi - kChunk : 0;
+    for (size_t i = lo; i < hi; ++i) {
+      const size_t s = size_t(slots[i]);
+      if (!from.used[s]) {
+        PyErr_Format(PyExc_ValueError, "slot %lld holds no key", (long long)slots[i]);
+        return nullptr;
+      }
+      ks[i - lo] = from.keys[s];
+      hs[i - lo] = hash_of(ks[i - lo]);
+      __builtin_prefetch(&t.buckets[hs[i - lo] & t.mask]);
+    }
+    for (size_t i = hi; i-- > lo;) {
+      const int64_t slot = t.find_hashed(ks[i - lo], hs[i - lo]);
+      if (slot >= 0) return Py_BuildValue("nL", Py_ssize_t(i), (long long)slot);
+    }
+    hi = lo;
+  }
+  return Py_BuildValue("nL", Py_ssize_t(-1), -1LL);
 }
 
 PyObject* kt_held(PyObject* self, PyObject*) {
@@ -530,8 +552,8 @@ PyMethodDef kt_methods[] = {
     {"remove", kt_remove, METH_O, "remove(slots): drop the keys held at these slots"},
     {"keys_at", kt_keys_at, METH_O, "keys_at(slots) -> list[bytes]: the keys at these slots"},
     {"held", kt_held, METH_NOARGS, "held() -> bytes: int64, every slot holding a key"},
-    {"find_from", kt_find_from, METH_VARARGS,
-     "find_from(other, slots) -> bytes: find's answer for the keys other holds at slots"},
+    {"find_last_from", kt_find_last_from, METH_VARARGS,
+     "find_last_from(other, slots, end) -> (position, slot): the last of the first end found"},
     {"clear", kt_clear, METH_NOARGS, "clear(): hold no key"},
     {nullptr, nullptr, 0, nullptr},
 };

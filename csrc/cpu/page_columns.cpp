@@ -19,12 +19,17 @@
 //       one pin less on each slot; None, changing nothing, when a slot has fewer pins than it is
 //       named; else the slots now unused (int64 bytes: no pin, no writer, no reference), how
 //       many lost their last pin, and how many of those had no writer
-//   take_pages(slots, released, refs, kept) -> bytes
-//       one more taken holder counted on each slot: the positions (int64) of the slots every
-//       holder of which is now taken and that are not kept
-//   release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (positions, busy)
-//       one reference less on each slot, and writer `writer_no`'s copies dropped: the positions
-//       (int64) of the slots now unused, and how many slots stopped being busy
+//   ref_pages(slots, refs)
+//       one more reference on each slot (a reservation holding pages held already)
+//   take_pages(slots, taken, refs, kept, plan) -> bytes
+//       one more holder taken by plan `plan` (> 0) counted on each slot: the positions (int64)
+//       of the slots every holder of which is now taken and that the plan does not keep. A
+//       slot's `taken` is (plan << 32) | count, and counts from zero under a plan that did not
+//       write it; `kept` (int32) names the plan keeping the slot. So no column is reset after
+//       a plan: the next plan's number leaves everything an earlier one wrote uncounted.
+//   release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (unused, busy)
+//       one reference less on each slot, and writer `writer_no`'s copies dropped: the slots
+//       (int64 bytes, in the order given) now unused, and how many slots stopped being busy
 //   held_conflict(slots, tenant, tenant_no, state, erased) -> int
 //       the first position whose slot is another tenant's (2i) or being erased (2i + 1), or -1
 //   write_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> (mine, busy)
@@ -265,28 +270,51 @@ PyObject* unpin_pages(PyObject*, PyObject* args) {
   return Py_BuildValue("NLL", out, last, busy);
 }
 
-PyObject* take_pages(PyObject*, PyObject* args) {
-  PyObject *slots_obj, *released_obj, *refs_obj, *kept_obj;
-  if (!PyArg_ParseTuple(args, "OOOO", &slots_obj, &released_obj, &refs_obj, &kept_obj)) {
+PyObject* ref_pages(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *refs_obj;
+  if (!PyArg_ParseTuple(args, "OO", &slots_obj, &refs_obj)) return nullptr;
+  Column refs;
+  std::vector<int64_t> slots;
+  if (!refs.get(refs_obj, Kind::kInt64, true, "refs") ||
+      !read_slots(slots_obj, refs.size(), slots)) {
     return nullptr;
   }
-  Column released, refs, kept;
+  int64_t* r = refs.as<int64_t>();
+  for (int64_t s : slots) ++r[s];
+  Py_RETURN_NONE;
+}
+
+PyObject* take_pages(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *taken_obj, *refs_obj, *kept_obj;
+  long long plan;
+  if (!PyArg_ParseTuple(args, "OOOOL", &slots_obj, &taken_obj, &refs_obj, &kept_obj, &plan)) {
+    return nullptr;
+  }
+  if (plan <= 0 || plan > INT32_MAX) {
+    PyErr_Format(PyExc_ValueError, "plan must be in [1, 2^31), not %lld", plan);
+    return nullptr;
+  }
+  Column taken, refs, kept;
   Py_ssize_t length;
   std::vector<int64_t> slots;
-  if (!released.get(released_obj, Kind::kInt64, true, "released") ||
+  if (!taken.get(taken_obj, Kind::kInt64, true, "taken") ||
       !refs.get(refs_obj, Kind::kInt64, false, "refs") ||
-      !kept.get(kept_obj, Kind::kBool, false, "kept") ||
-      !same_length({&released, &refs, &kept}, &length) ||
+      !kept.get(kept_obj, Kind::kInt32, false, "kept") ||
+      !same_length({&taken, &refs, &kept}, &length) ||
       !read_slots(slots_obj, length, slots)) {
     return nullptr;
   }
-  int64_t* rel = released.as<int64_t>();
+  int64_t* tk = taken.as<int64_t>();
   const int64_t* r = refs.as<int64_t>();
-  const bool* k = kept.as<bool>();
+  const int32_t* k = kept.as<int32_t>();
+  const int64_t mine = int64_t(plan) << 32;
+  constexpr int64_t kCount = 0xFFFFFFFFLL;
   std::vector<int64_t> frees;
   for (size_t i = 0; i < slots.size(); ++i) {
     const int64_t s = slots[i];
-    if (++rel[s] == r[s] && !k[s]) frees.push_back(int64_t(i));
+    const int64_t count = ((tk[s] & ~kCount) == mine ? (tk[s] & kCount) : 0) + 1;
+    tk[s] = mine | count;
+    if (count == r[s] && k[s] != plan) frees.push_back(int64_t(i));
   }
   return int64_bytes(frees);
 }
@@ -320,9 +348,8 @@ PyObject* release_pages(PyObject*, PyObject* args) {
     }
   }
   std::vector<int64_t> unused;
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const int64_t s = slots[i];
-    if (r[s] == 0 && p[s] == 0 && w[s] == no_writer) unused.push_back(int64_t(i));
+  for (int64_t s : slots) {
+    if (r[s] == 0 && p[s] == 0 && w[s] == no_writer) unused.push_back(s);
   }
   PyObject* out = int64_bytes(unused);
   if (out == nullptr) return nullptr;
@@ -439,10 +466,12 @@ PyMethodDef methods[] = {
      "pin_pages(slots, pins, writer, no_writer) -> (first_pins, busy)"},
     {"unpin_pages", unpin_pages, METH_VARARGS,
      "unpin_pages(slots, pins, writer, refs, no_writer) -> (unused, last_pins, busy) | None"},
+    {"ref_pages", ref_pages, METH_VARARGS,
+     "ref_pages(slots, refs): one more reference on each slot"},
     {"take_pages", take_pages, METH_VARARGS,
-     "take_pages(slots, released, refs, kept) -> bytes: positions freed by taking them"},
+     "take_pages(slots, taken, refs, kept, plan) -> bytes: positions freed by taking them"},
     {"release_pages", release_pages, METH_VARARGS,
-     "release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (positions, busy)"},
+     "release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (unused, busy)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -61,15 +61,18 @@ def prefix_key_bytes(
 KeyTable = _C.KeyTable
 """``KeyTable(capacity)``: 16-byte page keys -> slots in ``[0, capacity)``, a prompt's keys per
 call (``csrc/cpu/key_table.cpp``): ``find(keys) -> bytes`` (int64 per key, -1 when not held),
-``insert(keys, slots)``, ``remove(slots)``, ``keys_at(slots)``, ``held()``, ``grow(capacity)``,
-``clear()``, ``len()``; ``KeyTable.check(keys)`` and ``KeyTable.distinct(keys)`` (whether no key
-repeats). A key that is not 16-byte bytes raises TypeError naming its position."""
+``insert(keys, slots)``, ``remove(slots)``, ``keys_at(slots)``, ``find_last_from(other, slots,
+end)`` (of the keys another table holds at slots, the last this one holds, without key
+objects), ``held()``, ``grow(capacity)``, ``clear()``, ``len()``; ``KeyTable.check(keys)`` and
+``KeyTable.distinct(keys)`` (whether no key repeats). A key that is not 16-byte bytes raises
+TypeError naming its position."""
 
 # The RAM page table's per-page column kernels (``csrc/cpu/page_columns.cpp``, where each is
 # described): one pass over a prompt's or a checkpoint's pages, on the table's numpy columns.
 loadable_run = _C.loadable_run
 pin_pages = _C.pin_pages
 unpin_pages = _C.unpin_pages
+ref_pages = _C.ref_pages
 take_pages = _C.take_pages
 release_pages = _C.release_pages
 held_conflict = _C.held_conflict

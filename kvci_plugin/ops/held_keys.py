@@ -4,7 +4,8 @@ A committed checkpoint keeps its pages' slots, not key objects (``tiering.ram.pa
 value policy looks for the context a checkpoint's prompt re-sent (``resent_prefix``) it probes
 the prompt against its remembered anchors: made into key objects first, a prompt of hundreds of
 pages cost as many allocations for every store, to find, most often, nothing. This sequence
-hands a table and slots to ``KeyTable.find_from`` instead, and makes a key object only for the
+hands a table and slots to ``KeyTable.find_last_from`` instead (probed back from the prompt's
+end: what is looked for is most often a few pages back), and makes a key object only for the
 positions read one by one.
 """
 

@@ -85,12 +85,22 @@ class AnchorTable:
     def remembered_in(self, chain: Sequence[Hashable]) -> list[tuple[int, int, Any]]:
         """The positions of ``chain``'s keys (page keys) that are remembered anchors, each with
         its row and its held record (None: a ghost); no key object read, none hashed."""
-        found = np.frombuffer(
-            self._keys.find_from(chain.table, chain.slots) if isinstance(chain, HeldKeys)
-            else self._keys.find(chain), np.int64)
+        found = np.frombuffer(self._keys.find(chain), np.int64)
         at = np.flatnonzero(found >= 0)
         items = self._items
         return [(i, row, items[row]) for i, row in zip(at.tolist(), found[at].tolist())]
+
+    def last_remembered(self, chain: Sequence[Hashable],
+                        end: int) -> tuple[int, int, Any] | None:
+        """The last of ``chain``'s first ``end`` keys that is a remembered anchor: its position,
+        row and held record (None: a ghost); None when none is. Of a checkpoint's held keys
+        (``HeldKeys``), probed back from ``end`` and stopped at the first found: what a store
+        looks for is most often its previous turn's anchor, a few pages back."""
+        if isinstance(chain, HeldKeys):
+            pos, row = self._keys.find_last_from(chain.table, chain.slots, end)
+            return None if pos < 0 else (pos, row, self._items[row])
+        found = self.remembered_in(chain[:end])
+        return found[-1] if found else None
 
     def put(self, row: int, band: int, reuses: int, pending: bool | None, last_seen: float,
             cost: float | None) -> None:
@@ -101,6 +111,10 @@ class AnchorTable:
         self._last_seen[row] = last_seen
         self._cost[row] = np.nan if cost is None else cost
         self._class[row] = _class_number(band, reuses, said)
+
+    def put_cost(self, row: int, cost: float) -> None:
+        """The row's rebuild cost per page alone (a held anchor's latest measure)."""
+        self._cost[row] = cost
 
     def fields(self, row: int) -> tuple[int, bool | None, float, float | None, int]:
         """The row's band, what was said of its turn's end, when it was last seen, its rebuild

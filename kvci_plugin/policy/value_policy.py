@@ -99,6 +99,10 @@ _NO_CIDS: tuple[str, ...] = ()
 
 @dataclass(slots=True)
 class _Anchor:
+    """An anchor's record: a held one's, or a ghost's read from its row for a moment. Its row
+    in the ``AnchorTable`` mirrors its fields (each change is written there as it is made), so a
+    held anchor becomes a ghost, its row alone, with no write."""
+
     band: int
     pending: bool | None
     last_seen: float
@@ -145,8 +149,9 @@ class ValuePolicy:
         self._held: dict[Hashable, _Anchor] = {}
         self._table = AnchorTable()  # every anchor's fields, in columns (a ghost's only there)
         self._anchor_of: dict[str, Hashable] = {}
-        # Held non-explicit checkpoints per class, least recently seen first; explicit ones apart.
-        self._by_class: dict[PolicyClass, OrderedDict[str, None]] = {}
+        # Held non-explicit checkpoints per class, least recently seen first, each with its anchor
+        # (an eviction weighs it without looking it up); explicit ones apart.
+        self._by_class: dict[PolicyClass, OrderedDict[str, _Anchor]] = {}
         self._explicit: OrderedDict[str, None] = OrderedDict()
         self._unread: set[str] = set()
         # Checkpoints an order held (retentions): their stay says nothing of the horizon.
@@ -176,8 +181,8 @@ class ValuePolicy:
                 self._ghosts.move_to_end(chain[i])
                 anchor = _Anchor.at(self._table, row)
             self._unread.difference_update(anchor.cids)  # held and re-sent: this lookup hits it
-            self._hazard.ended(anchor.cls, max(0.0, now - anchor.last_seen), reused=True)
             before = anchor.cls
+            self._hazard.ended(before, max(0.0, now - anchor.last_seen), reused=True)
             anchor.reuses += 1
             anchor.last_seen = now
             anchor.put(self._table)
@@ -191,9 +196,9 @@ class ValuePolicy:
         self._learn_cost(offer.rebuild_s_per_page)
         anchor = self._held.get(offer.anchor)
         if anchor is not None:
-            anchor.cost = (
-                offer.rebuild_s_per_page if offer.rebuild_s_per_page is not None else anchor.cost
-            )
+            if offer.rebuild_s_per_page is not None:
+                anchor.cost = offer.rebuild_s_per_page
+                self._table.put_cost(anchor.row, anchor.cost)
             return
         row = self._ghosts.get(offer.anchor)
         if row is None:
@@ -230,15 +235,15 @@ class ValuePolicy:
     def eviction_order(self, entries: Mapping[str, Any], now: float) -> Iterator[str]:
         weighed: dict[str, float] = {}
         self._weighed = (now, weighed)
-        heads: list[tuple[int, Iterator[str], str]] = []
+        heads: list[tuple[int, Iterator[tuple[str, _Anchor]], str, _Anchor]] = []
         for n, members in enumerate(self._by_class.values()):
-            it = iter(members)
+            it = iter(members.items())
             head = next(it, None)
             if head is not None:
-                heads.append((n, it, head))
+                heads.append((n, it, *head))
         # Every class's head weighed in one call: each is a candidate before the first victim.
         heap = []
-        for (n, it, head), value in zip(heads, self._values([h for *_, h in heads], now)):
+        for (n, it, head, _), value in zip(heads, self._values([a for *_, a in heads], now)):
             weighed[head] = value
             heap.append((value, n, it, head))
         heapq.heapify(heap)
@@ -249,8 +254,9 @@ class ValuePolicy:
             if following is None:
                 heapq.heappop(heap)
             else:
-                weighed[following] = value = self._value(following, now)
-                heapq.heapreplace(heap, (value, n, it, following))
+                cid, anchor = following
+                weighed[cid] = value = self._values((anchor,), now)[0]
+                heapq.heapreplace(heap, (value, n, it, cid))
         yield from self._explicit
         # Checkpoints the policy was never told about (none when the index drives it) go last.
         for cid in entries:
@@ -322,17 +328,20 @@ class ValuePolicy:
             self._admitted_explicit += 1
             self._explicit[checkpoint_id] = None
         else:
-            self._by_class.setdefault(anchor.cls, OrderedDict())[checkpoint_id] = None
+            self._by_class.setdefault(anchor.cls, OrderedDict())[checkpoint_id] = anchor
 
     def resent_prefix(self, chain: Sequence[Hashable]) -> tuple[int, Offer] | None:
         """The context before the chain's last key that a lookup re-sent most deeply, when it
         holds no checkpoint: its pages are kept as one of its own, weighed by its class."""
-        for pos, row, anchor in reversed(self._table.remembered_in(chain[:-1])):
+        end = len(chain) - 1
+        while (found := self._table.last_remembered(chain, end)) is not None:
+            pos, row, anchor = found
             if anchor is not None:
                 return None  # that context is kept: its checkpoint already holds the prefix
             _, _, _, cost, reuses = self._table.fields(row)
             if reuses:
                 return pos + 1, Offer(anchor=chain[pos], rebuild_s_per_page=cost)
+            end = pos
         return None
 
     def trimmed(self, checkpoint_id: str, anchor: Hashable) -> None:
@@ -367,10 +376,9 @@ class ValuePolicy:
         if self._explicit.pop(checkpoint_id, 0) is not None:
             self._leave_class(checkpoint_id, anchor.cls)
         if not anchor.cids:
-            # Still remembered, as a ghost: whether it comes back is what the next decision
-            # learns from.
+            # Still remembered, as a ghost (its row, which mirrors the record): whether it comes
+            # back is what the next decision learns from.
             del self._held[key]
-            anchor.put(self._table)
             self._table.hold(anchor.row, None)
             self._ghosts[key] = anchor.row
 
@@ -396,12 +404,11 @@ class ValuePolicy:
     # ---- internals -----------------------------------------------------------------------------
 
     def _value(self, checkpoint_id: str, now: float) -> float:
-        return self._values((checkpoint_id,), now)[0]
+        return self._values((self._held[self._anchor_of[checkpoint_id]],), now)[0]
 
-    def _values(self, checkpoint_ids: Sequence[str], now: float) -> list[float]:
-        """Each checkpoint's value: how likely its context, idle as long as it has been, is
-        re-sent while the tier could hold it, times its rebuild cost per page."""
-        anchors = [self._held[self._anchor_of[cid]] for cid in checkpoint_ids]
+    def _values(self, anchors: Sequence[_Anchor], now: float) -> list[float]:
+        """The value of checkpoints of these anchors: how likely each context, idle as long as
+        it has been, is re-sent while the tier could hold it, times its rebuild cost per page."""
         worth = self._hazard.resend_probabilities(
             [a.cls for a in anchors], [max(0.0, now - a.last_seen) for a in anchors],
             self._horizon())
@@ -452,7 +459,7 @@ class ValuePolicy:
             del members[cid]
             if not members:
                 del self._by_class[before]
-            self._by_class.setdefault(after, OrderedDict())[cid] = None
+            self._by_class.setdefault(after, OrderedDict())[cid] = anchor
 
     def _forget_overflow(self, now: float) -> None:
         while len(self._ghosts) > self._max_ghosts:

@@ -204,17 +204,27 @@ def test_distinct_says_whether_a_key_repeats() -> None:
         KeyTable.distinct([keys[0], b"short"])
 
 
-def test_find_from_probes_the_keys_another_table_holds_at_slots() -> None:
-    pages, anchors = KeyTable(16), KeyTable(8)
-    keys = [os.urandom(16) for _ in range(6)]
-    pages.insert(keys, slots(9, 3, 4, 12, 0, 7))
-    anchors.insert([keys[1], keys[4]], slots(5, 2))
-    assert np.frombuffer(anchors.find_from(pages, slots(9, 3, 0, 7)), np.int64).tolist() == [
-        -1, 5, 2, -1]
+def test_find_last_from_probes_back_the_keys_another_table_holds_at_slots() -> None:
+    pages, anchors = KeyTable(64), KeyTable(8)
+    keys = [os.urandom(16) for _ in range(40)]
+    at = np.arange(63, 23, -1, dtype=np.int64)  # the pages' slots, not in their order
+    pages.insert(keys, at)
+    anchors.insert([keys[1], keys[4], keys[30]], slots(5, 2, 6))
+    # Back from end, the first found: across the probe's chunks of 16 keys too.
+    assert anchors.find_last_from(pages, at, 40) == (30, 6)
+    assert anchors.find_last_from(pages, at, 30) == (4, 2)
+    assert anchors.find_last_from(pages, at, 4) == (1, 5)
+    assert anchors.find_last_from(pages, at, 1) == (-1, -1)
+    assert anchors.find_last_from(pages, at, 0) == (-1, -1)
+    assert anchors.find_last_from(pages, at[[4, 1, 9]], 3) == (1, 5)  # any slots, any order
+    with pytest.raises(ValueError, match="end = 41"):
+        anchors.find_last_from(pages, at, 41)
+    with pytest.raises(ValueError, match="end = -1"):
+        anchors.find_last_from(pages, at, -1)
     with pytest.raises(ValueError, match="slot 1 holds no key"):
-        anchors.find_from(pages, slots(3, 1))
+        anchors.find_last_from(pages, slots(30, 1), 2)
     with pytest.raises(TypeError):
-        anchors.find_from([keys[0]], slots(0))
+        anchors.find_last_from([keys[0]], slots(0), 1)
 
 
 def test_held_keys_read_a_tables_keys_only_when_asked() -> None:

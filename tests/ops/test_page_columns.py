@@ -12,6 +12,7 @@ from kvci_plugin.ops._native import (
     held_conflict,
     loadable_run,
     pin_pages,
+    ref_pages,
     release_pages,
     take_pages,
     unpin_pages,
@@ -96,16 +97,39 @@ def test_an_unpin_past_the_pins_changes_nothing(cols, slots) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(cols=columns, slots=distinct_slots, wide=st.booleans())
-def test_take_counts_a_holder_and_names_the_pages_all_of_whose_holders_are_taken(
-        cols, slots, wide) -> None:
+@given(cols=columns, slots=slot_lists, wide=st.booleans())
+def test_ref_adds_a_reference_to_each_slot_named(cols, slots, wide) -> None:
     a = arrays(cols)
+    want = np.array(cols["refs"], np.int64) + np.bincount(np.array(slots, np.int64),
+                                                          minlength=N)
+    assert ref_pages(np.array(slots, np.int64 if wide else np.int32), a["refs"]) is None
+    assert a["refs"].tolist() == want.tolist()
+    with pytest.raises(ValueError, match="outside"):
+        ref_pages(np.array([0, N], np.int64), a["refs"])
+    assert a["refs"].tolist() == want.tolist()  # checked before anything changed
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, slots=distinct_slots, wide=st.booleans(), plan=st.sampled_from([1, 2, 3]),
+       earlier=st.lists(st.sampled_from([1, 2, 3]), min_size=N, max_size=N),
+       kept_by=st.lists(st.sampled_from([0, 1, 2, 3]), min_size=N, max_size=N))
+def test_take_counts_a_holder_taken_by_the_plan_and_names_the_pages_all_of_whose_holders_are_taken(
+        cols, slots, wide, plan, earlier, kept_by) -> None:
+    a = arrays(cols)
+    # What plans wrote before: a count under another plan's number is not this plan's.
+    taken = (np.array(earlier, np.int64) << 32) | a["released"]
+    kept = np.array(kept_by, np.int32)
     idx = np.array(slots, np.int64 if wide else np.int32)
-    counts = np.array(cols["released"], np.int64)[idx] + 1
-    want = np.flatnonzero((counts == a["refs"][idx]) & ~a["kept"][idx]).tolist()
-    assert np.frombuffer(take_pages(idx, a["released"], a["refs"], a["kept"]),
+    counts = np.where(np.array(earlier)[idx] == plan, a["released"][idx], 0) + 1
+    want = np.flatnonzero((counts == a["refs"][idx]) & (kept[idx] != plan)).tolist()
+    assert np.frombuffer(take_pages(idx, taken, a["refs"], kept, plan),
                          np.int64).tolist() == want
-    assert a["released"][idx].tolist() == counts.tolist()
+    assert (taken[idx] >> 32).tolist() == [plan] * len(slots)
+    assert (taken[idx] & 0xFFFFFFFF).tolist() == counts.tolist()
+    with pytest.raises(ValueError, match="plan must be"):
+        take_pages(idx, taken, a["refs"], kept, 0)
+    with pytest.raises(TypeError, match="kept must be a C-contiguous int32"):
+        take_pages(idx, taken, a["refs"], kept.astype(bool), plan)
 
 
 @settings(max_examples=200, deadline=None)
@@ -118,9 +142,9 @@ def test_release_drops_a_reference_and_its_writers_copies(cols, slots, writer) -
     mine = a["writer"][idx] == writer
     idle = int((mine & (a["pins"][idx] == 0)).sum())
     writers = np.where(mine, NO_WRITER, a["writer"][idx])
-    want = np.flatnonzero((refs == 0) & (a["pins"][idx] == 0) & (writers == NO_WRITER))
-    positions, busy = release_pages(idx, a["refs"], a["pins"], a["writer"], writer, NO_WRITER)
-    assert (np.frombuffer(positions, np.int64).tolist(), busy) == (want.tolist(), idle)
+    want = idx[(refs == 0) & (a["pins"][idx] == 0) & (writers == NO_WRITER)]
+    unused, busy = release_pages(idx, a["refs"], a["pins"], a["writer"], writer, NO_WRITER)
+    assert (np.frombuffer(unused, np.int64).tolist(), busy) == (want.tolist(), idle)
     assert a["refs"][idx].tolist() == refs.tolist()
     assert a["writer"][idx].tolist() == writers.tolist()
 

@@ -70,9 +70,12 @@ def test_a_checkpoints_held_pages_are_probed_as_its_keys_are() -> None:
     chain = [key(n) for n in range(12)]
     pages.insert(chain, np.arange(31, 19, -1, dtype=np.int64))
     held = HeldKeys(pages, np.arange(31, 19, -1))
-    assert table.remembered_in(held) == table.remembered_in(tuple(chain)) == [
-        (n, rows[n], None) for n in (2, 5, 9)]
-    assert table.remembered_in(held[:6]) == [(n, rows[n], None) for n in (2, 5)]
+    assert table.remembered_in(tuple(chain)) == [(n, rows[n], None) for n in (2, 5, 9)]
+    for end, last in ((12, 9), (9, 5), (6, 5), (5, 2), (2, None)):
+        want = None if last is None else (last, rows[last], None)
+        assert table.last_remembered(held, end) == table.last_remembered(tuple(chain), end) == want
+    table.hold(rows[5], "held")
+    assert table.last_remembered(held, 9) == (5, rows[5], "held")
 
 
 def test_a_rows_fields_come_back_as_they_were_put() -> None:

@@ -401,6 +401,19 @@ def test_a_re_sent_prefix_is_kept_as_its_own_checkpoint_and_outlives_the_tail() 
     assert ix.longest_prefix(chain(1, 2, 3, 4), "t") == 2
 
 
+def test_a_ghost_weighs_what_its_context_last_measured_while_it_was_held() -> None:
+    ix = index(10)
+    keep(ix, "a", chain(1, 2), rebuild_s_per_page=0.5)
+    ix.observe_lookup(chain(1, 2, 3))  # re-sent while held
+    ix.sight(Offer(anchor=key(2), rebuild_s_per_page=2.0))  # finished again, measured anew
+    ix.remove("a", "t")  # a ghost now: its row alone
+    keep(ix, "b", chain(1, 2, 3, 4))
+    assert ix.keep_resent_prefix("b", "b-prefix")
+    assert ix.get("b-prefix", "t").keys == tuple(chain(1, 2))
+    # Held again, read back from its row: as measured last, not as first kept.
+    assert ix._policy._held[key(2)].cost == 2.0
+
+
 def test_no_prefix_is_kept_when_its_context_holds_a_checkpoint_or_was_never_re_sent() -> None:
     ix = index(10)
     keep(ix, "a", chain(1, 2))

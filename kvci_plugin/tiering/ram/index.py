@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvci_plugin.ops._native import KeyTable, untrack_leaf
+from kvci_plugin.ops._native import KeyTable, ref_pages, untrack_leaf
 from kvci_plugin.ops.held_keys import HeldKeys
 from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
 from kvci_plugin.tiering.ram.keys import check_keys, positive_int, slots_in
@@ -290,7 +290,7 @@ class RAMIndex:
                     "the checkpoint is worth less than the checkpoints it would evict")
             t = self._pages
             # Hold the reused pages first so that evicting their other holders keeps them.
-            t.v_refs[held] += 1
+            ref_pages(held, t.v_refs)
             trim = room.trim
             evicted = tuple(self._drop(cid, evicted=True) for cid in room.victims
                             if trim is None or cid != trim[0])
@@ -514,10 +514,7 @@ class RAMIndex:
         """Free the checkpoint's pages past its first ``keep`` for room: it holds the prefix on.
         (Only a checkpoint whose keys do not repeat is trimmed: its slots are its keys'.)"""
         entry, t = self._entries[checkpoint_id], self._pages
-        tail = entry.slots[keep:]
-        freed = tail[t.release(tail, entry.num)]
-        keys = tuple(t.keys_at(freed))
-        t.free(freed)
+        keys = t.leave(entry.slots[keep:], entry.num)
         self._unend(entry.last_slot, checkpoint_id)
         entry.slots = entry.slots[:keep].copy()
         self._ending.setdefault(entry.last_slot, {})[checkpoint_id] = None
@@ -538,9 +535,7 @@ class RAMIndex:
         if entry.pending:
             self._pending -= 1
         self._unend(entry.last_slot, checkpoint_id)
-        freed = entry.slots[self._pages.release(entry.slots, entry.num)]
-        keys = tuple(self._pages.keys_at(freed))
-        self._pages.free(freed)
+        keys = self._pages.leave(entry.slots, entry.num)
         return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, freed=keys)
 
 

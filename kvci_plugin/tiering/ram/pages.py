@@ -41,6 +41,7 @@ READY = 1  # copied in: loadable
 # again, and freed at the last ``unpin``.
 ERASED = 2
 NO_WRITER = -1
+LAST_PLAN = 2**31 - 1  # the planner's numbers fit the int32 ``kept`` column
 Slots = np.ndarray  # int64 slot numbers
 
 
@@ -70,10 +71,13 @@ class PageTable:
         self.v_writer = column(num_slots, np.int64, NO_WRITER)
         self.v_tenant = column(num_slots, np.int64)  # name numbers (``names``)
         self.v_pool = column(num_slots, np.int64)
-        # Scratch of the fair-share planner (``room``), zero between plans: per page, the
-        # candidates taken that hold it, and whether the reservation keeps it.
-        self.released = column(num_slots, np.int64)
-        self.kept = column(num_slots, bool)
+        # Scratch of the fair-share planner (``room``): per page, the plan that last counted the
+        # candidates taken that hold it and how many (``take_pages``), and the plan whose
+        # reservation keeps it. A plan has a number of its own (``new_plan``), so nothing is
+        # reset after one: the reset was a pass over every victim's pages.
+        self.taken = column(num_slots, np.int64)
+        self.kept = column(num_slots, np.int32)
+        self._plans = 0
         self._free = array("q", range(num_slots - 1, -1, -1))
         # Tenant and pool names, numbered once each (a handful per tier).
         self.names: list[str] = []
@@ -87,6 +91,17 @@ class PageTable:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def new_plan(self) -> int:
+        """The number of the next plan's scratch: nothing earlier plans wrote counts as its own.
+        Numbers fit in 31 bits: after the last, the scratch is cleared (once in two billion
+        reservations) and numbering starts again."""
+        if self._plans == LAST_PLAN:
+            self.taken.fill(0)
+            self.kept.fill(0)
+            self._plans = 0
+        self._plans += 1
+        return self._plans
 
     def number(self, name: str) -> int:
         n = self._number.get(name)
@@ -206,13 +221,18 @@ class PageTable:
         self.busy -= written_pages(idx, self.v_state, READY, self.v_writer, writer, NO_WRITER,
                                    self.v_pins)
 
-    def release(self, idx: Slots, writer: int) -> np.ndarray:
-        """A checkpoint numbered ``writer`` left: its references go (its copies too); the
-        positions in ``idx`` of the pages now unused, to free."""
+    def leave(self, idx: Slots, writer: int) -> tuple[PageKey, ...]:
+        """A checkpoint numbered ``writer`` let go of the pages at ``idx``: their references go
+        (its copies too), and those now unused are freed; the keys of the pages freed."""
         unused, idle = release_pages(idx, self.v_refs, self.v_pins, self.v_writer, writer,
                                      NO_WRITER)
         self.busy -= idle
-        return np.frombuffer(unused, np.int64)
+        if not unused:  # most victims of a session's chain share every page with a later turn
+            return ()
+        freed = np.frombuffer(unused, np.int64)
+        keys = tuple(self.keys_at(freed))
+        self.free(freed)
+        return keys
 
     def busy_in(self, idx: Slots) -> bool:
         """Whether a page of ``idx`` is pinned or being written."""

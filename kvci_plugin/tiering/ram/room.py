@@ -108,6 +108,7 @@ class RoomPlanner:
     _last: tuple[str, np.ndarray] | None = None
     # The candidates taken that freed no page (``Room.idle``).
     _idle: list[str] = field(default_factory=list)
+    _plan_no: int = 0  # this plan's number in the page table's scratch (``PageTable.new_plan``)
 
     def share(self, pool: str) -> int:
         """The pages a pool's fair share is now: the tier split among the pools holding pages
@@ -122,53 +123,46 @@ class RoomPlanner:
         """``keep``: the slots of the reservation's pages already held (they stay)."""
         if over.met():
             return Room([], [])
-        table = self.pages
-        table.kept[keep] = True
-        released: list[Slots] = []
+        self._plan_no = self.pages.new_plan()
+        self.pages.kept[keep] = self._plan_no
         self._idle = []
-        try:
-            room = self._trimmed(self._plan(tenant, pool, n_new, over, order, released), over)
-            return replace(room, idle=frozenset(self._idle)) if self._idle else room
-        finally:
-            table.kept[keep] = False
-            for idx in released:
-                table.released[idx] = 0
+        room = self._trimmed(self._planned(tenant, pool, n_new, over, order), over)
+        return replace(room, idle=frozenset(self._idle)) if self._idle else room
 
-    def _plan(self, tenant: str, pool: str, n_new: int, over: Over, order: Iterable[str],
-              released: list[Slots]) -> Room:
+    def _planned(self, tenant: str, pool: str, n_new: int, over: Over,
+                 order: Iterable[str]) -> Room:
         share = self.share(pool)
         excess = {p: n - share for p, n in self.pool_pages.items() if p != pool and n > share}
         # Alone, a pool's share is the whole tier: the policy's order is all there is.
         asker_over = (len(self._active(pool)) > 1
                       and self.pool_pages[pool] + n_new > share)
         if not excess and not asker_over:  # the common case: the policy's order, taken lazily
-            ranked = [cid for cid in self._taking(order, tenant, over, released, None)]
+            ranked = [cid for cid in self._taking(order, tenant, over, None)]
             return self._checked(Room([], ranked), over)
         freed: Counter[str] = Counter()
         candidates = list(order)
         # Other pools' checkpoints past their share, until each is back within it.
         fair = list(self._taking(
             (c for c in candidates if excess.get(self.entries[c].pool, 0)
-             > freed[self.entries[c].pool]), tenant, over, released, freed))
+             > freed[self.entries[c].pool]), tenant, over, freed))
         taken = set(fair)
         ranked = []
         if asker_over:  # past its share: its own checkpoints go before anyone else's
             ranked = list(self._taking(
                 (c for c in candidates if c not in taken and self.entries[c].pool == pool),
-                tenant, over, released, freed))
+                tenant, over, freed))
             taken.update(ranked)
-        ranked += self._taking((c for c in candidates if c not in taken), tenant, over,
-                               released, freed)
+        ranked += self._taking((c for c in candidates if c not in taken), tenant, over, freed)
         return self._checked(Room(fair, ranked), over)
 
     def _taking(self, candidates: Iterable[str], tenant: str, over: Over,
-                released: list[Slots], freed: Counter[str] | None) -> Iterator[str]:
+                freed: Counter[str] | None) -> Iterator[str]:
         """The candidates taken, in order, until the bounds are met; ``freed`` counts the pages
         each pool gives up (None: no fair share is weighed)."""
         for cid in candidates:
             if over.met():
                 return
-            if self._take(cid, tenant, over, released, freed):
+            if self._take(cid, tenant, over, freed):
                 yield cid
 
     def _trimmed(self, room: Room, over: Over) -> Room:
@@ -195,8 +189,7 @@ class RoomPlanner:
                     "would have to go are pinned by a load or still being written")
         return room
 
-    def _take(self, cid: str, tenant: str, over: Over, released: list[Slots],
-              freed: Counter[str] | None) -> bool:
+    def _take(self, cid: str, tenant: str, over: Over, freed: Counter[str] | None) -> bool:
         entry = self.entries[cid]
         # With only the tenant's quota over, only the tenant's own checkpoints make room.
         if over.entries <= 0 and over.pages <= 0 and entry.tenant != tenant:
@@ -208,9 +201,8 @@ class RoomPlanner:
         table, idx = self.pages, entry.slots
         # Each page counts the candidates taken that hold it: taken by all its holders, and
         # not one the reservation keeps, it is freed.
-        frees = np.frombuffer(take_pages(idx, table.released, table.v_refs, table.kept),
-                              np.int64)
-        released.append(idx)
+        frees = np.frombuffer(
+            take_pages(idx, table.taken, table.v_refs, table.kept, self._plan_no), np.int64)
         self._last = (cid, frees) if pages_only else None
         gone = idx[frees]
         if not gone.size:

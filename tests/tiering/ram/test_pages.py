@@ -40,7 +40,8 @@ def test_a_column_is_resident_when_made() -> None:
 def test_every_column_of_a_page_table_is_resident_when_built() -> None:
     grown, nbytes, ok = measured(
         "t = PageTable(1 << 20)\n"
-        "columns = [t.v_refs, t.v_pins, t.v_state, t.v_writer, t.v_tenant, t.v_pool, t.released,"
+        "columns = [t.v_refs, t.v_pins, t.v_state, t.v_writer, t.v_tenant, t.v_pool, t.taken,"
         " t.kept]\n"
-        "ok = (t.v_writer == NO_WRITER).all() and not t.released.any()")
+        "ok = (t.v_writer == NO_WRITER).all() and not t.taken.any()")
     assert ok and grown >= 0.9 * nbytes
+

@@ -11,6 +11,7 @@ import pytest
 
 from kvci_plugin.policy import LRUPolicy, Offer, ValuePolicy
 from kvci_plugin.tiering.ram.index import RAMIndex
+from kvci_plugin.tiering.ram.pages import LAST_PLAN
 from kvci_plugin.tiering.ram.room import DECLARED_POOL
 
 
@@ -90,3 +91,23 @@ def test_alone_a_pool_has_the_whole_tier_and_the_policy_decides() -> None:
         keep(index, f"a{i}", "acme")
     assert [e.checkpoint_id for e in index.entries()] == ["a2", "a3", "a4", "a5"]
     assert index.fair_share_bytes("acme") == 4
+
+
+
+@pytest.mark.parametrize("come_round", [False, True])
+def test_room_is_planned_alike_when_the_plan_numbers_come_round(come_round) -> None:
+    """The planner's per-page scratch is stamped with each plan's number and never reset; after
+    the last number it is cleared and numbering starts again, so what the plan that had the
+    number before counted is not read as the new plan's."""
+    index = RAMIndex(num_slots=4, slot_bytes=1, max_entries=100)
+    for cid in ("a", "b"):
+        keep(index, cid, "t", pages=2)
+    keep(index, "c", "t", pages=2)  # the first plan evicts a; c takes a's slots
+    if come_round:
+        index._pages._plans = LAST_PLAN  # the next plan is number 1 again
+    b_keys = [key("b", 0), key("b", 1)]
+    index.pin(b_keys, "t")  # a load of b: b is the most recently used
+    index.unpin(b_keys)
+    res = index.reserve("d", "t", [key("d", 0), key("d", 1)])  # b was just used: c leaves
+    assert [e.checkpoint_id for e in res.evicted] == ["c"]
+    assert [e.checkpoint_id for e in index.entries()] == ["b", "d"]
