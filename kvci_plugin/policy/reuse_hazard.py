@@ -224,7 +224,8 @@ class ReuseHazard:
 
     def resend_probability(self, cls: Hashable, age_s: float, horizon_s: float) -> float:
         """How likely a ``cls`` context idle for ``age_s`` is re-sent within ``horizon_s`` more."""
-        return self.resend_probabilities((cls,), (age_s,), horizon_s)[0]
+        return resend_probabilities(self._table, (self._rows.get(cls, len(self._rows)),),
+                                    (age_s,), float(horizon_s), _LOWS)[0]
 
     def resend_probabilities(self, classes: Sequence[Hashable], ages_s: Sequence[float],
                              horizon_s: float) -> list[float]:

@@ -255,7 +255,7 @@ class ValuePolicy:
                 heapq.heappop(heap)
             else:
                 cid, anchor = following
-                weighed[cid] = value = self._values((anchor,), now)[0]
+                weighed[cid] = value = self._value_of(anchor, now)
                 heapq.heapreplace(heap, (value, n, it, cid))
         yield from self._explicit
         # Checkpoints the policy was never told about (none when the index drives it) go last.
@@ -404,7 +404,12 @@ class ValuePolicy:
     # ---- internals -----------------------------------------------------------------------------
 
     def _value(self, checkpoint_id: str, now: float) -> float:
-        return self._values((self._held[self._anchor_of[checkpoint_id]],), now)[0]
+        return self._value_of(self._held[self._anchor_of[checkpoint_id]], now)
+
+    def _value_of(self, anchor: _Anchor, now: float) -> float:
+        """``_values`` of one anchor's checkpoint (the same sum, without building lists)."""
+        return self._hazard.resend_probability(
+            anchor.cls, max(0.0, now - anchor.last_seen), self._horizon()) * self._cost(anchor.cost)
 
     def _values(self, anchors: Sequence[_Anchor], now: float) -> list[float]:
         """The value of checkpoints of these anchors: how likely each context, idle as long as

@@ -204,14 +204,15 @@ class RoomPlanner:
         frees = np.frombuffer(
             take_pages(idx, table.taken, table.v_refs, table.kept, self._plan_no), np.int64)
         self._last = (cid, frees) if pages_only else None
-        gone = idx[frees]
-        if not gone.size:
+        if not frees.size:
             self._idle.append(cid)
-        if gone.size:
-            over.pages -= int(gone.size)
+            return True
+        over.pages -= frees.size
+        if freed is not None or over.quota > 0:  # a quota met stays met: nothing to count
+            gone = idx[frees]
             if freed is not None:
                 for p, k in tally(table.v_pool[gone]):
                     freed[table.names[p]] += k
-            if over.quota > 0:  # met, it stays met: nothing to count
+            if over.quota > 0:
                 over.quota -= int((table.v_tenant[gone] == table.known(tenant)).sum())
         return True
