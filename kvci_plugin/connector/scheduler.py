@@ -104,6 +104,8 @@ class KVCIScheduler:
         self._window = LookupWindow(self.manager.lock)
         # Erasures other nodes' forgets announce land outside a step's lookup window too.
         self.manager.erasures_between_lookups(self._window.run)
+        self.manager.watch_faults(
+            lambda exc: self.contain.fault("reading other nodes' forgets", exc, tier="disk"))
         verdicts = PublishedVerdicts()
         self.control = SchedulerControl(
             manager=self.manager, decider=self.decider, bar=self.bar, tenants=tenants,

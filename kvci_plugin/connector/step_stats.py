@@ -8,6 +8,8 @@ keeps nothing, and its stats cost it nothing.
 
 from __future__ import annotations
 
+import threading
+
 from kvci_plugin.connector import counters as c
 from kvci_plugin.connector.retain import report_retentions
 from kvci_plugin.connector.stats import KVCIStats
@@ -24,6 +26,8 @@ class StepStats:
                  bar: PressureAwareAdmission[PageKey] | None,
                  policy_saver: PolicyStateSaver | None, ram_threshold: float) -> None:
         self._stats = KVCIStats()
+        # A fault met on one of kvci's own threads (the erasure watch) is counted there.
+        self._counting = threading.Lock()
         self._manager = manager
         self._index = index
         self._bar = bar
@@ -43,7 +47,8 @@ class StepStats:
         return self._stats
 
     def count(self, name: str, n: int | float = 1) -> None:
-        self._stats.count(name, n)
+        with self._counting:
+            self._stats.count(name, n)
 
     def gauge(self, name: str, value: float) -> None:
         self._stats.gauge(name, value)
@@ -60,9 +65,10 @@ class StepStats:
         if healthy is not None and healthy != self._disk_healthy:
             self._disk_healthy = healthy
             self.gauge(c.TIER_HEALTHY + "disk", 1.0 if healthy else 0.0)
-        if self._stats.is_empty():
-            return None
-        stats, self._stats = self._stats, KVCIStats()
+        with self._counting:
+            if self._stats.is_empty():
+                return None
+            stats, self._stats = self._stats, KVCIStats()
         return stats
 
     def _report_retentions(self) -> None:

@@ -60,11 +60,13 @@ class ErasureEpochs:
 
 class ErasureWatch:
     """Calls ``sync`` every ``interval_s`` on a daemon thread of its own until stopped: a failing
-    read (the catalog degraded) is tried again at the next tick."""
+    read (the catalog down) is handed to ``failed`` and tried again at the next tick."""
 
-    def __init__(self, sync: Callable[[], object], interval_s: float = ERASURE_SYNC_S) -> None:
+    def __init__(self, sync: Callable[[], object], interval_s: float,
+                 failed: Callable[[BaseException], None]) -> None:
         self._sync = sync
         self._interval_s = interval_s
+        self._failed = failed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvci-erasures", daemon=True)
         self._thread.start()
@@ -75,6 +77,7 @@ class ErasureWatch:
                 self._sync()
             except Exception as exc:  # noqa: BLE001 - degraded or failing: tried again later
                 logger.debug("kvci: reading other nodes' forgets failed: %s", exc)
+                self._failed(exc)
 
     def stop(self) -> None:
         self._stop.set()

@@ -37,6 +37,7 @@ class TenantErasure:
     _clock: Callable[[], float]
     _erasures: ErasureEpochs
     _between_lookups: Callable[[Callable[[], Any]], Any]
+    _watch_failed: Callable[[BaseException], None]
     _watch: ErasureWatch | None
     _tombstones: Tombstones
     _loadable: LoadablePages | None
@@ -109,6 +110,12 @@ class TenantErasure:
         window: never between a step's lookup and its loads' pins)."""
         self._between_lookups = run
 
+    def watch_faults(self, failed: Callable[[BaseException], None]) -> None:
+        """Hand a failure to read other nodes' forgets (on the watch's own thread) to
+        ``failed``: the scheduler counts it as a disk fault, since the incident that degrades
+        the tier may begin there rather than on the engine's step."""
+        self._watch_failed = failed
+
     def sync_erasures(self) -> tuple[str, ...]:
         """Learn the tenants other nodes sharing the catalog have forgotten since this node
         last looked (one indexed read), and erase them from this node's RAM tier: their
@@ -143,7 +150,8 @@ class TenantErasure:
         threads (``sync_erasures`` every ``ERASURE_SYNC_S``)."""
         if self.disk is None or not self.disk.shared or self._watch is not None:
             return
-        self._watch = ErasureWatch(self.sync_erasures, ERASURE_SYNC_S)
+        self._watch = ErasureWatch(self.sync_erasures, ERASURE_SYNC_S,
+                                   lambda exc: self._watch_failed(exc))
 
     def _erase_ram(self, tenant: str, now: float) -> int:
         """(Lock held.) This process's part of erasing ``tenant``; how many RAM checkpoints."""

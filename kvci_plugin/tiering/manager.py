@@ -119,6 +119,7 @@ class TieredCheckpointManager(TenantErasure):
         # How an erasure learned from another node is applied to RAM: the scheduler passes its
         # lookup window's ``run`` (never between a step's lookup and its loads' pins).
         self._between_lookups: Callable[[Callable[[], Any]], Any] = lambda action: action()
+        self._watch_failed: Callable[[BaseException], None] = lambda exc: None  # logged only
         self._watch: ErasureWatch | None = None
         self._watch_erasures()
 

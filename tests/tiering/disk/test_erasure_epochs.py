@@ -167,3 +167,25 @@ def test_a_catalog_from_before_epochs_migrates_with_its_forgotten_tenants_at_epo
     assert catalog.forget_tenant("new")[1] == 1
     assert catalog.forgotten_since(0) == {"new": 1}
     catalog.close()
+
+
+def test_a_failing_read_of_other_nodes_forgets_is_handed_on_and_degrades_the_tier(
+        nodes, monkeypatch) -> None:
+    """The erasure watch may be the first to meet a catalog that went down (on its own thread,
+    no engine step asked): the failure reaches the scheduler's fault count all the same."""
+    import psycopg
+
+    from kvci_plugin.tiering.health import fault_kind
+
+    _, b = nodes
+    seen: list[BaseException] = []
+    b.manager.watch_faults(seen.append)
+
+    def down(since: int) -> dict[str, int]:
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(b.disk._catalog, "forgotten_since", down)
+    assert _until(lambda: seen, 3 * ERASURE_SYNC_S + 2)
+    assert fault_kind(seen[0]) == "unavailable"
+    # It began an incident: the engine's lookups skip the tier until a probe answers.
+    assert b.disk.health.report().incidents >= 1
