@@ -80,13 +80,6 @@ class RequestState:
     def session_id(self) -> str | None:
         return None if self.session is None else self.session.session_id
 
-    @property
-    def settled(self) -> bool:
-        """Whether its steps have nothing left to teach (``learns_lookup`` and ``scheduled``
-        would do nothing, and no retention waits on it): a decoding request, most of a batch."""
-        return (self.prefill_s is not None and not self.ends_retention
-                and (self.lookup_learned or self.resident is None))
-
     def learns_lookup(self) -> bool:
         """Whether the tier policy (and the bar) learn this request's lookup now: once a request,
         though vLLM may look it up again (after a preemption), and only once it runs — one

@@ -221,8 +221,9 @@ class KVCIScheduler:
         now = time.monotonic()
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             st = self.requests.get(req_id)
-            if st is None or st.settled:
-                continue
+            if st is None or (st.prefill_s is not None and not st.ends_retention
+                              and (st.lookup_learned or st.resident is None)):
+                continue  # decoding: nothing left to learn from its steps (most of a batch)
             # An opted-out request's lookup counts too: its hit, or its miss on a prefix the
             # policy did not keep, is a reuse of KV that others' requests built.
             if (st.learns_lookup() and st.keys is not None

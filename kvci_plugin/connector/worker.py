@@ -301,7 +301,7 @@ class KVCIWorker:
         return failed
 
     def _start_loads(self, meta: StepJobs | None) -> None:
-        """Called only for a step with loads (``loading``)."""
+        """(``loading``: the step has loads.)"""
         if meta is None or self._pool is None or self._load_copies is None:
             return
         pool, views = self._pool, self._views
