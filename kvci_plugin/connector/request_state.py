@@ -65,7 +65,7 @@ class RequestState:
     first_scheduled: float | None = None
     prompt_done: bool = False
     prefill_s: float | None = None
-    scheduled_tokens: int = 0  # counted until its prefill is timed (``scheduled``)
+    scheduled_tokens: int = 0
     lookup_learned: bool = False  # the tier policy (and the bar) learned this request's lookup
     resident: int | None = None  # the RAM run its lookup found; the bar learns it once it runs
     disk_declined: bool = False  # counted once a request, however often vLLM asks

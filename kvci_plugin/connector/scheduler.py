@@ -221,9 +221,8 @@ class KVCIScheduler:
         now = time.monotonic()
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             st = self.requests.get(req_id)
-            if st is None or (st.prefill_s is not None and not st.ends_retention
-                              and (st.lookup_learned or st.resident is None)):
-                continue  # decoding: nothing left to learn from its steps (most of a batch)
+            if st is None:
+                continue
             # An opted-out request's lookup counts too: its hit, or its miss on a prefix the
             # policy did not keep, is a reuse of KV that others' requests built.
             if (st.learns_lookup() and st.keys is not None
@@ -251,19 +250,13 @@ class KVCIScheduler:
         """The workers' report on the step: every part is taken whatever fails in another."""
         meta = output.kv_connector_worker_meta
         report = meta if isinstance(meta, KVCIWorkerMetadata) else None
-        self._taking(self.resets.apply_asked)
-        if output.finished_sending:
-            self._taking(self.keeper.stores_done, output, report)
-        if report is not None:  # most decode steps: the workers had nothing to say
-            self._taking(self.reports.take, report)
-            self._taking(self.windows.reported, report)
-
-    def _taking(self, part: Any, *args: Any) -> None:
-        """One part of taking the workers' report; a failure leaves the others to run."""
-        try:
-            part(*args)
-        except Exception as exc:
-            self.contain.fault("taking the workers' report", exc)
+        for part in (self.resets.apply_asked, lambda: self.keeper.stores_done(output, report),
+                     lambda: report is not None and self.reports.take(report),
+                     lambda: report is not None and self.windows.reported(report)):
+            try:
+                part()
+            except Exception as exc:
+                self.contain.fault("taking the workers' report", exc)
 
     def has_pending_work(self) -> bool:
         """Jobs queued between steps (e.g. a promote from the control surface) keep the engine

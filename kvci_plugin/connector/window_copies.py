@@ -41,8 +41,6 @@ class WindowCopies:
 
     def finish(self, report: WorkerReport) -> None:
         """Report the window copies that have run (on the CPU: at once)."""
-        if not self._pending:
-            return
         for sid, pending in list(self._pending.items()):
             try:
                 done = pending.done()

@@ -115,9 +115,6 @@ class KVCIWorker:
         # Disk loads in flight: the read, its job and the generation it was planned in.
         self._disk_loads: dict[str, tuple[Future[_DiskLoadResult], DiskLoadJob, int]] = {}
         self._idle_step = False
-        # Whether this step has loads whose layers the forward waits for (most steps: none,
-        # and the connector's per-layer hook returns at once).
-        self.loading = False
         self._staging: torch.Tensor | None = None
         self._load_errors: set[int] = set()
         self._report = WorkerReport()
@@ -262,11 +259,8 @@ class KVCIWorker:
         step's loads that are not under way: vLLM recomputes their blocks."""
         meta = self._meta
         self._idle_step = meta is None or not meta.forward
-        self.loading = meta is not None and bool(meta.loads or meta.disk_loads)
         if meta is not None and meta.failed_loads:
             self._fail_loads(meta.failed_loads)
-        if not self.loading:
-            return  # most steps: nothing to load
         try:
             self._start_loads(meta)
         except Exception as exc:
@@ -292,18 +286,15 @@ class KVCIWorker:
         else:
             self._load_errors.update(block_ids)
 
-    def take_failed_recving(self) -> set[str] | None:
-        """Async loads failed as a whole since the last call (vLLM's ``failed_recving``); None
-        when there were none (most steps)."""
-        if not self._recv_failed:
-            return None
+    def take_failed_recving(self) -> set[str]:
+        """Async loads failed as a whole since the last call (vLLM's ``failed_recving``)."""
         failed, self._recv_failed = self._recv_failed, set()
         return failed
 
     def _start_loads(self, meta: StepJobs | None) -> None:
-        """(``loading``: the step has loads.)"""
-        if meta is None or self._pool is None or self._load_copies is None:
-            return
+        if (meta is None or self._pool is None or self._load_copies is None
+                or not (meta.loads or meta.disk_loads)):
+            return  # most steps: nothing to load
         pool, views = self._pool, self._views
         layered = [LayerSource(g, pool.pages, slots, blocks) for job in meta.loads
                    for g, slots, blocks in by_group(job.slots, job.block_ids, job.groups)]
@@ -436,9 +427,8 @@ class KVCIWorker:
         meta = self._meta
         if meta is None or self._pool is None or self._store_copies is None:
             return
-        if meta.window_stores:  # those that ran are reported with the step (take_report)
-            self._windows.start(meta.window_stores, self._copy_out, self._store_copies.hold,
-                                self._report, self._timed)
+        self._windows.start(meta.window_stores, self._copy_out, self._store_copies.hold,
+                            self._report, self._timed)
         for job in meta.stores:
             try:
                 pending = self._copy_out(job)
