@@ -322,8 +322,10 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker_hook("start_load_kv", self._worker.start_load_kv)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        if self._worker is not None:
-            self._worker_hook("wait_for_layer_load", self._worker.wait_for_layer_load, layer_name)
+        # Called for every layer of every step: a step with no layer left to copy in returns.
+        worker = self._worker
+        if worker is not None and worker.layers_loading:
+            self._worker_hook("wait_for_layer_load", worker.wait_for_layer_load, layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
@@ -342,7 +344,10 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """vLLM's get_finished, plus the async loads that failed as a whole (recomputed)."""
         sending, recving = self.get_finished(finished_req_ids)
-        failed = self._worker.take_failed_recving() if self._worker is not None else set()
+        failed = self._worker.take_failed_recving() if self._worker is not None else None
+        if not (sending or recving or failed):
+            return KVConnectorTransferResults()  # most steps: nothing finished
+        failed = failed or set()
         return KVConnectorTransferResults(finished_sending=set(sending or ()),
                                           finished_recving=set(recving or ()) | failed,
                                           failed_recving=failed)
@@ -395,9 +400,10 @@ class KVCheckpointConnector(KVConnectorBase_V1, SupportsHMA):
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._scheduler is not None:
             # A release of the KV cache (sleep, a weight update) fences what it outlived first.
-            self._scheduler_hook("fencing after a release", release_fence.fence_after_release,
-                                 self._scheduler,
-                                 getattr(connector_output, "kv_connector_worker_meta", None))
+            report = getattr(connector_output, "kv_connector_worker_meta", None)
+            if report is not None:
+                self._scheduler_hook("fencing after a release", release_fence.fence_after_release,
+                                     self._scheduler, report)
             self._scheduler.update_connector_output(connector_output)
 
     def may_load_async(self, request: Request) -> bool:

@@ -100,6 +100,11 @@ class LayerwiseLoads:
             self._copied = set()
             self._copying = beside.submit(self._copy_in_order, order, self._ready, self._copied)
 
+    @property
+    def started(self) -> bool:
+        """Whether a ``start`` has not been finished yet (``wait`` does nothing otherwise)."""
+        return self._started != 0.0
+
     def wait(self, name: str) -> None:
         """Before the forward reads layer ``name``: its pages are in. Learned in the steps that
         load (the first copies every layer in ``start``); a step without is a decode step's

@@ -65,7 +65,7 @@ class RequestState:
     first_scheduled: float | None = None
     prompt_done: bool = False
     prefill_s: float | None = None
-    scheduled_tokens: int = 0
+    scheduled_tokens: int = 0  # counted until its prefill is timed (``scheduled``)
     lookup_learned: bool = False  # the tier policy (and the bar) learned this request's lookup
     resident: int | None = None  # the RAM run its lookup found; the bar learns it once it runs
     disk_declined: bool = False  # counted once a request, however often vLLM asks
@@ -79,6 +79,13 @@ class RequestState:
     @property
     def session_id(self) -> str | None:
         return None if self.session is None else self.session.session_id
+
+    @property
+    def settled(self) -> bool:
+        """Whether its steps have nothing left to teach (``learns_lookup`` and ``scheduled``
+        would do nothing, and no retention waits on it): a decoding request, most of a batch."""
+        return (self.prefill_s is not None and not self.ends_retention
+                and (self.lookup_learned or self.resident is None))
 
     def learns_lookup(self) -> bool:
         """Whether the tier policy (and the bar) learn this request's lookup now: once a request,

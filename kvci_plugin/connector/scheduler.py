@@ -221,7 +221,7 @@ class KVCIScheduler:
         now = time.monotonic()
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             st = self.requests.get(req_id)
-            if st is None:
+            if st is None or st.settled:
                 continue
             # An opted-out request's lookup counts too: its hit, or its miss on a prefix the
             # policy did not keep, is a reuse of KV that others' requests built.
@@ -250,13 +250,19 @@ class KVCIScheduler:
         """The workers' report on the step: every part is taken whatever fails in another."""
         meta = output.kv_connector_worker_meta
         report = meta if isinstance(meta, KVCIWorkerMetadata) else None
-        for part in (self.resets.apply_asked, lambda: self.keeper.stores_done(output, report),
-                     lambda: report is not None and self.reports.take(report),
-                     lambda: report is not None and self.windows.reported(report)):
-            try:
-                part()
-            except Exception as exc:
-                self.contain.fault("taking the workers' report", exc)
+        self._taking(self.resets.apply_asked)
+        if output.finished_sending:
+            self._taking(self.keeper.stores_done, output, report)
+        if report is not None:  # most decode steps: the workers had nothing to say
+            self._taking(self.reports.take, report)
+            self._taking(self.windows.reported, report)
+
+    def _taking(self, part: Any, *args: Any) -> None:
+        """One part of taking the workers' report; a failure leaves the others to run."""
+        try:
+            part(*args)
+        except Exception as exc:
+            self.contain.fault("taking the workers' report", exc)
 
     def has_pending_work(self) -> bool:
         """Jobs queued between steps (e.g. a promote from the control surface) keep the engine

@@ -41,6 +41,8 @@ class WindowCopies:
 
     def finish(self, report: WorkerReport) -> None:
         """Report the window copies that have run (on the CPU: at once)."""
+        if not self._pending:
+            return
         for sid, pending in list(self._pending.items()):
             try:
                 done = pending.done()

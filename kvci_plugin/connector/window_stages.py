@@ -112,8 +112,10 @@ class WindowStages:
 
     def plan(self, scheduler_output: Any) -> None:
         """The windows this step's chunks reach, staged and queued for the workers."""
+        if not self._reqs:  # no sliding-window request is being prefilled
+            return
         block_state = getattr(scheduler_output, "kv_connector_block_state", None)
-        if not self._reqs or block_state is None:
+        if block_state is None:
             return
         computed = _computed_before(scheduler_output)
         bs = self._layout.block_size

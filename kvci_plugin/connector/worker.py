@@ -261,6 +261,8 @@ class KVCIWorker:
         self._idle_step = meta is None or not meta.forward
         if meta is not None and meta.failed_loads:
             self._fail_loads(meta.failed_loads)
+        if meta is None or not (meta.loads or meta.disk_loads):
+            return  # most steps: nothing to load
         try:
             self._start_loads(meta)
         except Exception as exc:
@@ -286,15 +288,17 @@ class KVCIWorker:
         else:
             self._load_errors.update(block_ids)
 
-    def take_failed_recving(self) -> set[str]:
-        """Async loads failed as a whole since the last call (vLLM's ``failed_recving``)."""
+    def take_failed_recving(self) -> set[str] | None:
+        """Async loads failed as a whole since the last call (vLLM's ``failed_recving``); None
+        when there were none (most steps)."""
+        if not self._recv_failed:
+            return None
         failed, self._recv_failed = self._recv_failed, set()
         return failed
 
-    def _start_loads(self, meta: StepJobs | None) -> None:
-        if (meta is None or self._pool is None or self._load_copies is None
-                or not (meta.loads or meta.disk_loads)):
-            return  # most steps: nothing to load
+    def _start_loads(self, meta: StepJobs) -> None:
+        if self._pool is None or self._load_copies is None:
+            return
         pool, views = self._pool, self._views
         layered = [LayerSource(g, pool.pages, slots, blocks) for job in meta.loads
                    for g, slots, blocks in by_group(job.slots, job.block_ids, job.groups)]
@@ -399,6 +403,12 @@ class KVCIWorker:
                                         pin_memory=self._pool.pinned)
         return self._staging
 
+    @property
+    def layers_loading(self) -> bool:
+        """Whether a started load's layers may still be copied in (else ``wait_for_layer_load``
+        does nothing): a step without a forward has no ``wait_for_save`` to finish its own."""
+        return self._layer_loads is not None and self._layer_loads.started
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._layer_loads is not None:
             try:
@@ -427,8 +437,9 @@ class KVCIWorker:
         meta = self._meta
         if meta is None or self._pool is None or self._store_copies is None:
             return
-        self._windows.start(meta.window_stores, self._copy_out, self._store_copies.hold,
-                            self._report, self._timed)
+        if meta.window_stores:  # those that ran are reported with the step (take_report)
+            self._windows.start(meta.window_stores, self._copy_out, self._store_copies.hold,
+                                self._report, self._timed)
         for job in meta.stores:
             try:
                 pending = self._copy_out(job)

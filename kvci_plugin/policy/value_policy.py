@@ -236,14 +236,17 @@ class ValuePolicy:
         weighed: dict[str, float] = {}
         self._weighed = (now, weighed)
         heads: list[tuple[int, Iterator[tuple[str, _Anchor]], str, _Anchor]] = []
-        for n, members in enumerate(self._by_class.values()):
+        classes: list[PolicyClass] = []
+        for n, (cls, members) in enumerate(self._by_class.items()):
             it = iter(members.items())
             head = next(it, None)
             if head is not None:
                 heads.append((n, it, *head))
+                classes.append(cls)
         # Every class's head weighed in one call: each is a candidate before the first victim.
         heap = []
-        for (n, it, head, _), value in zip(heads, self._values([a for *_, a in heads], now)):
+        values = self._values([a for *_, a in heads], classes, now)
+        for (n, it, head, _), value in zip(heads, values):
             weighed[head] = value
             heap.append((value, n, it, head))
         heapq.heapify(heap)
@@ -411,13 +414,15 @@ class ValuePolicy:
         return self._hazard.resend_probability(
             anchor.cls, max(0.0, now - anchor.last_seen), self._horizon()) * self._cost(anchor.cost)
 
-    def _values(self, anchors: Sequence[_Anchor], now: float) -> list[float]:
-        """The value of checkpoints of these anchors: how likely each context, idle as long as
-        it has been, is re-sent while the tier could hold it, times its rebuild cost per page."""
+    def _values(self, anchors: Sequence[_Anchor], classes: Sequence[PolicyClass],
+                now: float) -> list[float]:
+        """The value of checkpoints of these anchors, of these classes (the keys of
+        ``_by_class`` they are under): how likely each context, idle as long as it has been, is
+        re-sent while the tier could hold it, times its rebuild cost per page."""
         worth = self._hazard.resend_probabilities(
-            [a.cls for a in anchors], [max(0.0, now - a.last_seen) for a in anchors],
-            self._horizon())
-        return [w * self._cost(a.cost) for w, a in zip(worth, anchors)]
+            classes, [max(0.0, now - a.last_seen) for a in anchors], self._horizon())
+        unknown = self._cost(None)
+        return [w * (unknown if a.cost is None else a.cost) for w, a in zip(worth, anchors)]
 
     def _worth(self, cls: PolicyClass, age_s: float) -> float:
         """How likely a ``cls`` context idle ``age_s`` is re-sent while the tier could hold it."""

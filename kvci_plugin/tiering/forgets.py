@@ -150,6 +150,7 @@ class TenantErasure:
         threads (``sync_erasures`` every ``ERASURE_SYNC_S``)."""
         if self.disk is None or not self.disk.shared or self._watch is not None:
             return
+        # Looked up at each failure: the scheduler sets ``watch_faults`` after the watch starts.
         self._watch = ErasureWatch(self.sync_erasures, ERASURE_SYNC_S,
                                    lambda exc: self._watch_failed(exc))
 

@@ -93,3 +93,30 @@ def test_the_rebuild_time_is_the_whole_prompt_at_the_measured_prefill_rate() -> 
     # A hit that computed one token in 0.5 s: its own time scaled up would say 48 s.
     st.first_scheduled, st.prefill_s, st.ext_tokens = 0.0, 0.5, 95
     assert _observed(scheduler, request, st).wall_time_s == pytest.approx(0.096)
+
+
+def test_a_step_learns_the_prefill_once_and_a_decoding_request_still_ends_its_retentions(
+        ) -> None:
+    from types import SimpleNamespace
+
+    scheduler = _scheduler()
+    request = _request("r1", "acme", list(range(2, 98)))  # 96 tokens: 3 blocks
+    st = scheduler.requests.state(request)
+    assert st.ends_retention  # its session's turn: scheduled, it ends the session's retentions
+
+    def step(n: int) -> None:
+        scheduler._step_bookkeeping(SimpleNamespace(num_scheduled_tokens={"r1": n}))
+
+    step(96)  # the whole prompt: computed by the step's forward
+    assert st.prompt_done and not st.ends_retention
+    assert scheduler.load_rule.recompute_s(96) is None  # that forward has not run yet
+    step(1)  # the next step: the prefill is timed, a recompute rate learned
+    assert st.prefill_s is not None
+    rate = scheduler.load_rule.recompute_s(96)
+    assert rate is not None
+    for _ in range(3):  # decoding: nothing more is learned
+        step(1)
+    assert scheduler.load_rule.recompute_s(96) == rate
+    st.ends_retention = True  # asked again (a turn of its session found it running)
+    step(1)
+    assert not st.ends_retention

@@ -146,6 +146,58 @@ def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(tmp_p
         worker.shutdown()
 
 
+def test_layers_a_step_without_forward_started_are_in_when_the_next_forward_reads_them(
+        tmp_path: Path) -> None:
+    """vLLM calls no ``wait_for_save`` in a step without a forward: layers its loads deferred
+    are still to be copied in the next step, whose forward waits for them though it loads
+    nothing itself (the connector's per-layer hook asks ``layers_loading`` first)."""
+    kv = kv_cache("cpu")
+    for block in range(NUM_BLOCKS):
+        write_block(kv, block, page_of(block))
+    worker = KVCIWorker(num_slots=6, expected_slot_bytes=SLOT, num_blocks=NUM_BLOCKS,
+                        rank_namespace=NS, blob_root=None)
+    worker.register_kv_caches(kv)
+    try:
+        sources, slots, targets = [3, 9, 14], [5, 0, 2], [1, 7, 12]
+        reported = step(worker, StepJobs(stores=[StoreJob("r1", "c1", slots, sources)]), {"r1"})
+        assert sent_within(worker, "r1", reported) == {"r1"}
+        assert not worker.layers_loading  # steps without loads: the hook returns at once
+        half = SLOT // 2
+
+        def zero_targets() -> None:
+            for block in targets:
+                write_block(kv, block, torch.zeros(SLOT, dtype=torch.uint8))
+
+        # A load whose forward waits for layer 0: from now on layer 0 is copied when waited for.
+        worker.bind(StepJobs(loads=[LoadJob("r2", slots, targets)]))
+        worker.start_load_kv()
+        worker.wait_for_layer_load("layer.0")
+        worker.wait_for_save()
+        worker.get_finished(set())
+        worker.clear()
+        zero_targets()
+        # A step without a forward starts the load (layer 0 deferred) and has no wait_for_save.
+        worker.bind(StepJobs(loads=[LoadJob("r3", slots, targets)], forward=False))
+        worker.start_load_kv()
+        worker.get_finished(set())
+        worker.clear()
+        assert not layer_bytes(kv, "layer.0", targets[0]).any()
+        # The next step loads nothing; its forward reads layer 0.
+        worker.bind(StepJobs())
+        worker.start_load_kv()
+        assert worker.layers_loading
+        worker.wait_for_layer_load("layer.0")
+        for got, source in zip([layer_bytes(kv, "layer.0", b) for b in targets], sources,
+                               strict=True):
+            assert torch.equal(got, page_of(source)[:half])
+        worker.wait_for_save()
+        assert not worker.layers_loading
+        worker.get_finished(set())
+        worker.clear()
+    finally:
+        worker.shutdown()
+
+
 def test_a_window_store_is_copied_and_reported_the_same_step(setup) -> None:
     """A running request's window (#47): copied in its step, reported by its stage id (on the
     CPU at once; on a GPU once the copy ran), never as a finished request's store (vLLM would
