@@ -92,6 +92,11 @@ DEFAULT_MAX_GHOSTS = 65536
 REFRESH_LOOKUPS = 64
 # Victim ages the holding horizon is the median of.
 HORIZON_SAMPLES = 64
+# Ghosts forgotten past the bound per new anchor at most: a forget or a large eviction can turn
+# thousands of held anchors into ghosts at once, and forgetting them all at the next sighting
+# held the scheduler thread for milliseconds per thousand. The excess goes over the next
+# sightings instead (each adds one ghost and takes up to this many).
+FORGET_PER_SIGHTING = 64
 
 
 _NO_CIDS: tuple[str, ...] = ()
@@ -472,7 +477,7 @@ class ValuePolicy:
             self._by_class.setdefault(after, OrderedDict())[cid] = anchor
 
     def _forget_overflow(self, now: float) -> None:
-        while len(self._ghosts) > self._max_ghosts:
+        for _ in range(min(len(self._ghosts) - self._max_ghosts, FORGET_PER_SIGHTING)):
             _, row = self._ghosts.popitem(last=False)
             anchor = _Anchor.at(self._table, row)
             self._table.drop(row)

@@ -129,8 +129,9 @@ def test_catalog_is_consistent_after_kill(first_engine, second_engine):
 
 def test_persisted_checkpoint_hits_from_disk_after_restart(second_engine, baseline):
     out = generate_one(second_engine.llm, prompts()["persisted"], kvci_params(tenant="acme"))
-    assert out.num_cached_tokens == 5 * BLOCK_SIZE
-    assert out.kv_transfer_params["kvci"]["hit_tier"] == "disk"
+    said = out.kv_transfer_params["kvci"]  # in the messages: why a hit was missed, if one is
+    assert out.num_cached_tokens == 5 * BLOCK_SIZE, said
+    assert said["hit_tier"] == "disk", said
     assert list(out.outputs[0].token_ids) == baseline["persisted"]
 
 
@@ -143,7 +144,8 @@ def test_refused_checkpoint_does_not_survive_restart(second_engine, baseline):
 def test_flipped_byte_is_a_load_error_and_recomputes(second_engine, baseline, flipped_blob):
     out = generate_one(second_engine.llm, prompts()["flipped"], kvci_params(tenant="acme"))
     assert list(out.outputs[0].token_ids) == baseline["flipped"]
-    assert not flipped_blob.exists()  # quarantined, never to be loaded again
+    # Quarantined, never to be loaded again (the message: what kvci said of the request).
+    assert not flipped_blob.exists(), out.kv_transfer_params["kvci"]
 
 
 def test_other_tenant_never_hits_disk(second_engine, baseline):

@@ -90,7 +90,10 @@ def layer_bytes(kv: dict[str, torch.Tensor], name: str, block: int) -> torch.Ten
     return kv[name][block].contiguous().view(torch.uint8).flatten().cpu()
 
 
-def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(tmp_path: Path) -> None:
+@pytest.fixture
+def cpu_stored():
+    """A worker on a CPU cache with three pages stored: (worker, kv, sources, slots, targets),
+    the pages of blocks ``sources`` in ``slots``, ``targets`` the blocks a load fills."""
     kv = kv_cache("cpu")
     for block in range(NUM_BLOCKS):
         write_block(kv, block, page_of(block))
@@ -101,101 +104,95 @@ def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(tmp_p
         sources, slots, targets = [3, 9, 14], [5, 0, 2], [1, 7, 12]
         reported = step(worker, StepJobs(stores=[StoreJob("r1", "c1", slots, sources)]), {"r1"})
         assert sent_within(worker, "r1", reported) == {"r1"}
-        half = SLOT // 2  # each of the two layers holds half a slot
-
-        def load(waits: list[str]) -> dict[str, list[torch.Tensor]]:
-            """One step loading the pages into ``targets``; each layer's bytes there when the
-            forward waits for it (``waits``, in order) and right after ``start_load_kv``."""
-            for block in targets:
-                write_block(kv, block, torch.zeros(SLOT, dtype=torch.uint8))
-            worker.bind(StepJobs(loads=[LoadJob("r2", slots, targets)]))
-            worker.start_load_kv()
-            seen = {"start": [torch.cat([layer_bytes(kv, "layer.1", b) for b in targets])],
-                    "start.0": [torch.cat([layer_bytes(kv, "layer.0", b) for b in targets])]}
-            for name in waits:
-                worker.wait_for_layer_load(name)
-                seen[name] = [layer_bytes(kv, name, b) for b in targets]
-            worker.wait_for_save()
-            worker.get_finished(set())
-            worker.clear()
-            for source, target in zip(sources, targets, strict=True):
-                assert torch.equal(
-                    block_bytes(kv, target), page_of(source)
-                )  # whole once the step ends
-            return seen
-
-        # The first load: no layer is known to wait, so every page is in before the forward.
-        first = load(["layer.0"])
-        assert torch.equal(first["start"][0], torch.cat([page_of(s)[half:] for s in sources]))
-        assert torch.equal(first["start.0"][0], torch.cat([page_of(s)[:half] for s in sources]))
-        # Later ones: layer 0, seen waiting, is copied when the forward waits for it, and not
-        # before; layer 1 never waited, so it is copied before the forward starts, as before.
-        for _ in range(3):
-            later = load(["layer.0"])
-            assert torch.equal(later["start"][0], torch.cat([page_of(s)[half:] for s in sources]))
-            assert not later["start.0"][0].any()
-            for got, source in zip(later["layer.0"], sources, strict=True):
-                assert torch.equal(got, page_of(source)[:half])
-        # A step whose forward waits for nothing still ends with every page in (its finish
-        # copies layer 0), and layer 0 stays deferred in the steps after it.
-        load([])
-        assert not load(["layer.0"])["start.0"][0].any()
-        totals = worker.take_stats().reduce()
-        assert totals["loaded_bytes_ram"] == 6 * 3 * SLOT
+        yield worker, kv, sources, slots, targets
     finally:
         worker.shutdown()
+
+
+def test_a_cpu_load_is_in_place_for_each_layer_when_the_forward_reaches_it(cpu_stored) -> None:
+    worker, kv, sources, slots, targets = cpu_stored
+    half = SLOT // 2  # each of the two layers holds half a slot
+
+    def load(waits: list[str]) -> dict[str, list[torch.Tensor]]:
+        """One step loading the pages into ``targets``; each layer's bytes there when the
+        forward waits for it (``waits``, in order) and right after ``start_load_kv``."""
+        for block in targets:
+            write_block(kv, block, torch.zeros(SLOT, dtype=torch.uint8))
+        worker.bind(StepJobs(loads=[LoadJob("r2", slots, targets)]))
+        worker.start_load_kv()
+        seen = {"start": [torch.cat([layer_bytes(kv, "layer.1", b) for b in targets])],
+                "start.0": [torch.cat([layer_bytes(kv, "layer.0", b) for b in targets])]}
+        for name in waits:
+            worker.wait_for_layer_load(name)
+            seen[name] = [layer_bytes(kv, name, b) for b in targets]
+        worker.wait_for_save()
+        worker.get_finished(set())
+        worker.clear()
+        for source, target in zip(sources, targets, strict=True):
+            assert torch.equal(
+                block_bytes(kv, target), page_of(source)
+            )  # whole once the step ends
+        return seen
+
+    # The first load: no layer is known to wait, so every page is in before the forward.
+    first = load(["layer.0"])
+    assert torch.equal(first["start"][0], torch.cat([page_of(s)[half:] for s in sources]))
+    assert torch.equal(first["start.0"][0], torch.cat([page_of(s)[:half] for s in sources]))
+    # Later ones: layer 0, seen waiting, is copied when the forward waits for it, and not
+    # before; layer 1 never waited, so it is copied before the forward starts, as before.
+    for _ in range(3):
+        later = load(["layer.0"])
+        assert torch.equal(later["start"][0], torch.cat([page_of(s)[half:] for s in sources]))
+        assert not later["start.0"][0].any()
+        for got, source in zip(later["layer.0"], sources, strict=True):
+            assert torch.equal(got, page_of(source)[:half])
+    # A step whose forward waits for nothing still ends with every page in (its finish
+    # copies layer 0), and layer 0 stays deferred in the steps after it.
+    load([])
+    assert not load(["layer.0"])["start.0"][0].any()
+    totals = worker.take_stats().reduce()
+    assert totals["loaded_bytes_ram"] == 6 * 3 * SLOT
 
 
 def test_layers_a_step_without_forward_started_are_in_when_the_next_forward_reads_them(
-        tmp_path: Path) -> None:
+        cpu_stored) -> None:
     """vLLM calls no ``wait_for_save`` in a step without a forward: layers its loads deferred
     are still to be copied in the next step, whose forward waits for them though it loads
     nothing itself (the connector's per-layer hook asks ``layers_loading`` first)."""
-    kv = kv_cache("cpu")
-    for block in range(NUM_BLOCKS):
-        write_block(kv, block, page_of(block))
-    worker = KVCIWorker(num_slots=6, expected_slot_bytes=SLOT, num_blocks=NUM_BLOCKS,
-                        rank_namespace=NS, blob_root=None)
-    worker.register_kv_caches(kv)
-    try:
-        sources, slots, targets = [3, 9, 14], [5, 0, 2], [1, 7, 12]
-        reported = step(worker, StepJobs(stores=[StoreJob("r1", "c1", slots, sources)]), {"r1"})
-        assert sent_within(worker, "r1", reported) == {"r1"}
-        assert not worker.layers_loading  # steps without loads: the hook returns at once
-        half = SLOT // 2
+    worker, kv, sources, slots, targets = cpu_stored
+    assert not worker.layers_loading  # steps without loads: the hook returns at once
+    half = SLOT // 2
 
-        def zero_targets() -> None:
-            for block in targets:
-                write_block(kv, block, torch.zeros(SLOT, dtype=torch.uint8))
+    def zero_targets() -> None:
+        for block in targets:
+            write_block(kv, block, torch.zeros(SLOT, dtype=torch.uint8))
 
-        # A load whose forward waits for layer 0: from now on layer 0 is copied when waited for.
-        worker.bind(StepJobs(loads=[LoadJob("r2", slots, targets)]))
-        worker.start_load_kv()
-        worker.wait_for_layer_load("layer.0")
-        worker.wait_for_save()
-        worker.get_finished(set())
-        worker.clear()
-        zero_targets()
-        # A step without a forward starts the load (layer 0 deferred) and has no wait_for_save.
-        worker.bind(StepJobs(loads=[LoadJob("r3", slots, targets)], forward=False))
-        worker.start_load_kv()
-        worker.get_finished(set())
-        worker.clear()
-        assert not layer_bytes(kv, "layer.0", targets[0]).any()
-        # The next step loads nothing; its forward reads layer 0.
-        worker.bind(StepJobs())
-        worker.start_load_kv()
-        assert worker.layers_loading
-        worker.wait_for_layer_load("layer.0")
-        for got, source in zip([layer_bytes(kv, "layer.0", b) for b in targets], sources,
-                               strict=True):
-            assert torch.equal(got, page_of(source)[:half])
-        worker.wait_for_save()
-        assert not worker.layers_loading
-        worker.get_finished(set())
-        worker.clear()
-    finally:
-        worker.shutdown()
+    # A load whose forward waits for layer 0: from now on layer 0 is copied when waited for.
+    worker.bind(StepJobs(loads=[LoadJob("r2", slots, targets)]))
+    worker.start_load_kv()
+    worker.wait_for_layer_load("layer.0")
+    worker.wait_for_save()
+    worker.get_finished(set())
+    worker.clear()
+    zero_targets()
+    # A step without a forward starts the load (layer 0 deferred) and has no wait_for_save.
+    worker.bind(StepJobs(loads=[LoadJob("r3", slots, targets)], forward=False))
+    worker.start_load_kv()
+    worker.get_finished(set())
+    worker.clear()
+    assert not layer_bytes(kv, "layer.0", targets[0]).any()
+    # The next step loads nothing; its forward reads layer 0.
+    worker.bind(StepJobs())
+    worker.start_load_kv()
+    assert worker.layers_loading
+    worker.wait_for_layer_load("layer.0")
+    for got, source in zip([layer_bytes(kv, "layer.0", b) for b in targets], sources,
+                           strict=True):
+        assert torch.equal(got, page_of(source)[:half])
+    worker.wait_for_save()
+    assert not worker.layers_loading
+    worker.get_finished(set())
+    worker.clear()
 
 
 def test_a_window_store_is_copied_and_reported_the_same_step(setup) -> None:

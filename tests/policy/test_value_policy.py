@@ -621,3 +621,24 @@ def test_checkpoints_sharing_an_anchor_move_in_the_order_they_were_admitted(poli
             admitted.append(cid)
     p.observe_lookup([key(n) for n in range(20)], 1.0)
     assert list(p.eviction_order({}, 1.0)) == admitted
+
+
+def test_ghosts_past_their_bound_are_forgotten_a_bounded_number_at_a_time() -> None:
+    """A forget (or a large eviction) turns many held anchors into ghosts at once: a sighting
+    forgets at most ``FORGET_PER_SIGHTING`` of the excess, so its time on the scheduler thread
+    stays bounded, and the sightings after it bring the ghosts back to their bound."""
+    from kvci_plugin.policy.value_policy import FORGET_PER_SIGHTING
+
+    policy = ValuePolicy(max_ghosts=4)
+    ix = index(1000, policy=policy)
+    many = 3 * FORGET_PER_SIGHTING
+    for i in range(many):
+        keep(ix, f"c{i}", chain(10_000 + i))
+    ix.erase("t")  # every anchor a ghost now
+    assert policy.tracked == many
+    counts = []
+    for i in range(5):
+        ix.sight(Offer(anchor=key(20_000 + i)))  # a new anchor: a ghost more
+        counts.append(policy.tracked)
+    step = FORGET_PER_SIGHTING - 1
+    assert counts == [many - step, many - 2 * step, 4, 4, 4]
