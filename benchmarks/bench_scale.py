@@ -33,7 +33,8 @@ process's resident memory grown from before the index was built to after the fil
 pages held); what one full collection costs at that size (``gc.collect()`` after the timed
 requests: the pause the engine pays whenever one comes); and the reads an operator's tools make
 (``ram_stats``, ``explain`` without a tenant, ``policy_learned``), each under the index's lock for
-its whole run: after one call, the longest of five more.
+its whole run: after one call, the longest of five more; last, a forget of the tenant (every
+checkpoint the tier holds), under the manager's lock and the index's.
 
     .venv/bin/python -m benchmarks.bench_scale [--pages 1e3,1e4,1e5,1e6] [--policy value,lru]
         [--requests N] [--fill F] [--seed S] [--quick] [--out benchmarks/results/scale.json]
@@ -258,7 +259,16 @@ def run_one(pages: int, policy: str, requests: int, fill: float, seed: int) -> d
         "fill_s": round(fill_s, 1), "checkpoints": held.entries, "held_pages": held.pages,
         **timed, "rss_per_held_page_b": round(rss_held / max(1, held.pages), 1),
         "reads_us": _reads(tier), "evictions": tier.index.stats().evictions,
+        "forget_us": _forget(tier),
     }
+
+
+def _forget(tier: Tier) -> float:
+    """A forget of the tenant, which holds every checkpoint (the manager's part under its lock,
+    all of it on the index's: ``forget_ram``), in microseconds. Last: it empties the tier."""
+    start = time.thread_time()
+    tier.manager.forget_ram(TENANT)
+    return round((time.thread_time() - start) * 1e6, 1)
 
 
 def _time_requests(tier: Tier, work: Workload, requests: int) -> dict[str, Any]:
@@ -389,8 +399,8 @@ def scale_section(path: Path, report: dict[str, Any]) -> list[str]:
     """The results README's section of one scale report."""
     header = ["| pages | policy | checkpoints | request median / p99 / max (us) | worst call (us) "
               "| longest GC (us) | a full GC (us) | tracked objects | RSS per held page (B) "
-              "| ram_stats (us) | explain, no tenant (us) | policy_learned (us) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| ram_stats (us) | explain, no tenant (us) | policy_learned (us) | forget (us) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines = [f"## {path.stem}", "", f"Command (from the repository root, {report['runtime_s']:.0f}"
              f" s): `{report['command']}`", "",
              f"- Python {report['python']}, {report['cpus']} CPUs, shared. Times are the "
@@ -411,7 +421,13 @@ def _row(run: dict[str, Any]) -> str:
             f"{run['worst_call']['us']:,.0f} ({run['worst_call']['call']}) | "
             f"{gcs['longest_us']:,.0f} | {_full_gc(gcs)} | {gcs['tracked_objects']:,} | "
             f"{run['rss_per_held_page_b']:,.0f} | {reads['ram_stats']:,.0f} | "
-            f"{reads['explain_without_tenant']:,.0f} | {reads['policy_learned']:,.0f} |")
+            f"{reads['explain_without_tenant']:,.0f} | {reads['policy_learned']:,.0f} | "
+            f"{_forget_cell(run)} |")
+
+
+def _forget_cell(run: dict[str, Any]) -> str:
+    forget = run.get("forget_us")  # not measured by reports before it was
+    return "-" if forget is None else f"{forget:,.0f}"
 
 
 def _full_gc(gcs: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvci_plugin.tiering.disk.records import KVCheckpointRecord
@@ -44,9 +44,11 @@ class Tombstones:
             self._fenced[checkpoint_id] = (tenant, when, generation)
         _trim(self._fenced)
 
-    def forget(self, entries: Iterable[CheckpointEntry], tenant: str, when: float) -> None:
-        for entry in entries:
-            self._forgotten[entry.checkpoint_id] = (tenant, when)
+    def forget(self, checkpoint_ids: Sequence[str], tenant: str, when: float) -> None:
+        """A forget erased ``checkpoint_ids`` of ``tenant`` (only the newest are kept: the
+        older would be trimmed at once)."""
+        for checkpoint_id in checkpoint_ids[-MAX_TOMBSTONES:]:
+            self._forgotten[checkpoint_id] = (tenant, when)
         _trim(self._forgotten)
 
     def raise_if_gone(self, checkpoint_id: str, tenant: str | None,

@@ -167,6 +167,15 @@ class Eviction:
 
 
 @dataclass(frozen=True)
+class Erased:
+    """What a forget dropped from the RAM tier (``RAMIndex.erase``)."""
+
+    checkpoint_ids: tuple[str, ...]
+    # The keys of the pages that left the tier (a page a load still pins leaves at its unpin).
+    freed: tuple[PageKey, ...]
+
+
+@dataclass(frozen=True)
 class Reservation:
     """What the worker must do to store a checkpoint.
 

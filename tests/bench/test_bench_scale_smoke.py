@@ -34,6 +34,7 @@ def test_quick_run_writes_a_report_the_readme_renders(tmp_path: Path) -> None:
         assert run["rss_per_held_page_b"] > 0
         assert set(run["reads_us"]) == {"ram_stats", "index_stats", "explain_without_tenant",
                                         "policy_learned"}
+        assert run["forget_us"] > 0
     (path, loaded), = load_scales(tmp_path)
     section = "\n".join(scale_section(path, loaded))
     assert section.startswith("## scale") and "| 1,000 | value |" in section
@@ -50,6 +51,7 @@ def test_the_workload_is_seeded_and_grows_prompts_turn_by_turn() -> None:
 def test_one_run_fills_past_the_tier_and_evicts() -> None:
     run = run_one(800, "value", requests=30, fill=1.5, seed=1)
     assert run["fill_requests"] > 0 and run["held_pages"] <= 800 and run["evictions"] > 0
+    assert run["forget_us"] > 0
     tier = Tier(800, "lru")
     assert tier.index.stats().pages == 0
 

@@ -7,7 +7,14 @@ import time
 from collections.abc import Callable, Sequence
 
 import pytest
-from test_manager import QueuedMover, World, issuer_key, keys_for, make  # noqa: F401 (fixtures)
+from test_manager import (  # noqa: F401 (fixtures)
+    QueuedMover,
+    World,
+    issuer_key,
+    keys_for,
+    make,
+    pages_for,
+)
 
 from kvci_plugin.tiering.loadable import Tier
 from kvci_plugin.tiering.manager import TieredCheckpointManager
@@ -124,3 +131,25 @@ def test_durable_pages_are_removed_once_their_retention_passes(make: Callable[..
     manager.collect_expired()
     assert rec.take() == [("removed", "disk", tuple(keys))]
     assert world.disk is not None and world.disk.longest_prefix(keys, "acme") == 0
+
+
+def test_a_forget_tells_its_tenants_ram_pages_removed_and_no_other_tenants(watched) -> None:
+    world, rec = watched
+    mover: QueuedMover = world.mover
+    kept, kept_keys, _ = world.checkpoint("kept", n=3)
+    mover.finish_store(world.manager, kept)
+    # Shares the first two pages and adds two of its own; still being copied when forgotten.
+    grown = keys_for("acme/kept", 3)[:2] + keys_for("acme/more", 2)
+    pending = world.manager.checkpoint_now(tenant="acme", keys=grown, trigger="user",
+                                           recommendation=None, source=pages_for(grown))
+    other, other_keys, _ = world.checkpoint("other", n=2, tenant="other-co")
+    mover.finish_store(world.manager, other)
+    rec.take()
+    assert world.manager.forget_ram("acme").ram_checkpoints == 2
+    (told,) = rec.take()
+    assert told[:2] == ("removed", "ram")
+    # The pending checkpoint's own two pages were never loadable: nothing to tell of them.
+    assert sorted(told[2]) == sorted(kept_keys)
+    assert mover.finish_store(world.manager, pending.checkpoint_id) is None
+    assert rec.take() == []
+    assert world.ram.index.longest_prefix(other_keys, "other-co") == 2

@@ -29,7 +29,7 @@ from kvci_plugin.ops.held_keys import HeldKeys
 from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
 from kvci_plugin.tiering.ram.keys import check_keys, positive_int, slots_in
 from kvci_plugin.tiering.ram.meta import pack_meta, unpack_meta
-from kvci_plugin.tiering.ram.pages import ERASED, PageTable
+from kvci_plugin.tiering.ram.pages import PageTable
 from kvci_plugin.tiering.ram.room import Entry, Over, Room, RoomPlanner
 from kvci_plugin.tiering.types import (
     CheckpointBusyError,
@@ -37,6 +37,7 @@ from kvci_plugin.tiering.types import (
     CheckpointExistsError,
     CheckpointNotFoundError,
     DoesNotFitError,
+    Erased,
     Eviction,
     NotWorthDisplacingError,
     PageKey,
@@ -382,20 +383,27 @@ class RAMIndex:
                 )
             self._drop(checkpoint_id)
 
-    def erase(self, tenant: str) -> list[CheckpointEntry]:
-        """A forget: drop every checkpoint of ``tenant``, pending ones too; returns them. Pages a
-        load or a persist still pins are erased: no lookup finds them, no pin or reservation
-        takes them, and they are freed at their last ``unpin``."""
+    def erase(self, tenant: str, *, freed_keys: bool = False) -> Erased:
+        """A forget: drop every checkpoint of ``tenant``, pending ones too; their ids, and the
+        keys of the pages freed when ``freed_keys``. Pages a load or a persist still pins are
+        erased: no lookup finds them, no pin or reservation takes them, and they are freed at
+        their last ``unpin``.
+
+        A page is one tenant's, so every page of the tenant's checkpoints goes: the pages are
+        let go of in one pass over the page columns, not checkpoint by checkpoint, and no
+        record of a checkpoint is built (at 10^6 pages, snapshots of 20,000 checkpoints with
+        their keys held the lock for seconds)."""
         check_tenant(tenant)
         with self._lock:
-            erased = self.entries(tenant)
-            for entry in erased:
-                self._drop(entry.checkpoint_id)
-            if self._tenant_pages.get(tenant):  # pinned ones are left: rare, so a scan is fine
-                t = self._pages
-                held = np.frombuffer(t.keys.held(), np.int64)
-                t.v_state[held[t.v_tenant[held] == t.known(tenant)]] = ERASED  # not ready
-            return erased
+            ids = tuple(cid for cid, e in self._entries.items() if e.tenant == tenant)
+            for cid in ids:
+                entry = self._entries.pop(cid)
+                self._policy.dropped(cid, evicted=False)
+                if entry.pending:
+                    self._pending -= 1
+                self._unend(entry.last_slot, cid)
+            self._policy_changes += bool(ids)
+            return Erased(checkpoint_ids=ids, freed=self._pages.erase(tenant, freed_keys))
 
     def clear(self) -> tuple[tuple[str, str], ...]:
         """Forget every checkpoint, pending or pinned ones too (a cache reset); returns their ids
