@@ -29,6 +29,19 @@ from kvci_plugin.tiering.types import DoesNotFitError
 DECLARED_POOL = "\0declared"
 """The pool of every declared (unverified) tenant: no valid tenant name has a NUL in it."""
 
+SLACK_SHIFT = 12
+SLACK_MIN_PAGES = 64
+"""A large tier's trim frees 1/4096 of the tier more than the reservation wants (``slack``)."""
+
+
+def slack(capacity: int) -> int:
+    """The pages a trim frees past what is wanted in a tier of ``capacity`` pages: a plan, its
+    trim and the policy's weighing were most of a store's time on the scheduler thread, and
+    a little room left free lets the next stores (tens of new pages each) skip them. Less than
+    ``SLACK_MIN_PAGES`` would spare no plan: a smaller tier keeps every page it can."""
+    pages = capacity >> SLACK_SHIFT
+    return pages if pages >= SLACK_MIN_PAGES else 0
+
 
 @dataclass(slots=True)
 class Entry:
@@ -167,17 +180,21 @@ class RoomPlanner:
 
     def _trimmed(self, room: Room, over: Over) -> Room:
         """``room``, its last victim trimmed when it frees more pages than wanted: it keeps its
-        leading pages up to the spare count of those it would free, as a block-level LRU keeps
-        a prompt's head and drops its tail (evicting it whole left pages unused until the next
-        reservation, ~3 % of the tier on the agent trace at a tenth of its working set, and cost
-        hits a block LRU kept)."""
+        leading pages up to the spare count of those it would free (less the tier's ``slack``),
+        as a block-level LRU keeps a prompt's head and drops its tail (evicting it whole left
+        pages unused until the next reservation, ~3 % of the tier on the agent trace at a tenth
+        of its working set, and cost hits a block LRU kept)."""
         if self._last is None or over.pages >= 0:
             return room
         cid, gone = self._last
         spare = -over.pages
         if len(gone) <= spare or self.entries[cid].order is not None:
             return room  # it frees only spare pages, or repeats a key: it leaves whole
-        return Room(room.fair, room.ranked, trim=(cid, int(gone[spare])))
+        # Of the pages it would free, it keeps those spare less the tier's slack (its first).
+        kept = max(0, spare - slack(self.capacity))
+        if gone[kept] == 0:
+            return room  # it would keep no page: it leaves whole
+        return Room(room.fair, room.ranked, trim=(cid, int(gone[kept])))
 
     @staticmethod
     def _checked(room: Room, over: Over) -> Room:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvci_plugin.tiering.ram.index import RAMIndex
+from kvci_plugin.tiering.ram.room import slack
 from kvci_plugin.tiering.types import (
     CheckpointBusyError,
     CheckpointExistsError,
@@ -499,3 +500,31 @@ def test_bad_input_is_refused(call, error: type, field: str) -> None:
     with pytest.raises(error, match=field):
         call(index)
     assert index.stats().entries == 0
+
+
+def test_a_large_tiers_trim_leaves_its_slack_free_for_the_next_stores() -> None:
+    assert (slack(2**18 - 1), slack(2**18), slack(10**6)) == (0, 64, 244)
+    n = 2**18
+    index = RAMIndex(num_slots=n, slot_bytes=SLOT, max_entries=10)
+    stored(index, "a", "t", keys(*range(n - 1000)))
+    stored(index, "b", "t", keys(*range(1000), tag=1))
+    # 20 pages wanted: "a" (least recent) loses 20 and the tier's slack, 64, of its tail.
+    (gone,) = index.reserve("c", "t", keys(*range(20), tag=2)).evicted
+    assert (gone.checkpoint_id, gone.trimmed) == ("a", True)
+    assert gone.freed == tuple(keys(*range(n - 1084, n - 1000)))
+    index.commit("c")
+    # The next stores fit in what the slack left: no plan, nothing evicted.
+    assert index.reserve("d", "t", keys(*range(40), tag=3)).evicted == ()
+    assert index.reserve("e", "t", keys(*range(24), tag=4)).evicted == ()
+    assert index.stats().pages == n
+
+
+def test_a_trim_that_would_keep_no_page_evicts_its_checkpoint_whole() -> None:
+    n = 2**18
+    index = RAMIndex(num_slots=n, slot_bytes=SLOT, max_entries=10)
+    stored(index, "a", "t", keys(*range(50)))
+    stored(index, "b", "t", keys(*range(n - 50), tag=1))
+    # 20 wanted, "a" frees 50: within the slack, so it leaves whole rather than empty.
+    (gone,) = index.reserve("c", "t", keys(*range(20), tag=2)).evicted
+    assert (gone.checkpoint_id, gone.trimmed, len(gone.freed)) == ("a", False, 50)
+    assert ids(index) == ["b", "c"]
