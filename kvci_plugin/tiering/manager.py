@@ -18,9 +18,9 @@ may evict or expire a record behind the manager's back.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any, get_args
@@ -78,6 +78,12 @@ from kvci_plugin.worthiness import (
 logger = logging.getLogger(__name__)
 
 _TRIGGERS = frozenset(get_args(Trigger))
+
+
+def new_checkpoint_id() -> str:
+    """A fresh checkpoint id: 128 random bits in hex, as a uuid4's hex (one per store on the
+    scheduler thread, without building a UUID object)."""
+    return os.urandom(16).hex()
 
 
 class TieredCheckpointManager(TenantErasure):
@@ -283,7 +289,7 @@ class TieredCheckpointManager(TenantErasure):
         if not keys:
             return CheckpointOutcome(checkpoint_id=None, tier="none", pending=False,
                                      reason="no full block to keep")
-        cid = uuid.uuid4().hex
+        cid = new_checkpoint_id()
         meta = {
             "trigger": trigger,
             # Its JSON, one string: serialised in one call, packed and kept as one object.
@@ -518,7 +524,7 @@ class TieredCheckpointManager(TenantErasure):
         """A checkpoint the system kept committed: the prefix its prompt re-sent keeps a value of
         its own (``RAMIndex.keep_resent_prefix``). An explicit one needs none: it leaves last."""
         if trigger == "system":
-            self.index.keep_resent_prefix(checkpoint_id, uuid.uuid4().hex)
+            self.index.keep_resent_prefix(checkpoint_id, new_checkpoint_id())
 
 
 def _check_source_ids(source_ids: Iterable[str]) -> tuple[str, ...]:

@@ -301,11 +301,10 @@ class RAMIndex:
             idx, mine = self._hold(checkpoint_id, tenant, pool, found, order, new_keys, meta,
                                    now)
             self._policy.admitted(checkpoint_id, offer, now)
-            new = np.flatnonzero(mine)
             return Reservation(
                 checkpoint_id=checkpoint_id, tenant=tenant,
-                new_keys=tuple(distinct[i] for i in new.tolist()),
-                new_slots=tuple(idx[new].tolist()), evicted=evicted, distinct=distinct,
+                new_keys=tuple(compress(distinct, mine.tolist())),
+                new_slots=tuple(idx[mine].tolist()), evicted=evicted, distinct=distinct,
                 distinct_slots=idx, fresh=mine, order=order)
 
     def _hold(self, checkpoint_id: str, tenant: str, pool: str, found: np.ndarray,
