@@ -366,9 +366,7 @@ class TieredCheckpointManager(TenantErasure):
                 self.retentions.dropped(cid)
                 raise
         if done:
-            self.index.commit(cid)
-            self.retentions.committed()
-            self._tell_ram_stored(cid, tenant)
+            self._commit(cid)
             self._keep_resent_prefix(cid, trigger)
             if res.new_keys:
                 self._persists.start_ready()
@@ -396,10 +394,8 @@ class TieredCheckpointManager(TenantErasure):
             if checkpoint_id in self._tombstones:
                 return None  # a copy of KV from before a reset or a forget: never loadable
             if ok:
-                self.index.commit(checkpoint_id)
-                self.retentions.committed()
+                self._commit(checkpoint_id)
                 if tenant is not None:
-                    self._tell_ram_stored(checkpoint_id, tenant)
                     self._keep_resent_prefix(checkpoint_id, trigger)
             else:
                 keys = self.index.get(checkpoint_id, tenant).keys if tenant is not None else ()
@@ -512,13 +508,14 @@ class TieredCheckpointManager(TenantErasure):
 
     # ---- helpers (caller holds the lock) --------------------------------------------------------
 
-    def _tell_ram_stored(self, checkpoint_id: str, tenant: str) -> None:
-        """The committed checkpoint's pages that are loadable now (a page it shares may still be
-        being copied in by another store, which tells it when that one commits)."""
-        if self._loadable is None:
-            return
-        self._loadable.stored("ram", self.index.loadable(
-            self.index.get(checkpoint_id, tenant).keys, tenant))
+    def _commit(self, checkpoint_id: str) -> None:
+        """(Lock held.) A RAM copy is in: the checkpoint is committed, and the pages it copied
+        in are told loadable (a page it shares was told by the store that copied it in: the
+        work is the new pages', not the whole prompt's)."""
+        ready = self.index.commit(checkpoint_id, ready_keys=self._loadable is not None)
+        self.retentions.committed()
+        if ready and self._loadable is not None:
+            self._loadable.stored("ram", ready)
 
     def _keep_resent_prefix(self, checkpoint_id: str, trigger: Trigger | None) -> None:
         """A checkpoint the system kept committed: the prefix its prompt re-sent keeps a value of

@@ -153,3 +153,17 @@ def test_a_forget_tells_its_tenants_ram_pages_removed_and_no_other_tenants(watch
     assert mover.finish_store(world.manager, pending.checkpoint_id) is None
     assert rec.take() == []
     assert world.ram.index.longest_prefix(other_keys, "other-co") == 2
+
+
+def test_a_page_shared_with_a_store_under_way_is_told_by_the_store_that_copies_it(watched) -> None:
+    world, rec = watched
+    mover: QueuedMover = world.mover
+    first, first_keys, _ = world.checkpoint("first", n=3)
+    grown = first_keys + keys_for("acme/grown", 1)
+    second = world.manager.checkpoint_now(tenant="acme", keys=grown, trigger="user",
+                                          recommendation=None, source=pages_for(grown))
+    assert second.new_pages == 1  # the first three are the first store's to copy in
+    mover.finish_store(world.manager, second.checkpoint_id)
+    assert rec.take() == [("stored", "ram", tuple(grown[3:]))]
+    mover.finish_store(world.manager, first)
+    assert rec.take() == [("stored", "ram", tuple(first_keys))]

@@ -334,13 +334,16 @@ class RAMIndex:
         with self._lock:
             self._policy.retained(checkpoint_id)
 
-    def commit(self, checkpoint_id: str) -> None:
-        """The worker copied the reservation's new pages: they become loadable."""
+    def commit(self, checkpoint_id: str, *, ready_keys: bool = False) -> tuple[PageKey, ...]:
+        """The worker copied the reservation's new pages: they become loadable. With
+        ``ready_keys``, the keys of the pages loadable from now on (those this reservation
+        copied in: the others were loadable already, or are another store's to copy)."""
         with self._lock:
             entry = self._pending_entry(checkpoint_id)
-            self._pages.written(entry.slots, entry.num)
+            ready = self._pages.written(entry.slots, entry.num, ready_keys)
             entry.pending = False
             self._pending -= 1
+            return ready
 
     def keep_resent_prefix(self, checkpoint_id: str, prefix_id: str) -> bool:
         """After the system's checkpoint ``checkpoint_id`` committed: keep the leading pages the

@@ -216,10 +216,13 @@ class PageTable:
         self.busy += busy
         return np.frombuffer(mine, bool)
 
-    def written(self, idx: Slots, writer: int) -> None:
-        """``writer`` copied its pages in: they are ready."""
+    def written(self, idx: Slots, writer: int, keys: bool) -> tuple[PageKey, ...]:
+        """``writer`` copied its pages in: they are ready. The keys of those pages (none
+        unless ``keys``)."""
+        ready = tuple(self.keys_at(idx[self.v_writer[idx] == writer])) if keys else ()
         self.busy -= written_pages(idx, self.v_state, READY, self.v_writer, writer, NO_WRITER,
                                    self.v_pins)
+        return ready
 
     def leave(self, idx: Slots, writer: int) -> tuple[PageKey, ...]:
         """A checkpoint numbered ``writer`` let go of the pages at ``idx``: their references go
