@@ -157,9 +157,9 @@ class TenantErasure:
     def _erase_ram(self, tenant: str, now: float) -> int:
         """(Lock held.) This process's part of erasing ``tenant``; how many RAM checkpoints."""
         self.retentions.forget(tenant)
-        ram = self.index.erase(tenant, freed_keys=self._loadable is not None)
+        ram = self.index.erase(tenant, unloaded_keys=self._loadable is not None)
         self._tombstones.forget(ram.checkpoint_ids, tenant, now)
         if self._loadable is not None:  # kv events: the erased pages stop being loadable
-            self._loadable.removed("ram", ram.freed)
+            self._loadable.removed("ram", ram.unloaded)
         self._persists.fence_tenant(tenant)
         return len(ram.checkpoint_ids)

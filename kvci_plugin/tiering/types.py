@@ -171,8 +171,9 @@ class Erased:
     """What a forget dropped from the RAM tier (``RAMIndex.erase``)."""
 
     checkpoint_ids: tuple[str, ...]
-    # The keys of the pages that left the tier (a page a load still pins leaves at its unpin).
-    freed: tuple[PageKey, ...]
+    # The keys of the pages loadable until the forget: freed, or unloadable from now on while a
+    # load still pins them (freed at its unpin).
+    unloaded: tuple[PageKey, ...]
 
 
 @dataclass(frozen=True)

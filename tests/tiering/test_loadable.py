@@ -167,3 +167,18 @@ def test_a_page_shared_with_a_store_under_way_is_told_by_the_store_that_copies_i
     assert rec.take() == [("stored", "ram", tuple(grown[3:]))]
     mover.finish_store(world.manager, first)
     assert rec.take() == [("stored", "ram", tuple(first_keys))]
+
+
+def test_a_forget_tells_pages_a_load_still_pins_removed_at_once(watched) -> None:
+    world, rec = watched
+    mover: QueuedMover = world.mover
+    cid, keys, _ = world.checkpoint("pinned", n=3)
+    mover.finish_store(world.manager, cid)
+    rec.take()
+    world.ram.index.pin(keys[:2], "acme")  # a load under way
+    world.manager.forget_ram("acme")
+    (told,) = rec.take()
+    assert told[:2] == ("removed", "ram") and sorted(told[2]) == sorted(keys)
+    assert world.ram.index.longest_prefix(keys, "acme") == 0
+    world.ram.index.unpin(keys[:2])  # freed now: nothing more to tell
+    assert rec.take() == [] and world.ram.index.stats().pages == 0

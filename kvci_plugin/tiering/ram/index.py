@@ -385,11 +385,11 @@ class RAMIndex:
                 )
             self._drop(checkpoint_id)
 
-    def erase(self, tenant: str, *, freed_keys: bool = False) -> Erased:
+    def erase(self, tenant: str, *, unloaded_keys: bool = False) -> Erased:
         """A forget: drop every checkpoint of ``tenant``, pending ones too; their ids, and the
-        keys of the pages freed when ``freed_keys``. Pages a load or a persist still pins are
-        erased: no lookup finds them, no pin or reservation takes them, and they are freed at
-        their last ``unpin``.
+        keys of the pages loadable until now when ``unloaded_keys``. Pages a load or a persist
+        still pins are erased: no lookup finds them, no pin or reservation takes them, and they
+        are freed at their last ``unpin``.
 
         A page is one tenant's, so every page of the tenant's checkpoints goes: the pages are
         let go of in one pass over the page columns, not checkpoint by checkpoint, and no
@@ -405,7 +405,7 @@ class RAMIndex:
                     self._pending -= 1
                 self._unend(entry.last_slot, cid)
             self._policy_changes += bool(ids)
-            return Erased(checkpoint_ids=ids, freed=self._pages.erase(tenant, freed_keys))
+            return Erased(checkpoint_ids=ids, unloaded=self._pages.erase(tenant, unloaded_keys))
 
     def clear(self) -> tuple[tuple[str, str], ...]:
         """Forget every checkpoint, pending or pinned ones too (a cache reset); returns their ids

@@ -241,22 +241,21 @@ class PageTable:
         """Every page of ``tenant`` loses its references and copies (a forget dropped every
         checkpoint of the tenant, and a page is one tenant's): those unused are freed, those a
         load or a persist pins are ``ERASED`` and freed at their last unpin. The keys of the
-        pages freed (none unless ``keys``)."""
+        pages loadable until now, freed or erased (none unless ``keys``)."""
         number = self.known(tenant)
         if number < 0 or not self.tenant_pages.get(tenant):
             return ()
         held = np.frombuffer(self.keys.held(), np.int64)
         mine = held[self.v_tenant[held] == number]
+        unloaded = tuple(self.keys_at(mine[self.v_state[mine] == READY])) if keys else ()
         pinned = self.v_pins[mine] > 0
         # Busy: pinned or being written. Their writes end here; their pins stay.
         self.busy -= int(((self.v_writer[mine] != NO_WRITER) & ~pinned).sum())
         self.v_refs[mine] = 0
         self.v_writer[mine] = NO_WRITER
         self.v_state[mine[pinned]] = ERASED
-        unused = mine[~pinned]
-        freed = tuple(self.keys_at(unused)) if keys else ()
-        self.free(unused)
-        return freed
+        self.free(mine[~pinned])
+        return unloaded
 
     def busy_in(self, idx: Slots) -> bool:
         """Whether a page of ``idx`` is pinned or being written."""

@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kvci_plugin.tiering.ram.index import RAMIndex
 from kvci_plugin.tiering.types import (
     DoesNotFitError,
+    Erased,
     PageNotFoundError,
     TenantMismatchError,
 )
@@ -263,9 +264,10 @@ class IndexModel:
         ids = {c for c, e in self.entries.items() if e.tenant == tenant}
         mine = {k for k in self.held() if self.tenant_of[k] == tenant}
         pinned = {k for k in mine if self.pins[k]}
-        erased = self.index.erase(tenant, freed_keys=True)
+        erased = self.index.erase(tenant, unloaded_keys=True)
         assert set(erased.checkpoint_ids) == ids and len(erased.checkpoint_ids) == len(ids)
-        assert sorted(erased.freed) == sorted(mine - pinned)
+        # What was loadable stops being: freed, or erased while a load pins it.
+        assert sorted(erased.unloaded) == sorted(mine & self.ready)
         for cid in ids:
             del self.entries[cid]
             self.order.remove(cid)
@@ -276,7 +278,7 @@ class IndexModel:
         self.forget_unheld()
         self.seen["erased"] += bool(ids)
         self.seen["erased_pinned"] += bool(pinned)
-        assert self.index.erase(tenant, freed_keys=True).checkpoint_ids == ()
+        assert self.index.erase(tenant, unloaded_keys=True) == Erased((), ())
 
     def op_pin(self, choose: Chooser) -> None:
         tenant = choose.choice(TENANTS)
