@@ -50,7 +50,7 @@ _BUCKETS = len(EDGES)
 # Per bucket: its start, and its span (the open last one spans whatever lies past its start).
 _LOWS = np.array(EDGES)
 _SPANS = np.append(np.diff(_LOWS), np.inf)
-_LOW_SPANS = tuple(zip(_LOWS.tolist(), _SPANS.tolist()))
+_SPANS_LIST = tuple(_SPANS.tolist())
 
 # Idle ages so far (seconds) of the contexts still idle, per class.
 Live = Mapping[Hashable, ArrayLike]
@@ -175,13 +175,17 @@ class ReuseHazard:
         """An idle period of a ``cls`` context ended after ``age_s`` s: re-sent, or forgotten."""
         # One period, bucket by bucket in plain floats: the same clip and sum as
         # ``idle_exposure``'s, bit for bit, without numpy's fixed cost per call (several
-        # periods end at every lookup, on the scheduler thread).
-        row = self._exposure.setdefault(cls, [0.0] * _BUCKETS)
+        # periods end at every lookup, on the scheduler thread). The clip is the span of each
+        # bucket the age passed, the rest in the bucket it ends in, and 0.0 (no sum) after.
+        row = self._exposure.get(cls)
+        if row is None:
+            row = self._exposure[cls] = [0.0] * _BUCKETS
         age = float(age_s)
-        for j, (low, span) in enumerate(_LOW_SPANS):
-            if age <= low:  # the clip adds 0.0 from here on: each sum is left as it was
-                break
-            row[j] += min(age - low, span)
+        started = bisect.bisect_left(EDGES, age)  # the buckets starting before ``age``
+        for j in range(started - 1):
+            row[j] += _SPANS_LIST[j]
+        if started:
+            row[started - 1] += age - EDGES[started - 1]
         reuses = self._reuses.setdefault(cls, [0.0] * _BUCKETS)
         if reused:
             reuses[bucket(age_s)] += 1.0

@@ -474,7 +474,10 @@ class ValuePolicy:
             del members[cid]
             if not members:
                 del self._by_class[before]
-            self._by_class.setdefault(after, OrderedDict())[cid] = anchor
+            tail = self._by_class.get(after)
+            if tail is None:
+                tail = self._by_class[after] = OrderedDict()
+            tail[cid] = anchor
 
     def _forget_overflow(self, now: float) -> None:
         for _ in range(min(len(self._ghosts) - self._max_ghosts, FORGET_PER_SIGHTING)):
