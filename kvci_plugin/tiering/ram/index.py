@@ -155,14 +155,6 @@ class RAMIndex:
         with self._lock:
             return self._pages.prefix(keys, tenant)
 
-    def loadable(self, keys: Sequence[PageKey], tenant: str) -> tuple[PageKey, ...]:
-        """Those of ``keys`` whose page is loadable for ``tenant`` (copied in, its own), in order.
-        Changes nothing."""
-        check_tenant(tenant)
-        keys = check_keys(keys)
-        with self._lock:
-            return tuple(compress(keys, self._pages.loadable(keys, tenant).tolist()))
-
     def absent(self, keys: Iterable[PageKey]) -> tuple[PageKey, ...]:
         """The distinct ``keys`` whose page the tier does not hold, in order. Changes nothing.
         After a reservation, the keys of its evicted checkpoints that are absent are the pages

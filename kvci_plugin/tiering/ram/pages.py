@@ -127,14 +127,6 @@ class PageTable:
 
     # ---- lookups and loads --------------------------------------------------------------------
 
-    def loadable(self, keys: Sequence[PageKey], tenant: str) -> np.ndarray:
-        """Per key, whether its page is held, ready and ``tenant``'s."""
-        found = self.find(keys)
-        ok = found >= 0
-        idx = found[ok]
-        ok[ok] = (self.v_state[idx] == READY) & (self.v_tenant[idx] == self.known(tenant))
-        return ok
-
     def prefix(self, keys: Sequence[PageKey], tenant: str) -> int:
         """How many leading ``keys`` are loadable for ``tenant``."""
         return loadable_run(self.find(keys), self.v_state, READY, self.v_tenant,
