@@ -131,11 +131,15 @@ struct Table {
   }
 
   static uint64_t tag_of(uint64_t h) { return h >> 32; }
+  // A key's home bucket is named by its tag's low bits: a removal finds the home of each bucket
+  // it may shift from the bucket alone, not by reading and hashing that bucket's key (a cache
+  // miss each at a million pages). The tag's higher bits still tell apart keys of one home.
+  uint64_t home_of(uint64_t h) const { return tag_of(h) & mask; }
 
   // The bucket holding `k`, or the empty bucket where it would go.
   uint64_t probe(const Key& k, uint64_t h, bool* found) const {
     const uint64_t tag = tag_of(h);
-    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+    for (uint64_t i = home_of(h);; i = (i + 1) & mask) {
       const uint64_t b = buckets[i];
       if (b == 0) {
         *found = false;
@@ -164,25 +168,29 @@ struct Table {
     std::vector<uint64_t> hs(n);
     for (size_t i = 0; i < n; ++i) {
       hs[i] = hash_of(ks[i]);
-      __builtin_prefetch(&buckets[hs[i] & mask]);
+      __builtin_prefetch(&buckets[home_of(hs[i])]);
     }
     for (size_t i = 0; i < n; ++i) {
-      const uint64_t b = buckets[hs[i] & mask];
+      const uint64_t b = buckets[home_of(hs[i])];
       if (b != 0) __builtin_prefetch(&keys[size_t((b & 0xFFFFFFFFULL) - 1)]);
     }
     out.resize(n);
     for (size_t i = 0; i < n; ++i) out[i] = find_hashed(ks[i], hs[i]);
   }
 
-  void insert(const Key& k, int64_t slot) {
-    const uint64_t h = hash_of(k);
+  void insert(const Key& k, int64_t slot) { insert_hashed(k, hash_of(k), slot); }
+
+  // `k` (hashed `h`) held at `slot`; false, changing nothing, when it is held already.
+  bool insert_hashed(const Key& k, uint64_t h, int64_t slot) {
     bool found;
     const uint64_t i = probe(k, h, &found);
+    if (found) return false;
     buckets[i] = (tag_of(h) << 32) | uint64_t(slot + 1);
     keys[size_t(slot)] = k;
     used[size_t(slot)] = 1;
     ++size;
     ++version;
+    return true;
   }
 
   void remove(int64_t slot) {
@@ -192,7 +200,7 @@ struct Table {
     // Backward-shift deletion: no tombstones, so probes stay short however many keys came and
     // went.
     for (uint64_t j = (i + 1) & mask; buckets[j] != 0; j = (j + 1) & mask) {
-      const uint64_t home = hash_of(keys[size_t((buckets[j] & 0xFFFFFFFFULL) - 1)]) & mask;
+      const uint64_t home = (buckets[j] >> 32) & mask;
       // The entry at j may move to i unless its home lies cyclically in (i, j].
       const bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
       if (!stays) {
@@ -408,21 +416,27 @@ PyObject* kt_insert(PyObject* self, PyObject* args) {
     PyErr_Format(PyExc_ValueError, "%zu keys but %zu slots", ks.size(), slots.size());
     return nullptr;
   }
+  // Each key hashed once and its bucket fetched before the probes (as find_all does).
+  std::vector<uint64_t> hs(ks.size());
+  for (size_t i = 0; i < ks.size(); ++i) {
+    hs[i] = hash_of(ks[i]);
+    __builtin_prefetch(&t.buckets[t.home_of(hs[i])]);
+  }
   // Checked whole before any change: a refused insert changes nothing.
   for (size_t i = 0; i < ks.size(); ++i) {
     if (t.used[size_t(slots[i])]) {
       PyErr_Format(PyExc_ValueError, "slot %lld already holds a key", (long long)slots[i]);
       return nullptr;
     }
-    if (t.find(ks[i]) >= 0) {
+    if (t.find_hashed(ks[i], hs[i]) >= 0) {
       PyErr_Format(PyExc_ValueError, "keys[%zu] is held already", i);
       return nullptr;
     }
   }
   size_t done = 0;
   for (; done < ks.size(); ++done) {
-    if (t.used[size_t(slots[done])] || t.find(ks[done]) >= 0) break;  // repeated within the call
-    t.insert(ks[done], slots[done]);
+    // A key or slot repeated within the call is found held by its earlier insert.
+    if (t.used[size_t(slots[done])] || !t.insert_hashed(ks[done], hs[done], slots[done])) break;
   }
   if (done < ks.size()) {
     for (size_t i = 0; i < done; ++i) t.remove(slots[i]);
@@ -508,7 +522,7 @@ PyObject* kt_find_last_from(PyObject* self, PyObject* args) {
       }
       ks[i - lo] = from.keys[s];
       hs[i - lo] = hash_of(ks[i - lo]);
-      __builtin_prefetch(&t.buckets[hs[i - lo] & t.mask]);
+      __builtin_prefetch(&t.buckets[t.home_of(hs[i - lo])]);
     }
     for (size_t i = hi; i-- > lo;) {
       const int64_t slot = t.find_hashed(ks[i - lo], hs[i - lo]);

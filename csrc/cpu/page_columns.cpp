@@ -19,17 +19,26 @@
 //       one pin less on each slot; None, changing nothing, when a slot has fewer pins than it is
 //       named; else the slots now unused (int64 bytes: no pin, no writer, no reference), how
 //       many lost their last pin, and how many of those had no writer
+//   add_pages(slots, refs, pins, state, writer, tenant, pool, tenant_no, pool_no, no_writer)
+//       new pages at free slots: one reference, no pin, not ready, no writer, of tenant
+//       number `tenant_no` and pool number `pool_no`
 //   ref_pages(slots, refs)
 //       one more reference on each slot (a reservation holding pages held already)
-//   take_pages(slots, taken, refs, kept, plan) -> bytes
+//   take_pages(slots, taken, refs, kept, plan, pins, writer, no_writer) -> bytes | None
 //       one more holder taken by plan `plan` (> 0) counted on each slot: the positions (int64)
 //       of the slots every holder of which is now taken and that the plan does not keep. A
 //       slot's `taken` is (plan << 32) | count, and counts from zero under a plan that did not
 //       write it; `kept` (int32) names the plan keeping the slot. So no column is reset after
 //       a plan: the next plan's number leaves everything an earlier one wrote uncounted.
-//   release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (unused, busy)
-//       one reference less on each slot, and writer `writer_no`'s copies dropped: the slots
-//       (int64 bytes, in the order given) now unused, and how many slots stopped being busy
+//       None, counting nothing, when a slot is pinned or being written (the holder cannot go):
+//       the check and the count are one pass over the holder's pages.
+//   release_pages(holders, writer_nos, refs, pins, writer, no_writer) -> (unused, counts, busy)
+//       holder after holder (each a buffer of slots; its checkpoint number in `writer_nos`):
+//       one reference less on each of its slots, and its copies dropped. The slots now unused
+//       (int64 bytes, holder by holder, each in the order given: a page leaves with the last of
+//       its holders to go), how many of them each holder freed (int64 bytes), and how many
+//       slots stopped being busy. Every holder's slots are checked before anything changes;
+//       a plan's victims go in one call, not one each.
 //   held_conflict(slots, tenant, tenant_no, state, erased) -> int
 //       the first position whose slot is another tenant's (2i) or being erased (2i + 1), or -1
 //   write_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> (mine, busy)
@@ -37,8 +46,6 @@
 //       its slot is that writer's (bool bytes), and how many slots became busy
 //   written_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> int
 //       writer `writer_no`'s slots become ready: how many stopped being busy
-//   any_busy(slots, pins, writer, no_writer) -> bool
-//       whether a slot is pinned or being written
 #define PY_SSIZE_T_CLEAN
 #include "page_columns.h"
 
@@ -189,19 +196,19 @@ PyObject* loadable_run(PyObject*, PyObject* args) {
   return PyLong_FromSsize_t(run);
 }
 
-// The arguments pin_pages and any_busy take: (slots, pins, writer, no_writer).
+// The arguments pin_pages takes: (slots, pins, writer, no_writer).
 struct Pins {
   Column pins, writer;
   std::vector<int64_t> slots;
   long long no_writer = 0;
 
-  bool parse(PyObject* args, bool pins_writable) {
+  bool parse(PyObject* args) {
     PyObject *slots_obj, *pins_obj, *writer_obj;
     if (!PyArg_ParseTuple(args, "OOOL", &slots_obj, &pins_obj, &writer_obj, &no_writer)) {
       return false;
     }
     Py_ssize_t length;
-    return pins.get(pins_obj, Kind::kInt64, pins_writable, "pins") &&
+    return pins.get(pins_obj, Kind::kInt64, true, "pins") &&
            writer.get(writer_obj, Kind::kInt64, false, "writer") &&
            same_length({&pins, &writer}, &length) && read_slots(slots_obj, length, slots);
   }
@@ -209,7 +216,7 @@ struct Pins {
 
 PyObject* pin_pages(PyObject*, PyObject* args) {
   Pins c;
-  if (!c.parse(args, true)) return nullptr;
+  if (!c.parse(args)) return nullptr;
   int64_t* p = c.pins.as<int64_t>();
   const int64_t* w = c.writer.as<int64_t>();
   long long first = 0, busy = 0;
@@ -270,6 +277,43 @@ PyObject* unpin_pages(PyObject*, PyObject* args) {
   return Py_BuildValue("NLL", out, last, busy);
 }
 
+PyObject* add_pages(PyObject*, PyObject* args) {
+  PyObject *slots_obj, *refs_obj, *pins_obj, *state_obj, *writer_obj, *tenant_obj, *pool_obj;
+  long long tenant_no, pool_no, no_writer;
+  if (!PyArg_ParseTuple(args, "OOOOOOOLLL", &slots_obj, &refs_obj, &pins_obj, &state_obj,
+                        &writer_obj, &tenant_obj, &pool_obj, &tenant_no, &pool_no, &no_writer)) {
+    return nullptr;
+  }
+  Column refs, pins, state, writer, tenant, pool;
+  Py_ssize_t length;
+  std::vector<int64_t> slots;
+  if (!refs.get(refs_obj, Kind::kInt64, true, "refs") ||
+      !pins.get(pins_obj, Kind::kInt64, true, "pins") ||
+      !state.get(state_obj, Kind::kInt8, true, "state") ||
+      !writer.get(writer_obj, Kind::kInt64, true, "writer") ||
+      !tenant.get(tenant_obj, Kind::kInt64, true, "tenant") ||
+      !pool.get(pool_obj, Kind::kInt64, true, "pool") ||
+      !same_length({&refs, &pins, &state, &writer, &tenant, &pool}, &length) ||
+      !read_slots(slots_obj, length, slots)) {
+    return nullptr;
+  }
+  int64_t* r = refs.as<int64_t>();
+  int64_t* p = pins.as<int64_t>();
+  int8_t* st = state.as<int8_t>();
+  int64_t* w = writer.as<int64_t>();
+  int64_t* tn = tenant.as<int64_t>();
+  int64_t* pl = pool.as<int64_t>();
+  for (int64_t s : slots) {
+    r[s] = 1;
+    p[s] = 0;
+    st[s] = 0;
+    w[s] = no_writer;
+    tn[s] = tenant_no;
+    pl[s] = pool_no;
+  }
+  Py_RETURN_NONE;
+}
+
 PyObject* ref_pages(PyObject*, PyObject* args) {
   PyObject *slots_obj, *refs_obj;
   if (!PyArg_ParseTuple(args, "OO", &slots_obj, &refs_obj)) return nullptr;
@@ -285,28 +329,36 @@ PyObject* ref_pages(PyObject*, PyObject* args) {
 }
 
 PyObject* take_pages(PyObject*, PyObject* args) {
-  PyObject *slots_obj, *taken_obj, *refs_obj, *kept_obj;
-  long long plan;
-  if (!PyArg_ParseTuple(args, "OOOOL", &slots_obj, &taken_obj, &refs_obj, &kept_obj, &plan)) {
+  PyObject *slots_obj, *taken_obj, *refs_obj, *kept_obj, *pins_obj, *writer_obj;
+  long long plan, no_writer;
+  if (!PyArg_ParseTuple(args, "OOOOLOOL", &slots_obj, &taken_obj, &refs_obj, &kept_obj, &plan,
+                        &pins_obj, &writer_obj, &no_writer)) {
     return nullptr;
   }
   if (plan <= 0 || plan > INT32_MAX) {
     PyErr_Format(PyExc_ValueError, "plan must be in [1, 2^31), not %lld", plan);
     return nullptr;
   }
-  Column taken, refs, kept;
+  Column taken, refs, kept, pins, writer;
   Py_ssize_t length;
   std::vector<int64_t> slots;
   if (!taken.get(taken_obj, Kind::kInt64, true, "taken") ||
       !refs.get(refs_obj, Kind::kInt64, false, "refs") ||
       !kept.get(kept_obj, Kind::kInt32, false, "kept") ||
-      !same_length({&taken, &refs, &kept}, &length) ||
+      !pins.get(pins_obj, Kind::kInt64, false, "pins") ||
+      !writer.get(writer_obj, Kind::kInt64, false, "writer") ||
+      !same_length({&taken, &refs, &kept, &pins, &writer}, &length) ||
       !read_slots(slots_obj, length, slots)) {
     return nullptr;
   }
   int64_t* tk = taken.as<int64_t>();
   const int64_t* r = refs.as<int64_t>();
   const int32_t* k = kept.as<int32_t>();
+  const int64_t* p = pins.as<int64_t>();
+  const int64_t* w = writer.as<int64_t>();
+  for (int64_t s : slots) {
+    if (p[s] != 0 || w[s] != no_writer) Py_RETURN_NONE;
+  }
   const int64_t mine = int64_t(plan) << 32;
   constexpr int64_t kCount = 0xFFFFFFFFLL;
   std::vector<int64_t> frees;
@@ -320,40 +372,62 @@ PyObject* take_pages(PyObject*, PyObject* args) {
 }
 
 PyObject* release_pages(PyObject*, PyObject* args) {
-  PyObject *slots_obj, *refs_obj, *pins_obj, *writer_obj;
-  long long writer_no, no_writer;
-  if (!PyArg_ParseTuple(args, "OOOOLL", &slots_obj, &refs_obj, &pins_obj, &writer_obj,
-                        &writer_no, &no_writer)) {
+  PyObject *holders_obj, *writers_obj, *refs_obj, *pins_obj, *writer_obj;
+  long long no_writer;
+  if (!PyArg_ParseTuple(args, "OOOOOL", &holders_obj, &writers_obj, &refs_obj, &pins_obj,
+                        &writer_obj, &no_writer)) {
     return nullptr;
   }
   Column refs, pins, writer;
   Py_ssize_t length;
-  std::vector<int64_t> slots;
   if (!refs.get(refs_obj, Kind::kInt64, true, "refs") ||
       !pins.get(pins_obj, Kind::kInt64, false, "pins") ||
       !writer.get(writer_obj, Kind::kInt64, true, "writer") ||
-      !same_length({&refs, &pins, &writer}, &length) ||
-      !read_slots(slots_obj, length, slots)) {
+      !same_length({&refs, &pins, &writer}, &length)) {
     return nullptr;
   }
+  PyObject* holders = PySequence_Fast(holders_obj, "holders must be a sequence of slot buffers");
+  if (holders == nullptr) return nullptr;
+  PyObject* writers = PySequence_Fast(writers_obj, "writer_nos must be a sequence of ints");
+  if (writers == nullptr) {
+    Py_DECREF(holders);
+    return nullptr;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(holders);
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(n));
+  std::vector<long long> nos(static_cast<size_t>(n));
+  bool ok = PySequence_Fast_GET_SIZE(writers) == n;
+  if (!ok) PyErr_SetString(PyExc_ValueError, "one writer number a holder");
+  for (Py_ssize_t h = 0; ok && h < n; ++h) {
+    ok = read_slots(PySequence_Fast_GET_ITEM(holders, h), length, slots[size_t(h)]);
+    if (ok) {
+      nos[size_t(h)] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(writers, h));
+      ok = !(nos[size_t(h)] == -1 && PyErr_Occurred());
+    }
+  }
+  Py_DECREF(holders);
+  Py_DECREF(writers);
+  if (!ok) return nullptr;
   int64_t* r = refs.as<int64_t>();
   const int64_t* p = pins.as<int64_t>();
   int64_t* w = writer.as<int64_t>();
   long long busy = 0;
-  for (int64_t s : slots) {
-    --r[s];
-    if (w[s] == writer_no) {
-      busy += p[s] == 0;
-      w[s] = no_writer;
+  std::vector<int64_t> unused, counts(static_cast<size_t>(n));
+  for (size_t h = 0; h < size_t(n); ++h) {
+    for (int64_t s : slots[h]) {
+      --r[s];
+      if (w[s] == nos[h]) {
+        busy += p[s] == 0;
+        w[s] = no_writer;
+      }
     }
+    const size_t before = unused.size();
+    for (int64_t s : slots[h]) {
+      if (r[s] == 0 && p[s] == 0 && w[s] == no_writer) unused.push_back(s);
+    }
+    counts[h] = int64_t(unused.size() - before);
   }
-  std::vector<int64_t> unused;
-  for (int64_t s : slots) {
-    if (r[s] == 0 && p[s] == 0 && w[s] == no_writer) unused.push_back(s);
-  }
-  PyObject* out = int64_bytes(unused);
-  if (out == nullptr) return nullptr;
-  return Py_BuildValue("NL", out, busy);
+  return Py_BuildValue("NNL", int64_bytes(unused), int64_bytes(counts), busy);
 }
 
 PyObject* held_conflict(PyObject*, PyObject* args) {
@@ -440,17 +514,6 @@ PyObject* written_pages(PyObject*, PyObject* args) {
   return PyLong_FromLongLong(idle);
 }
 
-PyObject* any_busy(PyObject*, PyObject* args) {
-  Pins c;
-  if (!c.parse(args, false)) return nullptr;
-  const int64_t* p = c.pins.as<int64_t>();
-  const int64_t* w = c.writer.as<int64_t>();
-  for (int64_t s : c.slots) {
-    if (p[s] != 0 || w[s] != c.no_writer) Py_RETURN_TRUE;
-  }
-  Py_RETURN_FALSE;
-}
-
 PyMethodDef methods[] = {
     {"held_conflict", held_conflict, METH_VARARGS,
      "held_conflict(slots, tenant, tenant_no, state, erased) -> int: 2i, 2i + 1, or -1"},
@@ -458,20 +521,22 @@ PyMethodDef methods[] = {
      "write_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> (mine, busy)"},
     {"written_pages", written_pages, METH_VARARGS,
      "written_pages(slots, state, ready, writer, writer_no, no_writer, pins) -> int"},
-    {"any_busy", any_busy, METH_VARARGS,
-     "any_busy(slots, pins, writer, no_writer) -> bool: a slot pinned or being written"},
     {"loadable_run", loadable_run, METH_VARARGS,
      "loadable_run(found, state, ready, tenant, tenant_no) -> int: the leading slots loadable"},
     {"pin_pages", pin_pages, METH_VARARGS,
      "pin_pages(slots, pins, writer, no_writer) -> (first_pins, busy)"},
     {"unpin_pages", unpin_pages, METH_VARARGS,
      "unpin_pages(slots, pins, writer, refs, no_writer) -> (unused, last_pins, busy) | None"},
+    {"add_pages", add_pages, METH_VARARGS,
+     "add_pages(slots, refs, pins, state, writer, tenant, pool, tenant_no, pool_no, no_writer)"},
     {"ref_pages", ref_pages, METH_VARARGS,
      "ref_pages(slots, refs): one more reference on each slot"},
     {"take_pages", take_pages, METH_VARARGS,
-     "take_pages(slots, taken, refs, kept, plan) -> bytes: positions freed by taking them"},
+     "take_pages(slots, taken, refs, kept, plan, pins, writer, no_writer) -> bytes | None: "
+     "positions freed by taking them; None when one is busy"},
     {"release_pages", release_pages, METH_VARARGS,
-     "release_pages(slots, refs, pins, writer, writer_no, no_writer) -> (unused, busy)"},
+     "release_pages(holders, writer_nos, refs, pins, writer, no_writer) -> "
+     "(unused, counts, busy)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

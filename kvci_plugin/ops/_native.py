@@ -72,13 +72,13 @@ TypeError naming its position."""
 loadable_run = _C.loadable_run
 pin_pages = _C.pin_pages
 unpin_pages = _C.unpin_pages
+add_pages = _C.add_pages
 ref_pages = _C.ref_pages
 take_pages = _C.take_pages
 release_pages = _C.release_pages
 held_conflict = _C.held_conflict
 write_pages = _C.write_pages
 written_pages = _C.written_pages
-any_busy = _C.any_busy
 
 idle_cells = _C.idle_cells
 """``idle_cells(groups, since, now, n_groups, buckets) -> (count, total)``: the value policy's

@@ -112,6 +112,15 @@ class AnchorTable:
         self._cost[row] = np.nan if cost is None else cost
         self._class[row] = _class_number(band, reuses, said)
 
+    def put_seen(self, row: int, band: int, reuses: int, pending: bool | None,
+                 last_seen: float) -> None:
+        """The row's anchor was re-sent: its re-sends and when it was last seen, and its class
+        (``put`` of a record whose band, word and cost did not change; each lookup writes this
+        for every anchor in its prompt)."""
+        self._reuses[row] = reuses
+        self._last_seen[row] = last_seen
+        self._class[row] = _class_number(band, reuses, SAID[pending])
+
     def put_cost(self, row: int, cost: float) -> None:
         """The row's rebuild cost per page alone (a held anchor's latest measure)."""
         self._cost[row] = cost

@@ -190,7 +190,7 @@ class ValuePolicy:
             self._hazard.ended(before, max(0.0, now - anchor.last_seen), reused=True)
             anchor.reuses += 1
             anchor.last_seen = now
-            anchor.put(self._table)
+            self._table.put_seen(anchor.row, anchor.band, anchor.reuses, anchor.pending, now)
             self._reclass(anchor, before)
         self._lookups_since_refresh += 1
         if self._lookups_since_refresh >= max(REFRESH_LOOKUPS, self.tracked // 8):

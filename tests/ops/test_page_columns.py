@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvci_plugin.ops._native import (
-    any_busy,
+    add_pages,
     held_conflict,
     loadable_run,
     pin_pages,
@@ -109,27 +109,64 @@ def test_ref_adds_a_reference_to_each_slot_named(cols, slots, wide) -> None:
     assert a["refs"].tolist() == want.tolist()  # checked before anything changed
 
 
+@settings(max_examples=100, deadline=None)
+@given(cols=columns, slots=distinct_slots, wide=st.booleans(), tenant=st.integers(0, 3),
+       pool=st.integers(0, 3))
+def test_add_makes_each_slot_a_new_page_of_one_reference_not_ready_with_no_writer(
+        cols, slots, wide, tenant, pool) -> None:
+    a = arrays(cols)
+    a["pool"] = a["tenant"].copy()
+    before = {name: a[name].copy() for name in ("refs", "pins", "state", "writer", "tenant",
+                                                 "pool")}
+    idx = np.array(slots, np.int64 if wide else np.int32)
+    assert add_pages(idx, a["refs"], a["pins"], a["state"], a["writer"], a["tenant"], a["pool"],
+                     tenant, pool, NO_WRITER) is None
+    want = {"refs": 1, "pins": 0, "state": 0, "writer": NO_WRITER, "tenant": tenant,
+            "pool": pool}
+    others = np.setdiff1d(np.arange(N), np.array(slots, np.int64))
+    for name, value in want.items():
+        assert a[name][idx].tolist() == [value] * len(slots), name
+        assert a[name][others].tolist() == before[name][others].tolist(), name
+    with pytest.raises(ValueError, match="outside"):
+        add_pages(np.array([0, N], np.int64), a["refs"], a["pins"], a["state"], a["writer"],
+                  a["tenant"], a["pool"], tenant, pool, NO_WRITER)
+    with pytest.raises(ValueError, match="as long as the table"):
+        add_pages(idx, a["refs"][:-1], a["pins"], a["state"], a["writer"], a["tenant"],
+                  a["pool"], tenant, pool, NO_WRITER)
+
+
 @settings(max_examples=200, deadline=None)
 @given(cols=columns, slots=distinct_slots, wide=st.booleans(), plan=st.sampled_from([1, 2, 3]),
        earlier=st.lists(st.sampled_from([1, 2, 3]), min_size=N, max_size=N),
-       kept_by=st.lists(st.sampled_from([0, 1, 2, 3]), min_size=N, max_size=N))
+       kept_by=st.lists(st.sampled_from([0, 1, 2, 3]), min_size=N, max_size=N),
+       quiet=st.booleans())
 def test_take_counts_a_holder_taken_by_the_plan_and_names_the_pages_all_of_whose_holders_are_taken(
-        cols, slots, wide, plan, earlier, kept_by) -> None:
+        cols, slots, wide, plan, earlier, kept_by, quiet) -> None:
     a = arrays(cols)
+    if quiet:  # no page pinned or being written: every holder can be taken
+        a["pins"][:] = 0
+        a["writer"][:] = NO_WRITER
     # What plans wrote before: a count under another plan's number is not this plan's.
     taken = (np.array(earlier, np.int64) << 32) | a["released"]
     kept = np.array(kept_by, np.int32)
     idx = np.array(slots, np.int64 if wide else np.int32)
     counts = np.where(np.array(earlier)[idx] == plan, a["released"][idx], 0) + 1
     want = np.flatnonzero((counts == a["refs"][idx]) & (kept[idx] != plan)).tolist()
-    assert np.frombuffer(take_pages(idx, taken, a["refs"], kept, plan),
-                         np.int64).tolist() == want
-    assert (taken[idx] >> 32).tolist() == [plan] * len(slots)
-    assert (taken[idx] & 0xFFFFFFFF).tolist() == counts.tolist()
+    before = taken.copy()
+    got = take_pages(idx, taken, a["refs"], kept, plan, a["pins"], a["writer"], NO_WRITER)
+    if any(a["pins"][s] != 0 or a["writer"][s] != NO_WRITER for s in slots):
+        # A page pinned or being written keeps its holder: nothing is counted.
+        assert got is None
+        assert taken.tolist() == before.tolist()
+    else:
+        assert np.frombuffer(got, np.int64).tolist() == want
+        assert (taken[idx] >> 32).tolist() == [plan] * len(slots)
+        assert (taken[idx] & 0xFFFFFFFF).tolist() == counts.tolist()
     with pytest.raises(ValueError, match="plan must be"):
-        take_pages(idx, taken, a["refs"], kept, 0)
+        take_pages(idx, taken, a["refs"], kept, 0, a["pins"], a["writer"], NO_WRITER)
     with pytest.raises(TypeError, match="kept must be a C-contiguous int32"):
-        take_pages(idx, taken, a["refs"], kept.astype(bool), plan)
+        take_pages(idx, taken, a["refs"], kept.astype(bool), plan, a["pins"], a["writer"],
+                   NO_WRITER)
 
 
 @settings(max_examples=200, deadline=None)
@@ -143,10 +180,46 @@ def test_release_drops_a_reference_and_its_writers_copies(cols, slots, writer) -
     idle = int((mine & (a["pins"][idx] == 0)).sum())
     writers = np.where(mine, NO_WRITER, a["writer"][idx])
     want = idx[(refs == 0) & (a["pins"][idx] == 0) & (writers == NO_WRITER)]
-    unused, busy = release_pages(idx, a["refs"], a["pins"], a["writer"], writer, NO_WRITER)
+    unused, counts, busy = release_pages((idx,), (writer,), a["refs"], a["pins"], a["writer"],
+                                         NO_WRITER)
     assert (np.frombuffer(unused, np.int64).tolist(), busy) == (want.tolist(), idle)
+    assert np.frombuffer(counts, np.int64).tolist() == [len(want)]
     assert a["refs"][idx].tolist() == refs.tolist()
     assert a["writer"][idx].tolist() == writers.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(cols=columns, holders=st.lists(distinct_slots, max_size=4),
+       writers=st.lists(st.sampled_from([5, 6, 7]), min_size=4, max_size=4))
+def test_holders_released_in_one_call_free_what_one_call_each_frees(cols, holders,
+                                                                    writers) -> None:
+    a = arrays(cols)
+    a["refs"] += 4  # enough references for every holder to let go of its pages
+    one = {name: column.copy() for name, column in a.items()}
+    each, counts, busy = [], [], 0
+    for slots, writer in zip(holders, writers):
+        unused, n, idle = release_pages((np.array(slots, np.int64),), (writer,), one["refs"],
+                                        one["pins"], one["writer"], NO_WRITER)
+        each += np.frombuffer(unused, np.int64).tolist()
+        counts += np.frombuffer(n, np.int64).tolist()
+        busy += idle
+    unused, n, idle = release_pages([np.array(s, np.int32) for s in holders],
+                                    writers[:len(holders)], a["refs"], a["pins"], a["writer"],
+                                    NO_WRITER)
+    assert np.frombuffer(unused, np.int64).tolist() == each
+    assert np.frombuffer(n, np.int64).tolist() == counts
+    assert idle == busy
+    assert a["refs"].tolist() == one["refs"].tolist()
+    assert a["writer"].tolist() == one["writer"].tolist()
+    # Checked whole first: a slot out of range in any holder changes nothing.
+    refs = a["refs"].copy()
+    with pytest.raises(ValueError, match="outside"):
+        release_pages([np.array([0], np.int64), np.array([N], np.int64)], [5, 6], a["refs"],
+                      a["pins"], a["writer"], NO_WRITER)
+    assert a["refs"].tolist() == refs.tolist()
+    with pytest.raises(ValueError, match="one writer number a holder"):
+        release_pages([np.array([0], np.int64)], [], a["refs"], a["pins"], a["writer"],
+                      NO_WRITER)
 
 
 @settings(max_examples=200, deadline=None)
@@ -181,14 +254,6 @@ def test_a_writer_takes_the_pages_no_one_copies_and_makes_them_ready(cols, slots
                          a["pins"]) == idle
     assert a["state"][idx].tolist() == ready.tolist()
     assert writer not in a["writer"][idx].tolist()
-
-
-@settings(max_examples=100, deadline=None)
-@given(cols=columns, slots=slot_lists)
-def test_any_busy_says_whether_a_page_is_pinned_or_being_written(cols, slots) -> None:
-    a = arrays(cols)
-    want = any(a["pins"][s] != 0 or a["writer"][s] != NO_WRITER for s in slots)
-    assert any_busy(np.array(slots, np.int32), a["pins"], a["writer"], NO_WRITER) == want
 
 
 def test_slots_and_columns_are_checked_before_anything_changes() -> None:

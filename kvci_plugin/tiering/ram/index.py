@@ -285,8 +285,8 @@ class RAMIndex:
             # Hold the reused pages first so that evicting their other holders keeps them.
             ref_pages(held, t.v_refs)
             trim = room.trim
-            evicted = tuple(self._drop(cid, evicted=True) for cid in room.victims
-                            if trim is None or cid != trim[0])
+            evicted = self._evict([cid for cid in room.victims
+                                   if trim is None or cid != trim[0]])
             self._evictions += len(evicted)
             if trim is not None:
                 evicted += (self._trim(*trim),)
@@ -295,7 +295,9 @@ class RAMIndex:
             self._policy.admitted(checkpoint_id, offer, now)
             return Reservation(
                 checkpoint_id=checkpoint_id, tenant=tenant,
-                new_keys=tuple(compress(distinct, mine.tolist())),
+                # The new pages are the reservation's to copy, and most often they alone are.
+                new_keys=(tuple(new_keys) if np.count_nonzero(mine) == len(new_keys)
+                          else tuple(compress(distinct, mine.tolist()))),
                 new_slots=tuple(idx[mine].tolist()), evicted=evicted, distinct=distinct,
                 distinct_slots=idx, fresh=mine, order=order)
 
@@ -315,7 +317,7 @@ class RAMIndex:
         entry = self._entries[checkpoint_id] = Entry(
             tenant=tenant, pool=pool, created=now, last_used=now, use_seq=self._use_seq,
             pending=True, meta=pack_meta(meta), num=num, slots=idx.astype(np.int32),
-            order=order)
+            order=order, last_slot=int(idx[-1] if order is None else idx[order[-1]]))
         untrack_leaf(entry)  # its fields are leaves: young collections need not walk it
         self._pending += 1
         self._ending.setdefault(entry.last_slot, {})[checkpoint_id] = None
@@ -476,9 +478,6 @@ class RAMIndex:
             entry.last_used = now
             self._entries.move_to_end(cid)
 
-    def _evictable(self, entry: Entry) -> bool:
-        return not entry.pending and not self._pages.busy_in(entry.slots)
-
     def _plan_room(
         self, tenant: str, pool: str, held: np.ndarray, need: int, n_new: int, now: float
     ) -> Room:
@@ -504,8 +503,7 @@ class RAMIndex:
 
     def _planner(self) -> RoomPlanner:
         return RoomPlanner(
-            self._entries, self._pages, self._pool_pages, self._page_capacity, self._evictable
-        )
+            self._entries, self._pages, self._pool_pages, self._page_capacity)
 
     def fair_share_bytes(self, pool: str) -> int:
         """A pool's fair share of the tier now (split among the pools holding pages and it)."""
@@ -519,6 +517,7 @@ class RAMIndex:
         keys = t.leave(entry.slots[keep:], entry.num)
         self._unend(entry.last_slot, checkpoint_id)
         entry.slots = entry.slots[:keep].copy()
+        entry.last_slot = int(entry.slots[-1])
         self._ending.setdefault(entry.last_slot, {})[checkpoint_id] = None
         self._policy.trimmed(checkpoint_id, t.keys_at(entry.slots[-1:])[0])
         self._policy_changes += 1
@@ -530,9 +529,25 @@ class RAMIndex:
         if not ending:
             del self._ending[last_slot]
 
-    def _drop(self, checkpoint_id: str, *, evicted: bool = False) -> Eviction:
+    def _evict(self, victims: list[str]) -> tuple[Eviction, ...]:
+        """``_drop`` the plan's victims, their pages let go of in one pass (a plan evicts a dozen
+        at times, most of them sharing every page with a checkpoint that stays)."""
+        if not victims:
+            return ()
+        entries, policy = self._entries, self._policy
+        gone = [entries.pop(cid) for cid in victims]
+        for cid, entry in zip(victims, gone):
+            policy.dropped(cid, evicted=True)
+            self._unend(entry.last_slot, cid)  # a victim is never pending: the plan skips those
+        self._policy_changes += len(victims)
+        freed = self._pages.leave_all([e.slots for e in gone], [e.num for e in gone])
+        return tuple(Eviction(checkpoint_id=cid, tenant=entry.tenant, freed=keys)
+                     for cid, entry, keys in zip(victims, gone, freed))
+
+    def _drop(self, checkpoint_id: str) -> Eviction:
+        """A checkpoint aborted or removed (not evicted)."""
         entry = self._entries.pop(checkpoint_id)
-        self._policy.dropped(checkpoint_id, evicted=evicted)
+        self._policy.dropped(checkpoint_id, evicted=False)
         self._policy_changes += 1
         if entry.pending:
             self._pending -= 1

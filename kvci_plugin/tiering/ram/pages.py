@@ -25,7 +25,7 @@ import numpy as np
 
 from kvci_plugin.ops._native import (
     KeyTable,
-    any_busy,
+    add_pages,
     held_conflict,
     loadable_run,
     pin_pages,
@@ -190,12 +190,8 @@ class PageTable:
         self.keys.insert(keys, taken)
         del free[len(free) - n:]
         idx = np.frombuffer(taken, np.int64)
-        self.v_refs[idx] = 1
-        self.v_pins[idx] = 0
-        self.v_state[idx] = 0
-        self.v_writer[idx] = NO_WRITER
-        self.v_tenant[idx] = self.number(tenant)
-        self.v_pool[idx] = self.number(pool)
+        add_pages(idx, self.v_refs, self.v_pins, self.v_state, self.v_writer, self.v_tenant,
+                  self.v_pool, self.number(tenant), self.number(pool), NO_WRITER)
         self.tenant_pages[tenant] += n
         self.pool_pages[pool] += n
         return idx
@@ -219,15 +215,26 @@ class PageTable:
     def leave(self, idx: Slots, writer: int) -> tuple[PageKey, ...]:
         """A checkpoint numbered ``writer`` let go of the pages at ``idx``: their references go
         (its copies too), and those now unused are freed; the keys of the pages freed."""
-        unused, idle = release_pages(idx, self.v_refs, self.v_pins, self.v_writer, writer,
-                                     NO_WRITER)
+        return self.leave_all((idx,), (writer,))[0]
+
+    def leave_all(self, holders: Sequence[Slots],
+                  writers: Sequence[int]) -> list[tuple[PageKey, ...]]:
+        """``leave`` for each checkpoint in turn (its slots, its number), in one pass: a plan's
+        victims go together. The keys of the pages each one freed (a page leaves with the last
+        of its holders to go)."""
+        unused, counts, idle = release_pages(holders, writers, self.v_refs, self.v_pins,
+                                             self.v_writer, NO_WRITER)
         self.busy -= idle
         if not unused:  # most victims of a session's chain share every page with a later turn
-            return ()
+            return [()] * len(holders)
         freed = np.frombuffer(unused, np.int64)
-        keys = tuple(self.keys_at(freed))
+        keys = self.keys_at(freed)
         self.free(freed)
-        return keys
+        out, at = [], 0
+        for n in np.frombuffer(counts, np.int64).tolist():
+            out.append(tuple(keys[at:at + n]))
+            at += n
+        return out
 
     def erase(self, tenant: str, keys: bool) -> tuple[PageKey, ...]:
         """Every page of ``tenant`` loses its references and copies (a forget dropped every
@@ -248,10 +255,6 @@ class PageTable:
         self.v_state[mine[pinned]] = ERASED
         self.free(mine[~pinned])
         return unloaded
-
-    def busy_in(self, idx: Slots) -> bool:
-        """Whether a page of ``idx`` is pinned or being written."""
-        return bool(self.busy) and any_busy(idx, self.v_pins, self.v_writer, NO_WRITER)
 
     def all_ready(self, idx: Slots) -> bool:
         return bool((self.v_state[idx] & READY).all())

@@ -16,14 +16,14 @@ flood of one tenant's keeps churns that tenant's own checkpoints, not the others
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from kvci_plugin.ops._native import take_pages
-from kvci_plugin.tiering.ram.pages import PageTable, Slots, tally
+from kvci_plugin.tiering.ram.pages import NO_WRITER, PageTable, Slots, tally
 from kvci_plugin.tiering.types import DoesNotFitError
 
 DECLARED_POOL = "\0declared"
@@ -66,15 +66,13 @@ class Entry:
     # Where each key's page is in ``slots``, when a key repeats; None when none does (chained
     # prefix keys never do).
     order: np.ndarray | None = None
+    # Its last key's slot (``RAMIndex`` finds checkpoints by where they end), set with ``slots``.
+    last_slot: int = -1
 
     @property
     def key_slots(self) -> Slots:
         """The slot of each of its keys, in order."""
         return self.slots if self.order is None else self.slots[self.order]
-
-    @property
-    def last_slot(self) -> int:
-        return int(self.key_slots[-1])
 
 
 @dataclass
@@ -116,7 +114,6 @@ class RoomPlanner:
     pages: PageTable
     pool_pages: Counter[str]
     capacity: int
-    evictable: Callable[[Entry], bool]
     # The last candidate taken for pages alone: its id and the positions of the pages it frees.
     _last: tuple[str, np.ndarray] | None = None
     # The candidates taken that freed no page (``Room.idle``).
@@ -150,33 +147,34 @@ class RoomPlanner:
         asker_over = (len(self._active(pool)) > 1
                       and self.pool_pages[pool] + n_new > share)
         if not excess and not asker_over:  # the common case: the policy's order, taken lazily
-            ranked = [cid for cid in self._taking(order, tenant, over, None)]
-            return self._checked(Room([], ranked), over)
+            return self._checked(Room([], self._taking(order, tenant, over, None)), over)
         freed: Counter[str] = Counter()
         candidates = list(order)
         # Other pools' checkpoints past their share, until each is back within it.
-        fair = list(self._taking(
+        fair = self._taking(
             (c for c in candidates if excess.get(self.entries[c].pool, 0)
-             > freed[self.entries[c].pool]), tenant, over, freed))
+             > freed[self.entries[c].pool]), tenant, over, freed)
         taken = set(fair)
         ranked = []
         if asker_over:  # past its share: its own checkpoints go before anyone else's
-            ranked = list(self._taking(
+            ranked = self._taking(
                 (c for c in candidates if c not in taken and self.entries[c].pool == pool),
-                tenant, over, freed))
+                tenant, over, freed)
             taken.update(ranked)
         ranked += self._taking((c for c in candidates if c not in taken), tenant, over, freed)
         return self._checked(Room(fair, ranked), over)
 
     def _taking(self, candidates: Iterable[str], tenant: str, over: Over,
-                freed: Counter[str] | None) -> Iterator[str]:
+                freed: Counter[str] | None) -> list[str]:
         """The candidates taken, in order, until the bounds are met; ``freed`` counts the pages
         each pool gives up (None: no fair share is weighed)."""
+        taken = []
         for cid in candidates:
             if over.met():
-                return
+                break
             if self._take(cid, tenant, over, freed):
-                yield cid
+                taken.append(cid)
+        return taken
 
     def _trimmed(self, room: Room, over: Over) -> Room:
         """``room``, its last victim trimmed when it frees more pages than wanted: it keeps its
@@ -211,15 +209,19 @@ class RoomPlanner:
         # With only the tenant's quota over, only the tenant's own checkpoints make room.
         if over.entries <= 0 and over.pages <= 0 and entry.tenant != tenant:
             return False
-        if not self.evictable(entry):
+        if entry.pending:
             return False
-        pages_only = over.entries <= 0 and over.quota <= 0
-        over.entries -= 1
         table, idx = self.pages, entry.slots
         # Each page counts the candidates taken that hold it: taken by all its holders, and
-        # not one the reservation keeps, it is freed.
-        frees = np.frombuffer(
-            take_pages(idx, table.taken, table.v_refs, table.kept, self._plan_no), np.int64)
+        # not one the reservation keeps, it is freed. A page pinned or being written keeps its
+        # holder (None: nothing counted).
+        taken = take_pages(idx, table.taken, table.v_refs, table.kept, self._plan_no,
+                           table.v_pins, table.v_writer, NO_WRITER)
+        if taken is None:
+            return False
+        frees = np.frombuffer(taken, np.int64)
+        pages_only = over.entries <= 0 and over.quota <= 0
+        over.entries -= 1
         self._last = (cid, frees) if pages_only else None
         if not frees.size:
             self._idle.append(cid)
