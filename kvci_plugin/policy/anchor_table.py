@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kvci_plugin.ops._native import KeyTable
+from kvci_plugin.ops._native import KeyTable, untrack_leaf
 from kvci_plugin.ops.held_keys import HeldKeys
 from kvci_plugin.policy.offer import COUNT_CAP, SCORE_BANDS, UNSCORED_BAND
 from kvci_plugin.policy.reuse_hazard import idle_exposure
@@ -52,8 +52,10 @@ class AnchorTable:
         self._keyed = np.zeros(capacity, bool)  # rows held in ``_keys``
         # What the policy keeps of each row besides its fields: a held anchor's record; None for
         # a ghost, which is its row alone (tens of thousands of ghost objects were as many for
-        # every full garbage collection to walk).
+        # every full garbage collection to walk). The records are leaves the collector does not
+        # track (``untrack_leaf``), so neither is the list: no full collection walks its rows.
         self._items: list[Any] = [None] * capacity
+        untrack_leaf(self._items)
         self._free: list[int] = []
         self._next = 0  # rows below it were handed out once
 
@@ -81,6 +83,14 @@ class AnchorTable:
     def hold(self, row: int, item: Any) -> None:
         """The row's anchor is held, as ``item`` (None: a ghost again)."""
         self._items[row] = item
+
+    def held(self, row: int) -> Any:
+        """The record the row's anchor is held as (``hold``)."""
+        return self._items[row]
+
+    def held_records(self) -> list[Any]:
+        """Every row's record, by row (read only: an eviction weighs the records of many)."""
+        return self._items
 
     def remembered_in(self, chain: Sequence[Hashable]) -> list[tuple[int, int, Any]]:
         """The positions of ``chain``'s keys (page keys) that are remembered anchors, each with

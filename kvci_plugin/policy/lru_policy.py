@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
+from kvci_plugin.ops.quiet import IdsByKey, untracked
 from kvci_plugin.policy.offer import Offer
 from kvci_plugin.policy.reuse_hazard import HazardCounts
 from kvci_plugin.policy.tier_policy import PolicyStats
@@ -26,21 +27,20 @@ class LRUPolicy:
     name = "lru"
 
     def __init__(self) -> None:
-        # Held checkpoints, least recently used first; by anchor, those a lookup refreshes.
-        self._order: OrderedDict[str, None] = OrderedDict()
-        # In the order they were admitted (a set's order follows the hash of random ids, and
-        # made a lookup's touches differ run to run).
-        self._by_anchor: dict[Hashable, dict[str, None]] = {}
+        # Held checkpoints, least recently used first; by anchor, those a lookup refreshes, in
+        # the order they were admitted (a set's order follows the hash of random ids, and made
+        # a lookup's touches differ run to run). Ids only: maps no full collection walks
+        # (``ops.quiet``).
+        self._order: OrderedDict[str, None] = untracked(OrderedDict())
+        self._by_anchor = IdsByKey()
         self._anchor_of: dict[str, Hashable] = {}
-        self._explicit: set[str] = set()
-        self._unread: set[str] = set()
+        self._explicit: set[str] = untracked(set())
+        self._unread: set[str] = untracked(set())
         self._admitted = self._admitted_explicit = self._displaced = self._wasted = 0
 
     def observe_lookup(self, chain: Sequence[Hashable], now: float) -> None:
-        for key in chain:
-            held = self._by_anchor.get(key)
-            if held:
-                self.touched(tuple(held), now)
+        for held in self._by_anchor.found_in(chain):
+            self.touched(held, now)
 
     def sighted(self, offer: Offer, now: float) -> None:
         return None
@@ -67,7 +67,7 @@ class LRUPolicy:
         self._unread.add(checkpoint_id)
         self._order[checkpoint_id] = None
         self._anchor_of[checkpoint_id] = offer.anchor
-        self._by_anchor.setdefault(offer.anchor, {})[checkpoint_id] = None
+        self._by_anchor.add(offer.anchor, checkpoint_id)
         if offer.explicit:
             self._admitted_explicit += 1
             self._explicit.add(checkpoint_id)
@@ -85,10 +85,7 @@ class LRUPolicy:
         self._order.pop(checkpoint_id, None)
         anchor = self._anchor_of.pop(checkpoint_id, None)
         if anchor is not None:
-            held = self._by_anchor[anchor]
-            held.pop(checkpoint_id, None)
-            if not held:
-                del self._by_anchor[anchor]
+            self._by_anchor.discard(anchor, checkpoint_id)
         self._explicit.discard(checkpoint_id)
         if evicted:
             self._displaced += 1
@@ -99,12 +96,9 @@ class LRUPolicy:
         old = self._anchor_of.get(checkpoint_id)
         if old is None:
             return
-        held = self._by_anchor[old]
-        held.pop(checkpoint_id, None)
-        if not held:
-            del self._by_anchor[old]
+        self._by_anchor.discard(old, checkpoint_id)
         self._anchor_of[checkpoint_id] = anchor
-        self._by_anchor.setdefault(anchor, {})[checkpoint_id] = None
+        self._by_anchor.add(anchor, checkpoint_id)
 
     def retained(self, checkpoint_id: str) -> None:
         return None  # a retention's pins hold it; recency is all this policy weighs

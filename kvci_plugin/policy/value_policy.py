@@ -78,6 +78,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvci_plugin.ops._native import untrack_leaf
+from kvci_plugin.ops.quiet import untracked
 from kvci_plugin.policy.anchor_table import AnchorTable, PolicyClass
 from kvci_plugin.policy.offer import COUNT_CAP, Offer
 from kvci_plugin.policy.reuse_hazard import EDGES, HazardCounts, ReuseHazard
@@ -149,21 +150,25 @@ class ValuePolicy:
         self._max_ghosts = max_ghosts
         self._hazard = hazard if hazard is not None else ReuseHazard()
         # Anchors with no checkpoint held (ghosts), least recently seen first, each its row in
-        # the table alone; and those with one, each a record.
-        self._ghosts: OrderedDict[Hashable, int] = OrderedDict()
-        self._held: dict[Hashable, _Anchor] = {}
+        # the table alone; and those with one, each its row, whose record the table keeps
+        # (``AnchorTable.held``). The maps by checkpoint and anchor hold ids and row numbers
+        # only, never a record: each is a map the garbage collector does not walk (``ops.quiet``),
+        # where maps of records were walked whole by every full collection, on the scheduler
+        # thread, a pause that grew with the tier.
+        self._ghosts: OrderedDict[Hashable, int] = untracked(OrderedDict())
+        self._held: dict[Hashable, int] = {}
         self._table = AnchorTable()  # every anchor's fields, in columns (a ghost's only there)
         self._anchor_of: dict[str, Hashable] = {}
-        # Held non-explicit checkpoints per class, least recently seen first, each with its anchor
-        # (an eviction weighs it without looking it up); explicit ones apart.
-        self._by_class: dict[PolicyClass, OrderedDict[str, _Anchor]] = {}
-        self._explicit: OrderedDict[str, None] = OrderedDict()
-        self._unread: set[str] = set()
+        # Held non-explicit checkpoints per class, least recently seen first, each with its
+        # anchor's row (an eviction weighs it without looking it up); explicit ones apart.
+        self._by_class: dict[PolicyClass, OrderedDict[str, int]] = {}
+        self._explicit: OrderedDict[str, None] = untracked(OrderedDict())
+        self._unread: set[str] = untracked(set())
         # Checkpoints an order held (retentions): their stay says nothing of the horizon.
-        self._ordered: set[str] = set()
+        self._ordered: set[str] = untracked(set())
         # Checkpoints already chosen to leave that hold their heads on (``trimmed``) until their
         # context is re-sent: their pages are room an admission already paid for.
-        self._leaving: set[str] = set()
+        self._leaving: set[str] = untracked(set())
         self._lookups_since_refresh = 0
         self._cost_sum = 0.0
         self._cost_n = 0
@@ -199,7 +204,7 @@ class ValuePolicy:
     def sighted(self, offer: Offer, now: float) -> None:
         self._weighed = None
         self._learn_cost(offer.rebuild_s_per_page)
-        anchor = self._held.get(offer.anchor)
+        anchor = self._record(offer.anchor)
         if anchor is not None:
             if offer.rebuild_s_per_page is not None:
                 anchor.cost = offer.rebuild_s_per_page
@@ -240,7 +245,7 @@ class ValuePolicy:
     def eviction_order(self, entries: Mapping[str, Any], now: float) -> Iterator[str]:
         weighed: dict[str, float] = {}
         self._weighed = (now, weighed)
-        heads: list[tuple[int, Iterator[tuple[str, _Anchor]], str, _Anchor]] = []
+        heads: list[tuple[int, Iterator[tuple[str, int]], str, int]] = []
         classes: list[PolicyClass] = []
         for n, (cls, members) in enumerate(self._by_class.items()):
             it = iter(members.items())
@@ -250,7 +255,8 @@ class ValuePolicy:
                 classes.append(cls)
         # Every class's head weighed in one call: each is a candidate before the first victim.
         heap = []
-        values = self._values([a for *_, a in heads], classes, now)
+        records = self._table.held_records()
+        values = self._values([records[row] for *_, row in heads], classes, now)
         for (n, it, head, _), value in zip(heads, values):
             weighed[head] = value
             heap.append((value, n, it, head))
@@ -262,8 +268,8 @@ class ValuePolicy:
             if following is None:
                 heapq.heappop(heap)
             else:
-                cid, anchor = following
-                weighed[cid] = value = self._value_of(anchor, now)
+                cid, row = following
+                weighed[cid] = value = self._value_of(records[row], now)
                 heapq.heapreplace(heap, (value, n, it, cid))
         yield from self._explicit
         # Checkpoints the policy was never told about (none when the index drives it) go last.
@@ -288,7 +294,7 @@ class ValuePolicy:
         elif not weighed_against:
             admit = True
         else:
-            anchor = self._held.get(offer.anchor)
+            anchor = self._record(offer.anchor)
             row = self._ghosts.get(offer.anchor) if anchor is None else None
             if row is not None:
                 anchor = _Anchor.at(self._table, row)
@@ -307,7 +313,7 @@ class ValuePolicy:
         for cid in victims:
             if cid in self._ordered or cid in self._leaving:
                 continue
-            anchor = self._held.get(self._anchor_of.get(cid))  # type: ignore[arg-type]
+            anchor = self._record(self._anchor_of.get(cid))
             if anchor is not None:
                 self._victim_ages.append(max(0.0, now - anchor.last_seen))
                 self._horizon_s = None
@@ -317,12 +323,12 @@ class ValuePolicy:
 
     def admitted(self, checkpoint_id: str, offer: Offer, now: float) -> None:
         self._weighed = None
-        anchor = self._held.get(offer.anchor)
+        anchor = self._record(offer.anchor)
         if anchor is None:
             row = self._ghosts.pop(offer.anchor, None)
             anchor = (self._remember(offer.anchor, offer, now) if row is None
                       else _Anchor.at(self._table, row))
-            self._held[offer.anchor] = anchor
+            self._held[offer.anchor] = anchor.row
             self._table.hold(anchor.row, anchor)
         if anchor.cids:
             anchor.cids[checkpoint_id] = None  # type: ignore[index]
@@ -336,7 +342,7 @@ class ValuePolicy:
             self._admitted_explicit += 1
             self._explicit[checkpoint_id] = None
         else:
-            self._by_class.setdefault(anchor.cls, OrderedDict())[checkpoint_id] = anchor
+            self._members(anchor.cls)[checkpoint_id] = anchor.row
 
     def resent_prefix(self, chain: Sequence[Hashable]) -> tuple[int, Offer] | None:
         """The context before the chain's last key that a lookup re-sent most deeply, when it
@@ -379,7 +385,7 @@ class ValuePolicy:
         self._leaving.discard(checkpoint_id)
         if key is None:
             return
-        anchor = self._held[key]
+        anchor = self._table.held(self._held[key])
         anchor.cids.pop(checkpoint_id, None)  # type: ignore[union-attr]
         if self._explicit.pop(checkpoint_id, 0) is not None:
             self._leave_class(checkpoint_id, anchor.cls)
@@ -412,7 +418,7 @@ class ValuePolicy:
     # ---- internals -----------------------------------------------------------------------------
 
     def _value(self, checkpoint_id: str, now: float) -> float:
-        return self._value_of(self._held[self._anchor_of[checkpoint_id]], now)
+        return self._value_of(self._table.held(self._held[self._anchor_of[checkpoint_id]]), now)
 
     def _value_of(self, anchor: _Anchor, now: float) -> float:
         """``_values`` of one anchor's checkpoint (the same sum, without building lists)."""
@@ -462,6 +468,17 @@ class ValuePolicy:
             if not members:
                 del self._by_class[cls]
 
+    def _record(self, key: Hashable) -> _Anchor | None:
+        """A held anchor's record (None: ``key`` holds no checkpoint)."""
+        row = self._held.get(key)
+        return None if row is None else self._table.held(row)
+
+    def _members(self, cls: PolicyClass) -> OrderedDict[str, int]:
+        members = self._by_class.get(cls)
+        if members is None:
+            members = self._by_class[cls] = untracked(OrderedDict())
+        return members
+
     def _reclass(self, anchor: _Anchor, before: PolicyClass) -> None:
         """The anchor was just seen: its held checkpoints move to the tail of its (new) class."""
         after = anchor.cls
@@ -474,10 +491,7 @@ class ValuePolicy:
             del members[cid]
             if not members:
                 del self._by_class[before]
-            tail = self._by_class.get(after)
-            if tail is None:
-                tail = self._by_class[after] = OrderedDict()
-            tail[cid] = anchor
+            self._members(after)[cid] = anchor.row
 
     def _forget_overflow(self, now: float) -> None:
         for _ in range(min(len(self._ghosts) - self._max_ghosts, FORGET_PER_SIGHTING)):

@@ -411,7 +411,7 @@ def test_a_ghost_weighs_what_its_context_last_measured_while_it_was_held() -> No
     assert ix.keep_resent_prefix("b", "b-prefix")
     assert ix.get("b-prefix", "t").keys == tuple(chain(1, 2))
     # Held again, read back from its row: as measured last, not as first kept.
-    assert ix._policy._held[key(2)].cost == 2.0
+    assert ix._policy._record(key(2)).cost == 2.0
 
 
 def test_no_prefix_is_kept_when_its_context_holds_a_checkpoint_or_was_never_re_sent() -> None:

@@ -26,6 +26,7 @@ import numpy as np
 
 from kvci_plugin.ops._native import KeyTable, ref_pages, untrack_leaf
 from kvci_plugin.ops.held_keys import HeldKeys
+from kvci_plugin.ops.quiet import IdsByKey
 from kvci_plugin.policy import HazardCounts, LRUPolicy, Offer, PolicyStats, TierPolicy
 from kvci_plugin.tiering.ram.keys import check_keys, positive_int, slots_in
 from kvci_plugin.tiering.ram.meta import pack_meta, unpack_meta
@@ -82,11 +83,9 @@ class RAMIndex:
         self._pages = PageTable(num_slots)
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         # Held checkpoints by their last key: the ones a load ending there reads whole (``pin``),
-        # found without walking every checkpoint that shares the page.
-        # By the slot of their last page. Dicts of ids, not sets: a dict holding only strings is
-        # one the garbage collector does not track (a set is tracked, and there is one a held
-        # checkpoint's last page: thousands more objects for every full collection to walk).
-        self._ending: dict[int, dict[str, None]] = {}
+        # found without walking every checkpoint that shares the page. By the slot of their last
+        # page, in a map the garbage collector never walks (``IdsByKey``).
+        self._ending = IdsByKey()
         self._pending = 0  # pending entries, counted as they change (``stats``)
         self._numbered = 0  # numbers checkpoints for the page table's writers
         self._tenant_pages = self._pages.tenant_pages
@@ -224,7 +223,7 @@ class RAMIndex:
             # page): one that goes on past it (a later turn, another user behind the same
             # system prompt) keeps its place, or a hit on a shared prefix would keep every
             # holder's tail with it.
-            ending = self._ending.get(slots[-1]) if slots else None
+            ending = self._ending.get(slots[-1]) if slots else ()
             if ending:
                 self._touch(set(ending))
             return slots
@@ -320,7 +319,7 @@ class RAMIndex:
             order=order, last_slot=int(idx[-1] if order is None else idx[order[-1]]))
         untrack_leaf(entry)  # its fields are leaves: young collections need not walk it
         self._pending += 1
-        self._ending.setdefault(entry.last_slot, {})[checkpoint_id] = None
+        self._ending.add(entry.last_slot, checkpoint_id)
         return idx, mine
 
     def retained(self, checkpoint_id: str) -> None:
@@ -397,7 +396,7 @@ class RAMIndex:
                 self._policy.dropped(cid, evicted=False)
                 if entry.pending:
                     self._pending -= 1
-                self._unend(entry.last_slot, cid)
+                self._ending.discard(entry.last_slot, cid)
             self._policy_changes += bool(ids)
             return Erased(checkpoint_ids=ids, unloaded=self._pages.erase(tenant, unloaded_keys))
 
@@ -515,19 +514,14 @@ class RAMIndex:
         (Only a checkpoint whose keys do not repeat is trimmed: its slots are its keys'.)"""
         entry, t = self._entries[checkpoint_id], self._pages
         keys = t.leave(entry.slots[keep:], entry.num)
-        self._unend(entry.last_slot, checkpoint_id)
+        self._ending.discard(entry.last_slot, checkpoint_id)
         entry.slots = entry.slots[:keep].copy()
         entry.last_slot = int(entry.slots[-1])
-        self._ending.setdefault(entry.last_slot, {})[checkpoint_id] = None
+        self._ending.add(entry.last_slot, checkpoint_id)
         self._policy.trimmed(checkpoint_id, t.keys_at(entry.slots[-1:])[0])
         self._policy_changes += 1
         return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, freed=keys, trimmed=True)
 
-    def _unend(self, last_slot: int, checkpoint_id: str) -> None:
-        ending = self._ending[last_slot]
-        del ending[checkpoint_id]
-        if not ending:
-            del self._ending[last_slot]
 
     def _evict(self, victims: list[str]) -> tuple[Eviction, ...]:
         """``_drop`` the plan's victims, their pages let go of in one pass (a plan evicts a dozen
@@ -536,9 +530,10 @@ class RAMIndex:
             return ()
         entries, policy = self._entries, self._policy
         gone = [entries.pop(cid) for cid in victims]
+        # A victim is never pending: the plan skips those.
         for cid, entry in zip(victims, gone):
             policy.dropped(cid, evicted=True)
-            self._unend(entry.last_slot, cid)  # a victim is never pending: the plan skips those
+            self._ending.discard(entry.last_slot, cid)
         self._policy_changes += len(victims)
         freed = self._pages.leave_all([e.slots for e in gone], [e.num for e in gone])
         return tuple(Eviction(checkpoint_id=cid, tenant=entry.tenant, freed=keys)
@@ -551,7 +546,7 @@ class RAMIndex:
         self._policy_changes += 1
         if entry.pending:
             self._pending -= 1
-        self._unend(entry.last_slot, checkpoint_id)
+        self._ending.discard(entry.last_slot, checkpoint_id)
         keys = self._pages.leave(entry.slots, entry.num)
         return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, freed=keys)
 
