@@ -268,7 +268,7 @@ class RAMIndex:
         with self._lock:
             if checkpoint_id in self._entries:
                 raise CheckpointExistsError(f"checkpoint_id {checkpoint_id!r} is already held")
-            new_keys, held, found = self._pages.classify(distinct, tenant)
+            new_keys, held, found, new_at = self._pages.classify(distinct, tenant)
             now = self._clock()
             pool = tenant if pool is None else pool
             room = self._plan_room(tenant, pool, held, len(distinct), len(new_keys), now)
@@ -289,8 +289,8 @@ class RAMIndex:
             self._evictions += len(evicted)
             if trim is not None:
                 evicted += (self._trim(*trim),)
-            idx, mine = self._hold(checkpoint_id, tenant, pool, found, order, new_keys, meta,
-                                   now)
+            idx, mine = self._hold(checkpoint_id, tenant, pool, found, new_at, order, new_keys,
+                                   meta, now)
             self._policy.admitted(checkpoint_id, offer, now)
             return Reservation(
                 checkpoint_id=checkpoint_id, tenant=tenant,
@@ -301,16 +301,17 @@ class RAMIndex:
                 distinct_slots=idx, fresh=mine, order=order)
 
     def _hold(self, checkpoint_id: str, tenant: str, pool: str, found: np.ndarray,
-              order: np.ndarray | None, new_keys: list[PageKey],
+              new_at: np.ndarray, order: np.ndarray | None, new_keys: list[PageKey],
               meta: Mapping[str, Any] | None, now: float) -> tuple[np.ndarray, np.ndarray]:
         """Hold the new pages and the pending entry, after the evictions; the entry's slots
         and which of them its reservation copies in. ``found``: each distinct key's slot
-        before (-1: new; the held ones were referenced before the evictions, so they stay)."""
+        before (-1: new, at ``new_at``; the held ones were referenced before the evictions, so
+        they stay)."""
         t = self._pages
         self._numbered += 1
         num = self._numbered
         idx = found.copy()
-        idx[found < 0] = t.add(new_keys, tenant, pool)
+        idx[new_at] = t.add(new_keys, tenant, pool)
         mine = t.write(idx, num)
         self._use_seq += 1
         entry = self._entries[checkpoint_id] = Entry(

@@ -18,7 +18,6 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -162,13 +161,13 @@ class PageTable:
     # ---- stores -------------------------------------------------------------------------------
 
     def classify(self, keys: Sequence[PageKey],
-                 tenant: str) -> tuple[list[PageKey], Slots, Slots]:
-        """The ``keys`` (distinct) not held, the slots of those held, and each key's slot (-1:
-        not held); a held key of another tenant, or one being erased, refuses the
-        reservation."""
+                 tenant: str) -> tuple[list[PageKey], Slots, Slots, np.ndarray]:
+        """The ``keys`` (distinct) not held, the slots of those held, each key's slot (-1: not
+        held) and the positions of those not held; a held key of another tenant, or one being
+        erased, refuses the reservation."""
         found = self.find(keys)
-        absent = found < 0
-        held = found[~absent]
+        new_at = np.flatnonzero(found < 0)  # a few tens of a prompt's hundreds of keys
+        held = found[found >= 0] if new_at.size else found
         conflict = held_conflict(held, self.v_tenant, self.known(tenant), self.v_state, ERASED)
         if conflict >= 0:
             if conflict % 2 == 0:
@@ -176,7 +175,7 @@ class PageTable:
             raise DoesNotFitError(
                 "erasure", "a page of the checkpoint is still being erased (its tenant "
                 "was forgotten while a load or a persist read it)")
-        return list(compress(keys, absent.tolist())), held, found
+        return [keys[i] for i in new_at.tolist()], held, found, new_at
 
     def add(self, keys: Sequence[PageKey], tenant: str, pool: str) -> Slots:
         """Hold new pages, one reference each (the reservation's), not ready: free slots are
