@@ -10,6 +10,7 @@
 //   check(keys) -> int           (static) how many keys, each checked as find checks them
 //   distinct(keys) -> bool       (static) whether no key repeats, each checked
 //   find(keys) -> bytes          int64 per key: its slot, or -1 when no slot holds it
+//   find_held(keys) -> list      (position, slot) of each key held, in order (find's answer)
 //   grow(capacity)               hold slots up to a larger capacity, the keys kept
 //   insert(keys, slots)          hold each key at its slot (an int64 buffer); all or nothing
 //   remove(slots)                drop the keys held at these slots; all or nothing
@@ -362,6 +363,25 @@ PyObject* kt_find(PyObject* self, PyObject* keys) {
   return answer;
 }
 
+// find's answer reduced to the keys held: [(position, slot), ...] in order. A prompt probed for
+// the few keys it holds among hundreds (the value policy's anchors) gets those alone, with no
+// array of every key's slot to filter.
+PyObject* kt_find_held(PyObject* self, PyObject* keys) {
+  PyObject* found = kt_find(self, keys);
+  if (found == nullptr) return nullptr;
+  const int64_t* slot = reinterpret_cast<const int64_t*>(PyBytes_AS_STRING(found));
+  const Py_ssize_t n = PyBytes_GET_SIZE(found) / 8;
+  PyObject* out = PyList_New(0);
+  for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
+    if (slot[i] < 0) continue;
+    PyObject* pair = Py_BuildValue("nL", i, (long long)slot[i]);
+    if (pair == nullptr || PyList_Append(out, pair) != 0) Py_CLEAR(out);
+    Py_XDECREF(pair);
+  }
+  Py_DECREF(found);
+  return out;
+}
+
 PyObject* kt_grow(PyObject* self, PyObject* arg) {
   const long long capacity = PyLong_AsLongLong(arg);
   if (capacity == -1 && PyErr_Occurred()) return nullptr;
@@ -557,6 +577,8 @@ Py_ssize_t kt_len(PyObject* self) { return table_of(self).size; }
 
 PyMethodDef kt_methods[] = {
     {"find", kt_find, METH_O, "find(keys) -> bytes: int64 per key, its slot or -1"},
+    {"find_held", kt_find_held, METH_O,
+     "find_held(keys) -> list: (position, slot) of each key held, in order"},
     {"grow", kt_grow, METH_O, "grow(capacity): slots up to a larger capacity, the keys kept"},
     {"distinct", kt_distinct, METH_O | METH_STATIC,
      "distinct(keys) -> bool: whether no key repeats (each checked as check checks it)"},

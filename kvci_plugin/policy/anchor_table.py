@@ -95,10 +95,8 @@ class AnchorTable:
     def remembered_in(self, chain: Sequence[Hashable]) -> list[tuple[int, int, Any]]:
         """The positions of ``chain``'s keys (page keys) that are remembered anchors, each with
         its row and its held record (None: a ghost); no key object read, none hashed."""
-        found = np.frombuffer(self._keys.find(chain), np.int64)
-        at = np.flatnonzero(found >= 0)
         items = self._items
-        return [(i, row, items[row]) for i, row in zip(at.tolist(), found[at].tolist())]
+        return [(i, row, items[row]) for i, row in self._keys.find_held(chain)]
 
     def last_remembered(self, chain: Sequence[Hashable],
                         end: int) -> tuple[int, int, Any] | None:

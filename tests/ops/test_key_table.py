@@ -168,6 +168,8 @@ class KeyTableMachine(RuleBasedStateMachine):
     def find(self, data: st.DataObject) -> None:
         keys = data.draw(st.lists(st.sampled_from(self.pool), max_size=20))
         assert found(self.table, keys) == [self.model.get(k, -1) for k in keys]
+        assert self.table.find_held(keys) == [(i, self.model[k]) for i, k in enumerate(keys)
+                                              if k in self.model]
         self.last = keys
 
     @rule(data=st.data())
@@ -175,6 +177,8 @@ class KeyTableMachine(RuleBasedStateMachine):
         """The last find's keys, or a leading run of them (a request's later calls)."""
         keys = self.last[:data.draw(st.integers(0, len(self.last)))]
         assert found(self.table, keys) == [self.model.get(k, -1) for k in keys]
+        assert self.table.find_held(keys) == [(i, self.model[k]) for i, k in enumerate(keys)
+                                              if k in self.model]
 
     @rule(more=st.integers(0, 40))
     def grow(self, more: int) -> None:
