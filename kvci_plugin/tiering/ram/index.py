@@ -523,33 +523,27 @@ class RAMIndex:
         self._policy_changes += 1
         return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, freed=keys, trimmed=True)
 
-
     def _evict(self, victims: list[str]) -> tuple[Eviction, ...]:
-        """``_drop`` the plan's victims, their pages let go of in one pass (a plan evicts a dozen
-        at times, most of them sharing every page with a checkpoint that stays)."""
-        if not victims:
-            return ()
-        entries, policy = self._entries, self._policy
-        gone = [entries.pop(cid) for cid in victims]
-        # A victim is never pending: the plan skips those.
-        for cid, entry in zip(victims, gone):
-            policy.dropped(cid, evicted=True)
-            self._ending.discard(entry.last_slot, cid)
-        self._policy_changes += len(victims)
-        freed = self._pages.leave_all([e.slots for e in gone], [e.num for e in gone])
-        return tuple(Eviction(checkpoint_id=cid, tenant=entry.tenant, freed=keys)
-                     for cid, entry, keys in zip(victims, gone, freed))
+        """A plan's victims dropped, their pages let go of in one pass (a plan evicts a dozen at
+        times, most of them sharing every page with a checkpoint that stays)."""
+        return self._let_go(victims, evicted=True) if victims else ()
 
     def _drop(self, checkpoint_id: str) -> Eviction:
         """A checkpoint aborted or removed (not evicted)."""
-        entry = self._entries.pop(checkpoint_id)
-        self._policy.dropped(checkpoint_id, evicted=False)
-        self._policy_changes += 1
-        if entry.pending:
-            self._pending -= 1
-        self._ending.discard(entry.last_slot, checkpoint_id)
-        keys = self._pages.leave(entry.slots, entry.num)
-        return Eviction(checkpoint_id=checkpoint_id, tenant=entry.tenant, freed=keys)
+        return self._let_go([checkpoint_id], evicted=False)[0]
+
+    def _let_go(self, checkpoint_ids: list[str], *, evicted: bool) -> tuple[Eviction, ...]:
+        entries, policy = self._entries, self._policy
+        gone = [entries.pop(cid) for cid in checkpoint_ids]
+        for cid, entry in zip(checkpoint_ids, gone):
+            policy.dropped(cid, evicted=evicted)
+            if entry.pending:  # an abort's (a plan never takes a pending one)
+                self._pending -= 1
+            self._ending.discard(entry.last_slot, cid)
+        self._policy_changes += len(checkpoint_ids)
+        freed = self._pages.leave_all([e.slots for e in gone], [e.num for e in gone])
+        return tuple(Eviction(checkpoint_id=cid, tenant=entry.tenant, freed=keys)
+                     for cid, entry, keys in zip(checkpoint_ids, gone, freed))
 
 
 def _distinct(keys: tuple[PageKey, ...]) -> tuple[tuple[PageKey, ...], np.ndarray | None]:
